@@ -1,0 +1,40 @@
+"""Gunicorn settings for serving: ``gunicorn wsgi:app -c gunicorn.conf.py``.
+
+Values come from SERVING_* environment variables (see README); Gunicorn's own command
+line flags still win (``--workers 4``). The hooks only call into ``serving.hooks``.
+"""
+
+from serving import hooks
+
+settings = hooks.settings_or_exit()
+
+bind = settings.bind
+# gthread: one worker holds many requests in flight, so its batcher can merge them.
+worker_class = "gthread"
+workers = settings.workers
+threads = settings.worker_threads
+timeout = settings.timeout_s
+graceful_timeout = settings.graceful_timeout_s
+keepalive = 5
+loglevel = settings.log_level
+# Never preload: the model is loaded in each worker after fork (see serving/hooks.py),
+# because ONNX Runtime and BLAS thread pools do not survive fork().
+preload_app = False
+
+hooks.prepare_metrics_dir(settings)
+
+
+def on_starting(server):
+    hooks.on_starting(server)
+
+
+def post_fork(server, worker):
+    hooks.post_fork(server, worker, settings)
+
+
+def worker_exit(server, worker):
+    hooks.worker_exit(server, worker, settings)
+
+
+def child_exit(server, worker):
+    hooks.child_exit(server, worker)

@@ -1,0 +1,62 @@
+"""Helpers every blueprint uses: the app's serving context, body reading, JSON answers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from flask import Response, current_app, request
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from serving.errors import PayloadTooLarge, UnsupportedMediaType
+from serving.metrics import ServingMetrics
+from serving.runtime import ModelRuntime
+from serving.settings import Settings
+
+__all__ = ["ServingContext", "context", "json_response", "read_json_body"]
+
+
+@dataclass(frozen=True)
+class ServingContext:
+    """What ``create_app`` wires into ``app.extensions["serving"]``."""
+
+    settings: Settings
+    metrics: ServingMetrics
+    get_runtime: Callable[[], ModelRuntime]
+
+
+def context() -> ServingContext:
+    ctx: ServingContext = current_app.extensions["serving"]
+    return ctx
+
+
+def read_json_body(max_body_bytes: int) -> bytes:
+    """The raw request body, checked to be ``application/json`` and at most ``max_body_bytes``.
+
+    Chunked bodies (no Content-Length) are cut off at the same limit while they are read.
+
+    :raises UnsupportedMediaType: (415) for another or no Content-Type.
+    :raises PayloadTooLarge: (413) over the limit, declared or while reading.
+    """
+    mimetype = request.mimetype
+    if mimetype != "application/json" and not mimetype.endswith("+json"):
+        raise UnsupportedMediaType(request.content_type)
+    length = request.content_length
+    if length is not None and length > max_body_bytes:
+        raise PayloadTooLarge(
+            "request body of bytes", length, max_body_bytes, "SERVING_MAX_BODY_BYTES"
+        )
+    try:
+        return request.get_data(cache=False)
+    except RequestEntityTooLarge:
+        raise PayloadTooLarge(
+            "request body (chunked)", None, max_body_bytes, "SERVING_MAX_BODY_BYTES"
+        ) from None
+
+
+def json_response(body: dict[str, Any], status: int = 200) -> Response:
+    """Serialize ``body`` with orjson (numpy arrays natively; NaN and Infinity become null)."""
+    data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(data, status=status, mimetype="application/json")

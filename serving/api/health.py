@@ -1,0 +1,34 @@
+"""``GET /livez`` (liveness: the process answers) and ``GET /healthz`` (readiness).
+
+Liveness does not look at the model: a worker still loading is alive and must not be
+restarted for it. Readiness is 200 only when the model is loaded and warmed up and the
+batcher thread runs; otherwise 503 with the same body and the state it is in.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response
+
+from serving.api.common import context, json_response
+
+__all__ = ["bp"]
+
+bp = Blueprint("health", __name__)
+
+
+@bp.get("/livez")
+def livez() -> Response:
+    return json_response({"status": "alive"})
+
+
+@bp.get("/healthz")
+def healthz() -> Response:
+    runtime = context().get_runtime()
+    state = runtime.state
+    body = {
+        "status": state,
+        "model_name": runtime.model_name,
+        "model_version": runtime.model_version,
+        "queue_depth": runtime.queue_depth,
+    }
+    return json_response(body, 200 if state == "ready" else 503)

@@ -1,0 +1,77 @@
+"""``POST /predict``: ``{"instances": [[...], ...]}`` -> one prediction per instance."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from flask import Blueprint, Response, g
+
+from serving.api.common import context, json_response, read_json_body
+from serving.errors import InvalidInput, PayloadTooLarge, VersionConflict
+from serving.schemas import PredictRequest, parse_body
+
+__all__ = ["bp", "to_matrix"]
+
+bp = Blueprint("predict", __name__)
+
+
+def to_matrix(instances: list[list[float]], n_features: int | None) -> npt.NDArray[np.float64]:
+    """``instances`` as a float64 array of shape ``(n_instances, n_features)``.
+
+    :param n_features: features the model expects, or ``None`` when it does not say (then
+        every row must be as long as the first).
+    :raises InvalidInput: (422) naming the first instance whose length is wrong.
+    """
+    expected = n_features if n_features is not None else len(instances[0])
+    for index, row in enumerate(instances):
+        if len(row) != expected:
+            source = "the model expects" if n_features is not None else "instances[0] has"
+            raise InvalidInput(
+                f"instances[{index}] has {len(row)} features; {source} {expected}",
+                [
+                    {
+                        "loc": f"instances[{index}]",
+                        "msg": f"expected {expected} features, got {len(row)}",
+                        "type": "feature_count",
+                    }
+                ],
+            )
+    return np.array(instances, dtype=np.float64)
+
+
+@bp.post("/predict")
+def predict() -> Response:
+    ctx = context()
+    settings = ctx.settings
+    request = parse_body(PredictRequest, read_json_body(settings.max_body_bytes))
+    n = len(request.instances)
+    if n > settings.max_instances_per_request:
+        raise PayloadTooLarge(
+            "number of instances",
+            n,
+            settings.max_instances_per_request,
+            "SERVING_MAX_INSTANCES_PER_REQUEST",
+        )
+    runtime = ctx.get_runtime()
+    if request.model_version is not None and request.model_version != runtime.model_version:
+        raise VersionConflict(request.model_version, runtime.model_version)
+    handle, batcher = runtime.require_ready()
+    rows = to_matrix(request.instances, handle.n_features)
+    outputs = batcher.submit_many(rows)
+    body: dict[str, Any] = {"predictions": _jsonable(outputs["predictions"])}
+    if "probabilities" in outputs:
+        body["probabilities"] = outputs["probabilities"]
+        if handle.classes is not None:
+            body["classes"] = handle.classes
+    body["model_name"] = handle.name
+    body["model_version"] = handle.version
+    body["latency_ms"] = (time.perf_counter() - g.started) * 1000.0
+    return json_response(body)
+
+
+def _jsonable(array: npt.NDArray[Any]) -> Any:
+    # orjson serializes numeric and bool arrays natively; labels (str/object) go via tolist().
+    return array if array.dtype.kind in "biuf" else array.tolist()

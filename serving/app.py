@@ -1,0 +1,112 @@
+"""``create_app()``: the one place the service is wired (settings, blueprints, errors, metrics)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+from flask import Flask, Response, g, request
+from werkzeug.exceptions import HTTPException
+
+from serving.api import health, predict
+from serving.api import metrics as metrics_api
+from serving.api.common import ServingContext, json_response
+from serving.errors import ServingError
+from serving.loaders import ModelHandle
+from serving.metrics import ServingMetrics, default_metrics
+from serving.runtime import ModelRuntime, current_runtime
+from serving.settings import Settings, load_settings
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("serving")
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def create_app(
+    settings: Settings | None = None,
+    model_handle: ModelHandle | None = None,
+    *,
+    metrics: ServingMetrics | None = None,
+) -> Flask:
+    """Build the WSGI app. Does no I/O: importing ``wsgi.py`` before fork stays cheap.
+
+    :param settings: defaults to ``load_settings()`` (the ``SERVING_*`` environment).
+    :param model_handle: serve this in-memory model, loaded and batched at once (tests,
+        embedding). Without it the app serves this process's ``ModelRuntime``, which the
+        Gunicorn ``post_fork`` hook builds; under another WSGI server the first request
+        builds it and starts loading in the background.
+    :param metrics: defaults to the process's metrics in prometheus-client's default registry.
+    :raises SettingsError: when ``settings`` is None and the environment has a bad value.
+    """
+    settings = settings or load_settings()
+    metrics = metrics or default_metrics()
+    if model_handle is not None:
+        runtime = ModelRuntime(settings, metrics)
+        runtime.load(model_handle)
+
+        def get_runtime() -> ModelRuntime:
+            return runtime
+    else:
+
+        def get_runtime() -> ModelRuntime:
+            return current_runtime(lambda: ModelRuntime(settings, metrics))
+
+    app = Flask("serving")
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["serving"] = ServingContext(settings, metrics, get_runtime)
+
+    for blueprint in (predict.bp, health.bp, metrics_api.bp):
+        app.register_blueprint(blueprint)
+
+    app.register_error_handler(ServingError, _serving_error)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected_error)
+
+    @app.before_request
+    def _start() -> None:
+        g.started = time.perf_counter()
+        incoming = request.headers.get("X-Request-ID", "")
+        g.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+
+    @app.after_request
+    def _finish(response: Response) -> Response:
+        response.headers["X-Request-ID"] = g.get("request_id", "")
+        route = request.url_rule.rule if request.url_rule is not None else "<unmatched>"
+        started = g.get("started", time.perf_counter())
+        metrics.observe_request(
+            request.method, route, response.status_code, time.perf_counter() - started
+        )
+        return response
+
+    return app
+
+
+def _serving_error(exc: ServingError) -> Response:
+    if exc.status >= 500:
+        log.error("request %s failed: %s %s", g.get("request_id"), exc.code, exc.message)
+    response = json_response(exc.to_dict(), exc.status)
+    if exc.status == 503:
+        response.headers["Retry-After"] = "1"
+    return response
+
+
+def _http_error(exc: HTTPException) -> Response:
+    status = exc.code or 500
+    code = re.sub(r"\W+", "_", (exc.name or "http_error").lower()).strip("_")
+    body = {"error": {"code": code, "message": exc.description or exc.name, "details": []}}
+    response = json_response(body, status)
+    allow = getattr(exc, "valid_methods", None)
+    if allow:
+        response.headers["Allow"] = ", ".join(allow)
+    return response
+
+
+def _unexpected_error(exc: Exception) -> Response:
+    log.exception("request %s failed with an unexpected error", g.get("request_id"))
+    body = {"error": {"code": "internal_error", "message": "internal server error", "details": []}}
+    return json_response(body, 500)

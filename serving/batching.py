@@ -1,0 +1,340 @@
+"""Dynamic micro-batching: one thread per worker merges instances of concurrent requests.
+
+Request threads call ``ThreadedBatcher.submit_many(rows)`` and block; the batcher's one
+background thread takes queued instances off a ``queue.Queue`` and makes one
+``predict_batch`` call per batch on a single ``(n_instances, n_features)`` array built from
+instances of different requests, then hands each caller exactly its own output rows.
+
+Flush policy, as in the Triton dynamic batcher (``max_queue_delay_microseconds``) and
+TF Serving's ``batch_timeout_micros``: a batch is flushed when it holds ``max_batch_size``
+instances, or when its first instance has waited ``max_batch_latency_ms`` since it was
+queued, whichever comes first. A request larger than the room left in a batch is split;
+its rest opens the next batch. Rows of a different width never share a batch.
+
+Boundary: this module imports only the standard library, numpy and ``serving.errors`` (no
+Flask, no pydantic, no prometheus); observers get plain ``FlushStats`` through a callback.
+Durations are measured with ``time.perf_counter()``, deadlines with ``time.monotonic()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from serving.errors import InferenceError, InferenceTimeout, NotReady
+
+__all__ = ["BatchOutputs", "FlushStats", "PredictBatch", "ThreadedBatcher", "split_outputs"]
+
+log = logging.getLogger(__name__)
+
+#: Named model outputs for a batch; every array's first axis has one entry per instance.
+BatchOutputs = Mapping[str, npt.NDArray[Any]]
+#: ``predict_batch(rows)``: rows ``(n_instances, n_features)`` -> outputs of ``n_instances`` rows.
+PredictBatch = Callable[[npt.NDArray[Any]], BatchOutputs]
+
+_STOP: Final = object()
+
+
+@dataclass(frozen=True)
+class FlushStats:
+    """What one flush did, handed to the ``on_flush`` observer after the predict call.
+
+    ``duration_s`` is the predict call's wall time in seconds; ``queue_depth`` the
+    instances still queued when it returned; ``error`` is set when the batch failed.
+    """
+
+    batch_size: int
+    n_requests: int
+    duration_s: float
+    queue_depth: int
+    error: BaseException | None
+
+
+class _Request:
+    """One caller's rows and the output parts answered so far."""
+
+    __slots__ = ("cause", "done", "enqueued_at", "error", "parts", "remaining", "rows")
+
+    def __init__(self, rows: npt.NDArray[Any]) -> None:
+        self.rows = rows
+        self.remaining = len(rows)
+        self.parts: list[tuple[int, dict[str, npt.NDArray[Any]]]] = []
+        self.error: str | None = None
+        self.cause: BaseException | None = None
+        self.done = threading.Event()
+        self.enqueued_at = time.monotonic()
+
+    def answer(self, start: int, n: int, outputs: dict[str, npt.NDArray[Any]]) -> None:
+        self.parts.append((start, outputs))
+        self.remaining -= n
+        if self.remaining == 0:
+            self.done.set()
+
+    def fail(self, message: str, cause: BaseException | None) -> None:
+        if self.error is None:
+            self.error, self.cause = message, cause
+        self.done.set()
+
+    def result(self) -> dict[str, npt.NDArray[Any]]:
+        if self.error is not None:
+            # A fresh exception per caller: one instance raised in many threads would
+            # share (and mangle) a single traceback.
+            raise InferenceError(self.error) from self.cause
+        if len(self.parts) == 1:
+            return self.parts[0][1]
+        self.parts.sort(key=lambda part: part[0])
+        return {
+            name: np.concatenate([outputs[name] for _, outputs in self.parts])
+            for name in self.parts[0][1]
+        }
+
+
+# A run of one request's rows waiting in the queue: (request, start, stop).
+_Chunk = tuple[_Request, int, int]
+
+
+def split_outputs(outputs: BatchOutputs, sizes: list[int]) -> list[dict[str, npt.NDArray[Any]]]:
+    """Cut a batch's outputs into consecutive parts of ``sizes`` rows (views, no copies).
+
+    :raises InferenceError: when an output is not an array with ``sum(sizes)`` rows, so that
+        nobody is ever handed another caller's rows.
+    """
+    n = sum(sizes)
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    for name, value in outputs.items():
+        array = np.asarray(value)
+        if array.ndim == 0 or len(array) != n:
+            got = "a scalar" if array.ndim == 0 else f"{len(array)} rows"
+            raise InferenceError(f"model output {name!r} has {got} for a batch of {n} instances")
+        arrays[name] = array
+    parts, offset = [], 0
+    for size in sizes:
+        parts.append({name: array[offset : offset + size] for name, array in arrays.items()})
+        offset += size
+    return parts
+
+
+class ThreadedBatcher:
+    """Merge the instances of concurrent requests into batched ``predict_batch`` calls.
+
+    :param predict_batch: called on the batcher thread with a float array of shape
+        ``(n_instances, n_features)``; returns named outputs of ``n_instances`` rows each.
+    :param max_batch_size: most instances per predict call (>= 1).
+    :param max_batch_latency_ms: longest the first instance of a batch waits for more
+        instances, in milliseconds (0: flush whatever is queued at once).
+    :param on_flush: optional observer called on the batcher thread after each flush.
+
+    Usage::
+
+        batcher = ThreadedBatcher(model.predict_batch, max_batch_size=32).start()
+        outputs = batcher.submit_many(np.array([[1.0, 2.0]]))   # {"predictions": array([...])}
+        batcher.stop()                                         # answers all queued, then refuses
+    """
+
+    def __init__(
+        self,
+        predict_batch: PredictBatch,
+        *,
+        max_batch_size: int = 32,
+        max_batch_latency_ms: float = 10.0,
+        on_flush: Callable[[FlushStats], None] | None = None,
+        name: str = "serving-batcher",
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_batch_latency_ms < 0:
+            raise ValueError(f"max_batch_latency_ms must be >= 0, got {max_batch_latency_ms}")
+        self._predict = predict_batch
+        self.max_batch_size = max_batch_size
+        self.max_batch_latency_ms = max_batch_latency_ms
+        self._latency_s = max_batch_latency_ms / 1000.0
+        self._on_flush = on_flush
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._lock = threading.Lock()  # orders submit against stop: nothing lands after _STOP
+        self._accepting = False
+        self._depth = 0
+        self._carry: _Chunk | None = None
+        self._stop_seen = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    @property
+    def queue_depth(self) -> int:
+        """Instances queued and not yet taken into a batch."""
+        return self._depth
+
+    @property
+    def running(self) -> bool:
+        """True while the batcher thread runs and accepts new instances."""
+        return self._accepting and self._thread.is_alive()
+
+    def start(self) -> ThreadedBatcher:
+        """Start the batcher thread; returns ``self``. Starting twice raises ``RuntimeError``."""
+        with self._lock:
+            self._thread.start()
+            self._accepting = True
+        return self
+
+    def submit_many(
+        self, instances: npt.NDArray[Any], timeout_s: float | None = None
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Queue ``instances`` and block until all of them are answered.
+
+        :param instances: array of shape ``(n_instances, n_features)``, ``n_instances >= 1``.
+        :param timeout_s: longest to wait for the answer, in seconds; ``None`` waits until
+            the batcher answers (it always does: every queued instance is answered or failed).
+        :returns: the named outputs for exactly these instances, in order.
+        :raises ValueError: when ``instances`` is not a non-empty 2-D array.
+        :raises NotReady: when the batcher is not started or is stopping.
+        :raises InferenceError: when the predict call of a batch holding these instances
+            raised or returned a wrong number of rows.
+        :raises InferenceTimeout: when ``timeout_s`` passed first.
+        """
+        if instances.ndim != 2 or len(instances) == 0:
+            raise ValueError(
+                f"instances must be (n_instances >= 1, n_features), got {instances.shape}"
+            )
+        request = _Request(instances)
+        with self._lock:
+            if not self._accepting:
+                raise NotReady("the batcher is not running (starting up or shutting down)")
+            self._depth += len(instances)
+            self._queue.put((request, 0, len(instances)))
+        if not request.done.wait(timeout_s):
+            raise InferenceTimeout(f"no answer within {timeout_s:.3f} s")
+        return request.result()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Refuse new instances, answer every instance already queued, then end the thread.
+
+        :param timeout_s: longest to wait for the drain, in seconds (``None``: until done).
+        """
+        with self._lock:
+            if not self._accepting:
+                return
+            self._accepting = False
+            self._queue.put(_STOP)
+        self._thread.join(timeout_s)
+
+    # -- the batcher thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while (batch := self._collect()) is not None:
+                self._flush(batch)
+        except BaseException as exc:  # a bug here must not leave any caller waiting
+            log.exception("batcher thread died; failing every queued instance")
+            with self._lock:  # after this no submit can queue, so the drain below is final
+                self._accepting = False
+            self._fail_all(f"the batcher failed: {exc}", exc)
+            raise
+
+    def _next(self, timeout_s: float | None) -> _Chunk | None:
+        """The next chunk: the carried-over rest first, then the queue; None when none came."""
+        if self._carry is not None:
+            carried, self._carry = self._carry, None
+            return carried
+        if self._stop_seen:
+            return None
+        try:
+            if timeout_s is None or timeout_s > 0:
+                item = self._queue.get(timeout=timeout_s)
+            else:
+                item = self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        if item is _STOP:
+            self._stop_seen = True
+            return None
+        chunk: _Chunk = item
+        return chunk
+
+    def _collect(self) -> list[_Chunk] | None:
+        """Block for a first instance, then fill the batch until it is full or its time is up."""
+        first = self._next(None)
+        while first is not None and first[0].error is not None:
+            self._discard(first)  # the rest of a request that has already failed
+            first = self._next(None)
+        if first is None:
+            return None
+        request, start, stop = first
+        width = request.rows.shape[1]
+        batch = [first]
+        size = stop - start
+        deadline = request.enqueued_at + self._latency_s
+        while size < self.max_batch_size:
+            chunk = self._next(deadline - time.monotonic())
+            if chunk is None:
+                break
+            request, start, stop = chunk
+            if request.error is not None:
+                self._discard(chunk)
+                continue
+            room = self.max_batch_size - size
+            if request.rows.shape[1] != width:
+                self._carry = chunk
+                break
+            if stop - start > room:
+                self._carry = (request, start + room, stop)
+                stop = start + room
+            batch.append((request, start, stop))
+            size += stop - start
+        return batch
+
+    def _discard(self, chunk: _Chunk) -> None:
+        with self._lock:
+            self._depth -= chunk[2] - chunk[1]
+
+    def _flush(self, batch: list[_Chunk]) -> None:
+        sizes = [stop - start for _, start, stop in batch]
+        with self._lock:
+            self._depth -= sum(sizes)
+        if len(batch) == 1 and sizes[0] == len(batch[0][0].rows):
+            rows = batch[0][0].rows
+        else:
+            rows = np.concatenate([request.rows[start:stop] for request, start, stop in batch])
+        error: BaseException | None = None
+        started = time.perf_counter()
+        try:
+            parts = split_outputs(self._predict(rows), sizes)
+        except BaseException as exc:
+            error = exc
+            if isinstance(exc, InferenceError):
+                message = exc.message
+            else:
+                kind = type(exc).__name__
+                message = f"model failed on a batch of {len(rows)} instances: {kind}: {exc}"
+            for request, _, _ in batch:
+                request.fail(message, exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            for (request, start, stop), outputs in zip(batch, parts, strict=True):
+                request.answer(start, stop - start, outputs)
+        duration_s = time.perf_counter() - started
+        if self._on_flush is not None:
+            stats = FlushStats(
+                len(rows), len({id(r) for r, _, _ in batch}), duration_s, self._depth, error
+            )
+            try:
+                self._on_flush(stats)
+            except Exception:
+                log.exception("on_flush observer failed")
+
+    def _fail_all(self, message: str, cause: BaseException) -> None:
+        if self._carry is not None:
+            self._carry[0].fail(message, cause)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _STOP:
+                item[0].fail(message, cause)

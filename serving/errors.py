@@ -1,0 +1,169 @@
+"""The service's exceptions: one small tree, mapped to HTTP once, in ``serving.app``.
+
+::
+
+    ServingError (status, code)                 500 internal_error
+     ├── InvalidInput                            422 invalid_input
+     │    └── MalformedJSON                      400 malformed_json
+     ├── UnsupportedMediaType                    415 unsupported_media_type
+     ├── PayloadTooLarge                         413 payload_too_large
+     ├── VersionConflict                         409 version_conflict
+     ├── NotReady                                503 not_ready
+     ├── Overloaded                              503 overloaded
+     ├── InferenceTimeout                        504 timeout
+     ├── InferenceError                          500 inference_error
+     └── ModelLoadError                          500 model_load_error
+    SettingsError (ValueError)                   start-up only, never an HTTP answer
+
+Each error keeps its fields on the exception and builds its message from them, so
+the message a caller reads and the one logged are the same. This module imports
+only the standard library: ``batching`` and ``loaders`` raise these errors without
+pulling in Flask or pydantic.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "InferenceError",
+    "InferenceTimeout",
+    "InvalidInput",
+    "MalformedJSON",
+    "ModelLoadError",
+    "NotReady",
+    "Overloaded",
+    "PayloadTooLarge",
+    "ServingError",
+    "SettingsError",
+    "UnsupportedMediaType",
+    "VersionConflict",
+]
+
+
+class ServingError(Exception):
+    """Base of every error the service answers with.
+
+    :param message: what went wrong, in words for the caller.
+    :param details: optional list of JSON-able dicts, each naming one location
+        (``{"loc": "instances[3][5]", "msg": "..."}``).
+    """
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, details: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or []
+
+    def to_dict(self) -> dict[str, Any]:
+        """The one JSON error body: ``{"error": {"code", "message", "details"}}``."""
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+
+class InvalidInput(ServingError):
+    """The request body is well-formed JSON but not a valid request (the caller's fault)."""
+
+    status = 422
+    code = "invalid_input"
+
+
+class MalformedJSON(InvalidInput):
+    """The request body is not parseable JSON."""
+
+    status = 400
+    code = "malformed_json"
+
+
+class UnsupportedMediaType(ServingError):
+    """The request body is not declared as ``application/json``."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+    def __init__(self, content_type: str | None) -> None:
+        self.content_type = content_type
+        super().__init__(
+            f"request body must be application/json, got {content_type or 'no Content-Type'}"
+        )
+
+
+class PayloadTooLarge(ServingError):
+    """The body or the number of instances is over a configured limit."""
+
+    status = 413
+    code = "payload_too_large"
+
+    def __init__(self, what: str, size: int | None, limit: int, setting: str) -> None:
+        self.what, self.size, self.limit, self.setting = what, size, limit, setting
+        got = "" if size is None else f" {size}"
+        super().__init__(f"{what}{got} is over the limit of {limit} ({setting})")
+
+
+class VersionConflict(ServingError):
+    """The request pinned a model version this replica does not serve."""
+
+    status = 409
+    code = "version_conflict"
+
+    def __init__(self, requested: str, served: str) -> None:
+        self.requested, self.served = requested, served
+        super().__init__(
+            f"model_version {requested!r} was requested but this replica serves {served!r}"
+        )
+
+
+class NotReady(ServingError):
+    """The model is not loaded yet, or the batcher is stopping."""
+
+    status = 503
+    code = "not_ready"
+
+
+class Overloaded(ServingError):
+    """The batcher's queue is full; the caller should retry later."""
+
+    status = 503
+    code = "overloaded"
+
+
+class InferenceTimeout(ServingError):
+    """The instances were not answered within the allowed time."""
+
+    status = 504
+    code = "timeout"
+
+
+class InferenceError(ServingError):
+    """The model raised, or returned output that does not match its input rows."""
+
+    status = 500
+    code = "inference_error"
+
+
+class ModelLoadError(ServingError):
+    """The model artifact could not be found, checked or loaded.
+
+    :param path: the artifact's path, as configured.
+    :param reason: the cause, in words.
+    """
+
+    status = 500
+    code = "model_load_error"
+
+    def __init__(self, path: object, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"cannot load model {path}: {reason}")
+
+
+class SettingsError(ValueError):
+    """A ``SERVING_`` environment variable has a value the service does not accept.
+
+    :param variable: the environment variable's name, e.g. ``SERVING_MAX_BATCH_SIZE``.
+    :param problem: what it accepts and what was wrong, in one line.
+    """
+
+    def __init__(self, variable: str, problem: str) -> None:
+        self.variable, self.problem = variable, problem
+        super().__init__(f"{variable}: {problem}")

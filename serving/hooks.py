@@ -1,0 +1,103 @@
+"""What ``gunicorn.conf.py``'s hooks do, kept here so the config file stays settings only.
+
+Runs in two roles: ``settings_or_exit``, ``prepare_metrics_dir``, ``on_starting`` and
+``child_exit`` in the master; ``post_fork`` and ``worker_exit`` in each worker. Nothing
+here imports prometheus-client or the Flask app at module level: the master must set
+``PROMETHEUS_MULTIPROC_DIR`` before prometheus-client is first imported.
+
+Why the model is loaded after fork, not preloaded in the master: ONNX Runtime and
+OpenMP/BLAS create thread pools when a model is loaded or first run, and threads do not
+survive ``fork()`` (a forked pool can deadlock on a lock held by a thread that no longer
+exists). Each worker loads its own copy, pins its own pools, and warms up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from serving.errors import SettingsError
+from serving.settings import Settings, load_settings
+
+__all__ = [
+    "child_exit",
+    "on_starting",
+    "post_fork",
+    "prepare_metrics_dir",
+    "settings_or_exit",
+    "worker_exit",
+]
+
+#: Exit status that makes the Gunicorn arbiter halt instead of respawning the worker.
+WORKER_BOOT_ERROR = 3
+
+
+def settings_or_exit() -> Settings:
+    """``load_settings()``, or one line on stderr naming the bad variable and exit status 2."""
+    try:
+        return load_settings()
+    except SettingsError as exc:
+        print(f"serving: invalid setting {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def prepare_metrics_dir(settings: Settings) -> Path:
+    """Choose the prometheus-client multiprocess directory and export it to the workers.
+
+    ``SERVING_METRICS_DIR``, else an already exported ``PROMETHEUS_MULTIPROC_DIR``, else a
+    new temporary directory. Idempotent: Gunicorn re-reads the config on HUP.
+    """
+    if settings.metrics_dir is not None:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(settings.metrics_dir)
+    elif "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="serving-metrics-")
+    return Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+
+
+def on_starting(server: Any) -> None:
+    """Master, once: wipe the metrics directory so counters start at zero."""
+    path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, exist_ok=True)
+    server.log.info("metrics directory %s", path)
+
+
+def post_fork(server: Any, worker: Any, settings: Settings) -> None:
+    """Worker: start loading the model in the background; a load failure halts the server."""
+    from serving.metrics import default_metrics
+    from serving.runtime import ModelRuntime, install_runtime
+
+    service_log = logging.getLogger("serving")
+    service_log.handlers = list(server.log.error_log.handlers)
+    service_log.setLevel(server.log.error_log.level)
+    service_log.propagate = False
+
+    def on_failure(exc: BaseException) -> None:
+        server.log.error("worker %s: %s; stopping the server", worker.pid, exc)
+        for handler in service_log.handlers:
+            handler.flush()
+        os._exit(WORKER_BOOT_ERROR)
+
+    runtime = ModelRuntime(settings, default_metrics())
+    install_runtime(runtime)
+    runtime.start_loading(on_failure)
+
+
+def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
+    """Worker (after its last connection closed): stop the batcher, answering what is queued."""
+    from serving.runtime import _current
+
+    if _current is not None:  # None in the master, which also calls this hook
+        _current.stop(timeout_s=settings.graceful_timeout_s)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """Master: drop the dead worker's live gauges (``livesum``) from the metrics."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]

@@ -1,0 +1,122 @@
+"""Prometheus metrics, correct across Gunicorn workers (prometheus-client multiprocess mode).
+
+Under Gunicorn, ``gunicorn.conf.py`` points ``PROMETHEUS_MULTIPROC_DIR`` at a directory
+before any worker imports prometheus-client, wipes it at start and marks dead workers
+(``serving.hooks``). Each worker writes its samples there; ``render()`` builds a fresh
+registry with a ``MultiProcessCollector`` per scrape, so any worker answers ``/metrics``
+with the sum over all of them (the recipe of prometheus/client_python's multiprocess
+docs). Without that variable (tests, a single process) the given registry is rendered.
+
+Units are in the names: durations in seconds, batch size in instances.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from serving.batching import FlushStats
+
+__all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics", "default_metrics"]
+
+#: Request durations: 0.5 ms to 10 s (a model server's answers span that range).
+DURATION_BUCKETS_S = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+#: Powers of two up to the largest max_batch_size worth running (see docs/batching.md).
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class ServingMetrics:
+    """The service's metrics, registered in ``registry``.
+
+    Usage::
+
+        metrics = ServingMetrics(CollectorRegistry())   # tests: an isolated registry
+        metrics.observe_request("POST", "/predict", 200, 0.004)
+        body = metrics.render()                         # Prometheus text format, bytes
+    """
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "http_requests_total",
+            "HTTP requests answered, by route template and status.",
+            ["method", "route", "status"],
+            registry=registry,
+        )
+        self.request_duration = Histogram(
+            "http_request_duration_seconds",
+            "Time from request received to response built, in seconds.",
+            ["method", "route"],
+            buckets=DURATION_BUCKETS_S,
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "inference_batch_size",
+            "Instances per predict call.",
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=registry,
+        )
+        self.inference_duration = Histogram(
+            "inference_duration_seconds",
+            "Wall time of one predict call on a batch, in seconds.",
+            buckets=DURATION_BUCKETS_S,
+            registry=registry,
+        )
+        self.inference_errors = Counter(
+            "inference_errors_total",
+            "Predict calls that raised or returned the wrong number of rows.",
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "inference_queue_depth",
+            "Instances waiting in the batchers' queues, summed over live workers.",
+            multiprocess_mode="livesum",
+            registry=registry,
+        )
+
+    def observe_request(self, method: str, route: str, status: int, duration_s: float) -> None:
+        """Count one answered request; ``route`` is the URL rule (``/predict``), never the path."""
+        self.requests.labels(method, route, str(status)).inc()
+        self.request_duration.labels(method, route).observe(duration_s)
+
+    def observe_flush(self, stats: FlushStats) -> None:
+        """``ThreadedBatcher`` observer: one predict call happened."""
+        self.batch_size.observe(stats.batch_size)
+        self.inference_duration.observe(stats.duration_s)
+        self.queue_depth.set(stats.queue_depth)
+        if stats.error is not None:
+            self.inference_errors.inc()
+
+    def render(self) -> bytes:
+        """The text exposition of all workers (multiprocess mode) or of ``registry``."""
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            return generate_latest(registry)
+        return generate_latest(self.registry)
+
+
+_default: ServingMetrics | None = None
+_default_lock = threading.Lock()
+
+
+def default_metrics() -> ServingMetrics:
+    """The process's metrics in the default registry, created on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = ServingMetrics()
+        return _default

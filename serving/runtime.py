@@ -1,0 +1,153 @@
+"""One worker's model and batcher, and the readiness they imply.
+
+Under Gunicorn, ``serving.hooks.post_fork`` builds the process's ``ModelRuntime`` and
+starts loading in a background thread, so the worker answers ``/livez`` (200) and
+``/healthz`` (503, ``loading``) while the model loads, then ``ready`` once it is loaded,
+warmed up and its batcher runs. ``worker_exit`` stops it, draining the batcher.
+
+Load order matters: the model is loaded first (importing the libraries it needs), then
+BLAS/OpenMP pools are pinned with threadpoolctl (pinning only reaches libraries already
+loaded), then a warmup batch of ``max_batch_size`` rows runs, then the batcher starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Literal
+
+from serving.batching import ThreadedBatcher
+from serving.errors import NotReady
+from serving.loaders import ModelHandle, load_model
+from serving.metrics import ServingMetrics
+from serving.settings import Settings
+
+__all__ = ["ModelRuntime", "State", "current_runtime", "install_runtime"]
+
+log = logging.getLogger(__name__)
+
+State = Literal["loading", "ready", "failed", "stopping"]
+
+
+class ModelRuntime:
+    """The model handle and batcher of one process.
+
+    Usage::
+
+        runtime = ModelRuntime(settings, metrics)
+        runtime.load()                       # or start_loading() for a background thread
+        handle, batcher = runtime.require_ready()
+    """
+
+    def __init__(self, settings: Settings, metrics: ServingMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.handle: ModelHandle | None = None
+        self.batcher: ThreadedBatcher | None = None
+        self.error: BaseException | None = None
+        self._stopping = False
+
+    @property
+    def model_name(self) -> str:
+        return self.handle.name if self.handle else self.settings.resolved_model_name
+
+    @property
+    def model_version(self) -> str:
+        return self.handle.version if self.handle else self.settings.model_version
+
+    @property
+    def state(self) -> State:
+        """``ready`` only while the model is loaded and the batcher thread runs."""
+        if self._stopping:
+            return "stopping"
+        if self.error is not None or (self.batcher is not None and not self.batcher.running):
+            return "failed"
+        return "ready" if self.batcher is not None else "loading"
+
+    @property
+    def queue_depth(self) -> int:
+        return self.batcher.queue_depth if self.batcher else 0
+
+    def load(self, handle: ModelHandle | None = None) -> None:
+        """Load the configured model (or take ``handle``), pin threads, warm up, start batching.
+
+        :raises ModelLoadError: when the artifact cannot be loaded.
+        :raises Exception: whatever the warmup predict raises.
+        """
+        settings = self.settings
+        try:
+            if handle is None:
+                handle = load_model(
+                    settings.resolved_model_path,
+                    settings.resolved_model_format,
+                    name=settings.resolved_model_name,
+                    version=settings.model_version,
+                    threads=settings.blas_threads,
+                )
+                from threadpoolctl import threadpool_limits
+
+                threadpool_limits(limits=settings.blas_threads)
+            handle.warmup(settings.max_batch_size)
+            batcher = ThreadedBatcher(
+                handle.predict_batch,
+                max_batch_size=settings.max_batch_size,
+                max_batch_latency_ms=settings.max_batch_latency_ms,
+                on_flush=self.metrics.observe_flush,
+            )
+            self.handle = handle
+            self.batcher = batcher.start()
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def start_loading(self, on_failure: Callable[[BaseException], None] | None = None) -> None:
+        """Run ``load()`` in a daemon thread; ``on_failure(exc)`` is called there if it fails."""
+
+        def target() -> None:
+            try:
+                self.load()
+            except BaseException as exc:
+                log.error("model load failed: %s", exc)
+                if on_failure is not None:
+                    on_failure(exc)
+
+        threading.Thread(target=target, name="serving-model-load", daemon=True).start()
+
+    def require_ready(self) -> tuple[ModelHandle, ThreadedBatcher]:
+        """The handle and batcher.
+
+        :raises NotReady: (503) unless the state is ``ready``, saying which state it is in.
+        """
+        state = self.state
+        if state != "ready" or self.handle is None or self.batcher is None:
+            raise NotReady(f"model {self.model_name!r} is not ready ({state})")
+        return self.handle, self.batcher
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop taking instances and answer every queued one (at most ``timeout_s`` seconds)."""
+        self._stopping = True
+        if self.batcher is not None:
+            self.batcher.stop(timeout_s)
+
+
+_current: ModelRuntime | None = None
+_current_lock = threading.Lock()
+
+
+def install_runtime(runtime: ModelRuntime) -> None:
+    """Make ``runtime`` this process's runtime (``post_fork`` does it in each worker)."""
+    global _current
+    with _current_lock:
+        _current = runtime
+
+
+def current_runtime(factory: Callable[[], ModelRuntime]) -> ModelRuntime:
+    """This process's runtime; the first call without one builds it with ``factory`` and
+    starts loading it in the background (any WSGI server without our Gunicorn hooks)."""
+    global _current
+    with _current_lock:
+        if _current is None:
+            _current = factory()
+            _current.start_loading()
+        return _current

@@ -1,0 +1,116 @@
+"""Request and response bodies shared by the blueprints (pydantic v2).
+
+Requests are validated strictly, straight from the raw body bytes
+(``model_validate_json``): a number must be a JSON number (not ``"1.5"``, not ``true``),
+finite (``NaN``, ``Infinity`` and ``1e999`` are refused), and unknown fields are refused
+so a typo such as ``instance`` is a 422, not silently ignored. Responses on the hot path
+are serialized with orjson from plain dicts; the response models below document them
+(and tests validate real responses against them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from serving.errors import InvalidInput, MalformedJSON
+
+__all__ = [
+    "ErrorBody",
+    "ErrorResponse",
+    "HealthResponse",
+    "PredictRequest",
+    "PredictResponse",
+    "parse_body",
+]
+
+#: At most this many error details are returned; the message says how many there were.
+MAX_ERROR_DETAILS = 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        strict=True, extra="forbid", allow_inf_nan=False, protected_namespaces=()
+    )
+
+
+class PredictRequest(_Strict):
+    """``POST /predict``: ``instances`` is ``(n_instances, n_features)`` numbers, row-major."""
+
+    instances: list[list[float]] = Field(
+        min_length=1, description="One row of feature values per instance."
+    )
+    model_version: str | None = Field(
+        None, description="Pin the model version; a replica serving another answers 409."
+    )
+
+
+class PredictResponse(BaseModel):
+    """One prediction per instance, in request order."""
+
+    model_config = ConfigDict(protected_namespaces=())
+
+    predictions: list[Any] = Field(description="Class label or value per instance.")
+    probabilities: list[list[float | None]] | None = Field(
+        None, description="(n_instances, n_classes), columns in the order of classes."
+    )
+    classes: list[Any] | None = Field(None, description="Class labels, probability column order.")
+    model_name: str
+    model_version: str
+    latency_ms: float = Field(description="Server-side time from request to answer, in ms.")
+
+
+class HealthResponse(BaseModel):
+    """``GET /healthz``: 200 only when ``status`` is ``ready``, 503 otherwise."""
+
+    model_config = ConfigDict(protected_namespaces=())
+
+    status: Literal["loading", "ready", "failed", "stopping"]
+    model_name: str
+    model_version: str
+    queue_depth: int = Field(description="Instances queued in this worker's batcher.")
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="Stable machine-readable code, e.g. invalid_input.")
+    message: str
+    details: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ErrorResponse(BaseModel):
+    """The one error shape: ``{"error": {"code", "message", "details"}}``."""
+
+    error: ErrorBody
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(model: type[M], body: bytes) -> M:
+    """Validate raw JSON ``body`` bytes into ``model`` in one pass.
+
+    :raises MalformedJSON: (400) when ``body`` is not JSON.
+    :raises InvalidInput: (422) when it does not match ``model``; ``details`` name each
+        location as ``instances[3][5]``.
+    """
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        if errors[0]["type"] == "json_invalid":
+            raise MalformedJSON(f"request body is not valid JSON: {errors[0]['msg']}") from None
+        details = [
+            {"loc": _loc(err["loc"]), "msg": err["msg"], "type": err["type"]}
+            for err in errors[:MAX_ERROR_DETAILS]
+        ]
+        first = details[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise InvalidInput(f"{first['loc']}: {first['msg']}{more}", details) from None

@@ -1,0 +1,136 @@
+"""The one settings object, read once from ``SERVING_*`` environment variables.
+
+``load_settings()`` is called by ``gunicorn.conf.py`` in the master (so a bad value
+stops start-up before any worker forks) and by ``create_app()`` when no settings are
+passed. Nothing else in the service reads ``os.environ`` for its settings; the
+README's settings table lists exactly the fields below (a test checks it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, FilePath, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from serving.errors import SettingsError
+from serving.loaders import format_from_path
+
+__all__ = ["DEMO_MODEL_PATH", "ModelFormat", "Settings", "load_settings"]
+
+ModelFormat = Literal["pickle", "joblib", "onnx"]
+
+#: The bundled demo: StandardScaler + LogisticRegression on scikit-learn's breast-cancer
+#: data (30 features), rebuilt by ``examples/build_demo_model.py``.
+DEMO_MODEL_PATH = Path(__file__).parent / "demo" / "breast_cancer.joblib"
+
+
+class Settings(BaseSettings):
+    """Every setting of the service; each field is the environment variable ``SERVING_<NAME>``.
+
+    Usage::
+
+        settings = Settings(max_batch_size=8)          # explicit values win over the environment
+        settings = load_settings()                     # from SERVING_* only, errors in one line
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SERVING_", frozen=True, extra="forbid")
+
+    model_path: FilePath | None = Field(
+        None, description="Model artifact to serve; unset serves the bundled breast-cancer demo."
+    )
+    model_format: ModelFormat | None = Field(
+        None, description="pickle, joblib or onnx; unset means from the file extension."
+    )
+    model_name: str | None = Field(
+        None, min_length=1, description="Name reported in responses; unset means the file stem."
+    )
+    model_version: str = Field("1", min_length=1, description="Version reported and pinned.")
+    max_batch_size: int = Field(
+        32, ge=1, le=4096, description="Most instances merged into one predict call."
+    )
+    max_batch_latency_ms: float = Field(
+        10.0,
+        ge=0,
+        le=10_000,
+        description="Longest a batch's first instance waits for more, in milliseconds.",
+    )
+    max_instances_per_request: int = Field(
+        1024, ge=1, description="Most instances one request may carry (413 above)."
+    )
+    max_body_bytes: int = Field(
+        2 * 1024 * 1024, ge=1024, description="Largest request body in bytes (413 above)."
+    )
+    workers: int = Field(
+        default_factory=lambda: os.cpu_count() or 1,
+        ge=1,
+        description="Gunicorn worker processes; unset means one per CPU.",
+    )
+    threads: int | None = Field(
+        None, ge=1, description="Request threads per worker; unset means 2 x max_batch_size."
+    )
+    bind: str = Field("127.0.0.1:8000", min_length=1, description="Gunicorn bind address.")
+    timeout_s: int = Field(
+        30, ge=1, description="Gunicorn worker timeout (silent worker is killed), in seconds."
+    )
+    graceful_timeout_s: int = Field(
+        30, ge=1, description="Time a stopping worker has to drain, in seconds."
+    )
+    blas_threads: int = Field(
+        1, ge=1, description="BLAS/OpenMP threads per worker, pinned with threadpoolctl."
+    )
+    metrics_dir: Path | None = Field(
+        None,
+        description="prometheus-client multiprocess directory, wiped at start; unset means "
+        "PROMETHEUS_MULTIPROC_DIR or a new temporary directory.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Gunicorn and service log level."
+    )
+
+    @model_validator(mode="after")
+    def _check_format(self) -> Settings:
+        if self.model_path is not None and self.model_format is None:
+            format_from_path(self.model_path)  # raises ValueError naming the extension
+        return self
+
+    @property
+    def resolved_model_path(self) -> Path:
+        """``model_path``, or the bundled demo when it is unset."""
+        return self.model_path or DEMO_MODEL_PATH
+
+    @property
+    def resolved_model_format(self) -> str:
+        """``model_format``, or the one implied by the resolved path's extension."""
+        return self.model_format or format_from_path(self.resolved_model_path)
+
+    @property
+    def resolved_model_name(self) -> str:
+        """``model_name``, or the model file's stem (``breast_cancer`` for the demo)."""
+        return self.model_name or self.resolved_model_path.stem
+
+    @property
+    def worker_threads(self) -> int:
+        """Threads per worker: ``threads``, or twice ``max_batch_size`` so a batch can fill."""
+        return self.threads or 2 * self.max_batch_size
+
+
+def load_settings() -> Settings:
+    """Read the settings from the environment.
+
+    :raises SettingsError: for the first invalid variable, naming it, the value it got
+        and what it accepts.
+    """
+    try:
+        return Settings()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = err["loc"]
+        field = str(loc[0]) if loc else "model_format"
+        info = Settings.model_fields.get(field)
+        accepts = f" ({info.description})" if info is not None and info.description else ""
+        value = os.environ.get(f"SERVING_{field.upper()}")
+        got = f"got {value!r}: " if value is not None else ""
+        raise SettingsError(f"SERVING_{field.upper()}", f"{got}{err['msg']}{accepts}") from None
