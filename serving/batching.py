@@ -258,34 +258,33 @@ class ThreadedBatcher:
 
     def _collect(self) -> list[_Chunk] | None:
         """Block for a first instance, then fill the batch until it is full or its time is up."""
-        first = self._next(None)
-        while first is not None and first[0].error is not None:
-            self._discard(first)  # the rest of a request that has already failed
-            first = self._next(None)
-        if first is None:
+        chunk = self._next(None)
+        while chunk is not None and chunk[0].error is not None:
+            self._discard(chunk)  # the rest of a request that has already failed
+            chunk = self._next(None)
+        if chunk is None:
             return None
-        request, start, stop = first
-        width = request.rows.shape[1]
-        batch = [first]
-        size = stop - start
-        deadline = request.enqueued_at + self._latency_s
-        while size < self.max_batch_size:
-            chunk = self._next(deadline - time.monotonic())
-            if chunk is None:
-                break
+        width = chunk[0].rows.shape[1]
+        deadline = chunk[0].enqueued_at + self._latency_s
+        batch: list[_Chunk] = []
+        size = 0
+        while chunk is not None:
             request, start, stop = chunk
             if request.error is not None:
                 self._discard(chunk)
-                continue
-            room = self.max_batch_size - size
-            if request.rows.shape[1] != width:
+            elif request.rows.shape[1] != width:
                 self._carry = chunk
                 break
-            if stop - start > room:
-                self._carry = (request, start + room, stop)
-                stop = start + room
-            batch.append((request, start, stop))
-            size += stop - start
+            else:
+                room = self.max_batch_size - size
+                if stop - start > room:
+                    self._carry = (request, start + room, stop)
+                    stop = start + room
+                batch.append((request, start, stop))
+                size += stop - start
+                if size == self.max_batch_size:
+                    break
+            chunk = self._next(deadline - time.monotonic())
         return batch
 
     def _discard(self, chunk: _Chunk) -> None:

@@ -14,6 +14,7 @@ exists). Each worker loads its own copy, pins its own pools, and warms up.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import shutil
 import sys
@@ -35,6 +36,13 @@ __all__ = [
 
 #: Exit status that makes the Gunicorn arbiter halt instead of respawning the worker.
 WORKER_BOOT_ERROR = 3
+
+# Set by the first worker whose model fails to load. Only that worker exits with
+# WORKER_BOOT_ERROR: when a second one does too, the arbiter meets it again while halting
+# and dies with a traceback and status 1. The others exit with 1, which the halting
+# arbiter just reaps (waiting for its SIGTERM instead can take the whole graceful
+# timeout: a worker still booting loses a signal sent before its handlers exist).
+_boot_failed: Any = None
 
 
 def settings_or_exit() -> Settings:
@@ -61,6 +69,8 @@ def prepare_metrics_dir(settings: Settings) -> Path:
 
 def on_starting(server: Any) -> None:
     """Master, once: wipe the metrics directory so counters start at zero."""
+    global _boot_failed
+    _boot_failed = multiprocessing.Value("b", 0)  # shared with the workers forked later
     path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True, exist_ok=True)
@@ -78,10 +88,15 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     service_log.propagate = False
 
     def on_failure(exc: BaseException) -> None:
-        server.log.error("worker %s: %s; stopping the server", worker.pid, exc)
-        for handler in service_log.handlers:
-            handler.flush()
-        os._exit(WORKER_BOOT_ERROR)
+        with _boot_failed.get_lock():
+            first, _boot_failed.value = _boot_failed.value == 0, 1
+        if first:
+            server.log.error("worker %s: %s; stopping the server", worker.pid, exc)
+            for handler in service_log.handlers:
+                handler.flush()
+            os._exit(WORKER_BOOT_ERROR)
+        server.log.error("worker %s: %s", worker.pid, exc)
+        os._exit(1)
 
     runtime = ModelRuntime(settings, default_metrics())
     install_runtime(runtime)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Literal
 
@@ -76,6 +77,7 @@ class ModelRuntime:
         :raises Exception: whatever the warmup predict raises.
         """
         settings = self.settings
+        started = time.perf_counter()
         try:
             if handle is None:
                 handle = load_model(
@@ -100,16 +102,26 @@ class ModelRuntime:
         except BaseException as exc:
             self.error = exc
             raise
+        log.info(
+            "model %r version %r ready to serve (%s, %s features, %.2f s to load and warm up)",
+            handle.name,
+            handle.version,
+            handle.format,
+            handle.n_features,
+            time.perf_counter() - started,
+        )
 
     def start_loading(self, on_failure: Callable[[BaseException], None] | None = None) -> None:
-        """Run ``load()`` in a daemon thread; ``on_failure(exc)`` is called there if it fails."""
+        """Run ``load()`` in a daemon thread; if it fails, ``on_failure(exc)`` is called there
+        (default: log the error; the state stays ``failed``)."""
 
         def target() -> None:
             try:
                 self.load()
             except BaseException as exc:
-                log.error("model load failed: %s", exc)
-                if on_failure is not None:
+                if on_failure is None:
+                    log.error("model load failed: %s", exc)
+                else:
                     on_failure(exc)
 
         threading.Thread(target=target, name="serving-model-load", daemon=True).start()

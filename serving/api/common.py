@@ -17,6 +17,8 @@ from serving.settings import Settings
 
 __all__ = ["ServingContext", "context", "json_response", "read_json_body"]
 
+_BODY_SETTING = "SERVING_MAX_BODY_BYTES"
+
 
 @dataclass(frozen=True)
 class ServingContext:
@@ -45,15 +47,18 @@ def read_json_body(max_body_bytes: int) -> bytes:
         raise UnsupportedMediaType(request.content_type)
     length = request.content_length
     if length is not None and length > max_body_bytes:
-        raise PayloadTooLarge(
-            "request body of bytes", length, max_body_bytes, "SERVING_MAX_BODY_BYTES"
-        )
+        raise PayloadTooLarge("request body of bytes", length, max_body_bytes, _BODY_SETTING)
+    if length is None and request.environ.get("wsgi.input_terminated"):
+        # Chunked: werkzeug would stop quietly at the limit and hand on a truncated body
+        # (a 400 for the wrong reason). Read one byte past the limit to tell.
+        data: bytes = request.environ["wsgi.input"].read(max_body_bytes + 1)
+        if len(data) > max_body_bytes:
+            raise PayloadTooLarge("chunked request body", None, max_body_bytes, _BODY_SETTING)
+        return data
     try:
         return request.get_data(cache=False)
     except RequestEntityTooLarge:
-        raise PayloadTooLarge(
-            "request body (chunked)", None, max_body_bytes, "SERVING_MAX_BODY_BYTES"
-        ) from None
+        raise PayloadTooLarge("request body", None, max_body_bytes, _BODY_SETTING) from None
 
 
 def json_response(body: dict[str, Any], status: int = 200) -> Response:

@@ -1,0 +1,69 @@
+"""Shared fixtures: ``settings``, ``app`` and ``client`` around a tiny real in-memory model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from prometheus_client import CollectorRegistry
+from sklearn.datasets import load_breast_cancer
+
+from serving.app import create_app
+from serving.loaders import ModelHandle
+from serving.metrics import ServingMetrics
+from serving.settings import Settings
+from tests.models import RowEcho
+
+
+@pytest.fixture(scope="session")
+def breast_cancer() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's built-in data set: X (569, 30) float64, y (569,) 0 = malignant, 1 = benign."""
+    X, y = load_breast_cancer(return_X_y=True)
+    return X, y
+
+
+@pytest.fixture
+def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for name in list(__import__("os").environ):
+        if name.startswith("SERVING_"):
+            monkeypatch.delenv(name)
+    return Settings(
+        max_batch_size=8,
+        max_batch_latency_ms=5,
+        max_instances_per_request=16,
+        max_body_bytes=4096,
+        workers=1,
+    )
+
+
+@pytest.fixture
+def metrics() -> ServingMetrics:
+    return ServingMetrics(CollectorRegistry())
+
+
+@pytest.fixture
+def model_handle() -> ModelHandle:
+    model = RowEcho(n_features=3)
+
+    def predict(rows: Any) -> Any:
+        return {"predictions": model.predict(rows), "probabilities": np.full((len(rows), 2), 0.5)}
+
+    return ModelHandle.from_callable(
+        predict, name="echo", version="7", n_features=3, classes=("a", "b")
+    )
+
+
+@pytest.fixture
+def app(settings: Settings, model_handle: ModelHandle, metrics: ServingMetrics) -> Iterator[Flask]:
+    app = create_app(settings, model_handle, metrics=metrics)
+    yield app
+    app.extensions["serving"].get_runtime().stop(timeout_s=10)
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()

@@ -1,0 +1,113 @@
+"""Start the real ``gunicorn wsgi:app -c gunicorn.conf.py`` on 127.0.0.1 for a test.
+
+As in Gunicorn's own integration tests: a free port, a new process group, readiness
+polled against a monotonic deadline, the server's own output printed when start-up
+fails, and the exit status checked after SIGTERM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+GUNICORN = Path(sys.executable).parent / "gunicorn"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class GunicornServer:
+    """One Gunicorn master and its workers, configured by SERVING_* variables."""
+
+    def __init__(self, tmp_path: Path, **settings: Any) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.metrics_dir = tmp_path / f"metrics-{self.port}"
+        self.log_path = tmp_path / f"gunicorn-{self.port}.log"
+        self.env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(tmp_path),
+            "SERVING_BIND": f"127.0.0.1:{self.port}",
+            "SERVING_WORKERS": "2",
+            "SERVING_METRICS_DIR": str(self.metrics_dir),
+            "SERVING_GRACEFUL_TIMEOUT_S": "20",
+        }
+        self.env.update({f"SERVING_{k.upper()}": str(v) for k, v in settings.items()})
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> GunicornServer:
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [str(GUNICORN), "wsgi:app", "-c", "gunicorn.conf.py", "--no-control-socket"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 60.0, workers: int = 2) -> None:
+        """Wait until every worker logged that its model is ready and /healthz says 200."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"gunicorn exited {self.proc.returncode}:\n{self.output()}")
+            if self.output().count("ready to serve") >= workers:
+                response = requests.get(f"{self.url}/healthz", timeout=5)
+                assert response.status_code == 200, response.text
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"gunicorn not ready after {timeout_s}s:\n{self.output()}")
+
+    def wait_exit(self, timeout_s: float = 60.0) -> int:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"gunicorn still running after {timeout_s}s:\n{self.output()}"
+            ) from None
+
+    def terminate(self) -> int:
+        """SIGTERM to the master (graceful shutdown); its exit status."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.wait_exit()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self._log.close()
+
+    def predict(self, instances: Any, **kwargs: Any) -> requests.Response:
+        return requests.post(
+            f"{self.url}/predict", json={"instances": instances}, timeout=30, **kwargs
+        )
+
+    def metric(self, name: str, text: str | None = None) -> float:
+        """The value of one unlabelled sample in a /metrics scrape."""
+        text = text if text is not None else requests.get(f"{self.url}/metrics", timeout=10).text
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(f"{name} not in /metrics:\n{text}")

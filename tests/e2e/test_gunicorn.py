@@ -1,0 +1,236 @@
+"""The real ``gunicorn wsgi:app -c gunicorn.conf.py`` on 127.0.0.1 with 2 gthread workers."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import joblib
+import numpy as np
+import requests
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from serving.settings import DEMO_MODEL_PATH
+from tests.e2e.server import GunicornServer
+from tests.models import RowEcho, SlowLoading
+
+Start = Callable[..., GunicornServer]
+Pickled = Callable[[Any, str], Path]
+
+
+def burst(
+    server: GunicornServer,
+    n_callers: int,
+    make_rows: Callable[[int], list[list[float]]],
+) -> list[requests.Response]:
+    """One request per caller, all released together; the responses in caller order."""
+    barrier = threading.Barrier(n_callers)
+
+    def call(caller: int) -> requests.Response:
+        barrier.wait(30)
+        return server.predict(make_rows(caller))
+
+    with ThreadPoolExecutor(n_callers) as pool:
+        return list(pool.map(call, range(n_callers)))
+
+
+def test_demo_model_predicts_real_rows_like_the_artifact_itself(
+    gunicorn: Start, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, y = breast_cancer
+    expected = joblib.load(DEMO_MODEL_PATH).predict(X)  # the artifact, without our code
+    server = gunicorn()
+    server.wait_ready()
+
+    predictions: list[int] = []
+    for chunk in np.array_split(X, 8):
+        response = server.predict(chunk.tolist())
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert (body["model_name"], body["model_version"], body["classes"]) == (
+            "breast_cancer",
+            "1",
+            [0, 1],
+        )
+        predictions += body["predictions"]
+
+    np.testing.assert_array_equal(predictions, expected)
+    assert float(np.mean(np.array(predictions) == y)) > 0.95
+
+
+def test_concurrent_single_instance_requests_are_batched_and_each_gets_its_own_row(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    model = pickled(RowEcho(n_features=3, delay_s=0.01), "echo.pkl")
+    server = gunicorn(model_path=model, max_batch_latency_ms=20, max_batch_size=32)
+    server.wait_ready()
+
+    responses = burst(server, 64, lambda caller: [[float(caller), 0.0, 1.0]])
+
+    for caller, response in enumerate(responses):
+        assert response.status_code == 200, response.text
+        assert response.json()["predictions"] == [float(caller)]
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    calls = server.metric("inference_batch_size_count", text)
+    rows = server.metric("inference_batch_size_sum", text)
+    single_row_calls = server.metric('inference_batch_size_bucket{le="1.0"}', text)
+    assert rows == 64  # warmup calls the model directly and is not counted
+    assert single_row_calls < calls, "no predict call merged several requests"
+    assert rows / calls > 1.5
+
+
+def test_bad_input_over_http_gets_json_errors(gunicorn: Start) -> None:
+    server = gunicorn(max_body_bytes=4096)
+    server.wait_ready()
+    url = f"{server.url}/predict"
+    json_headers = {"Content-Type": "application/json"}
+
+    def chunked_body() -> Any:
+        yield b'{"instances": ['
+        for _ in range(300):
+            yield b"[" + b",".join([b"1.0"] * 30) + b"],"
+        yield b"[1.0]]}"
+
+    cases = [
+        (requests.post(url, data=b"{oops", headers=json_headers), 400, "malformed_json"),
+        (
+            requests.post(url, data=b"{}", headers={"Content-Type": "text/csv"}),
+            415,
+            "unsupported_media_type",
+        ),
+        (server.predict([[1.0] * 29]), 422, "invalid_input"),
+        (server.predict([[1.0] * 30, [1.0] * 31]), 422, "invalid_input"),
+        (server.predict([["1.5"] * 30]), 422, "invalid_input"),
+        (requests.post(url, data=b"x" * 5000, headers=json_headers), 413, "payload_too_large"),
+        (requests.post(url, data=chunked_body(), headers=json_headers), 413, "payload_too_large"),
+        (server.predict([[1.0] * 30], headers={"X-Request-ID": "r-1"}), 200, None),
+        (
+            requests.post(url, json={"instances": [[1.0] * 30], "model_version": "2"}),
+            409,
+            "version_conflict",
+        ),
+        (requests.get(f"{server.url}/nope"), 404, "not_found"),
+        (requests.delete(url), 405, "method_not_allowed"),
+    ]
+    for response, status, code in cases:
+        assert response.status_code == status, (status, response.text)
+        assert response.headers["Content-Type"] == "application/json"
+        if code is not None:
+            assert response.json()["error"]["code"] == code
+    assert cases[7][0].headers["X-Request-ID"] == "r-1"
+
+
+def test_healthz_is_503_while_the_model_loads_and_200_after(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    model = pickled(SlowLoading(n_features=3, load_s=3.0), "slow.pkl")
+    server = gunicorn(model_path=model, workers=1)  # one worker: every answer is its state
+
+    deadline = time.monotonic() + 30
+    statuses: list[str] = []
+    while time.monotonic() < deadline:
+        try:
+            response = requests.get(f"{server.url}/healthz", timeout=5)
+        except requests.ConnectionError:
+            time.sleep(0.05)
+            continue
+        body = response.json()
+        assert response.status_code == (200 if body["status"] == "ready" else 503)
+        statuses.append(body["status"])
+        if body["status"] == "loading":
+            assert requests.get(f"{server.url}/livez", timeout=5).status_code == 200
+            early = server.predict([[1.0, 2.0, 3.0]])
+            assert early.status_code == 503 and early.json()["error"]["code"] == "not_ready"
+        if body["status"] == "ready":
+            break
+        time.sleep(0.05)
+
+    assert statuses[0] == "loading" and statuses[-1] == "ready", statuses
+    server.wait_ready(workers=1)
+    assert server.predict([[1.0, 2.0, 3.0]]).json()["predictions"] == [1.0]
+
+
+def predict_count_per_worker(metrics_dir: Path, tmp_path: Path) -> list[float]:
+    """Each worker's own count of answered /predict requests, read from its counter file alone."""
+    counts = []
+    for path in sorted(metrics_dir.glob("counter_*.db")):
+        alone = tmp_path / f"alone-{path.stem}"
+        alone.mkdir(exist_ok=True)
+        shutil.copy(path, alone / path.name)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(alone))
+        labels = {"method": "POST", "route": "/predict", "status": "200"}
+        counts.append(registry.get_sample_value("http_requests_total", labels) or 0.0)
+    return counts
+
+
+def test_metrics_sum_a_counter_over_both_workers(
+    gunicorn: Start, pickled: Pickled, tmp_path: Path
+) -> None:
+    model = pickled(RowEcho(n_features=1, delay_s=0.005), "echo.pkl")
+    server = gunicorn(model_path=model)
+    server.wait_ready()
+
+    sent = 0
+    deadline = time.monotonic() + 60
+    while sum(c > 0 for c in predict_count_per_worker(server.metrics_dir, tmp_path)) < 2:
+        assert time.monotonic() < deadline, "requests never reached both workers"
+        responses = burst(server, 32, lambda caller: [[float(caller)]])
+        assert all(r.status_code == 200 for r in responses)
+        sent += len(responses)
+
+    per_worker = predict_count_per_worker(server.metrics_dir, tmp_path)
+    assert len(per_worker) == 2 and sum(per_worker) == sent
+    label = 'http_requests_total{method="POST",route="/predict",status="200"}'
+    for _ in range(6):  # whichever worker answers the scrape, it reports the sum
+        assert server.metric(label) == sent
+
+
+def test_sigterm_during_a_burst_answers_every_accepted_request(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    model = pickled(RowEcho(n_features=2, delay_s=0.25), "slow_predict.pkl")
+    server = gunicorn(model_path=model, max_batch_size=4, max_batch_latency_ms=1)
+    server.wait_ready()
+
+    with ThreadPoolExecutor(24) as pool:
+        futures = [pool.submit(server.predict, [[float(c), 0.0]]) for c in range(24)]
+        time.sleep(0.5)  # every request is accepted and queued behind the slow model
+        assert server.proc is not None
+        server.proc.send_signal(15)
+        responses = [future.result(60) for future in futures]
+
+    for caller, response in enumerate(responses):
+        assert response.status_code == 200, response.text
+        assert response.json()["predictions"] == [float(caller)]
+    assert server.wait_exit() == 0
+
+
+def test_a_model_that_fails_to_load_stops_the_server_with_a_clear_line(
+    gunicorn: Start, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken.pkl"
+    broken.write_bytes(b"this is not a pickle")
+    server = gunicorn(model_path=broken)
+
+    status = server.wait_exit(timeout_s=60)
+
+    assert status == 3  # Gunicorn's WORKER_BOOT_ERROR: the master halts, no respawn loop
+    output = server.output()
+    assert f"cannot load model {broken}: UnpicklingError" in output
+    assert output.count("Booting worker") <= 2
+
+
+def test_a_bad_setting_stops_gunicorn_before_it_starts(gunicorn: Start) -> None:
+    server = gunicorn(max_batch_latency_ms="soon")
+
+    assert server.wait_exit(timeout_s=60) == 2
+    lines = server.output().strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("serving: invalid setting SERVING_MAX_BATCH_LATENCY_MS: got 'soon'")

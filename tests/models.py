@@ -1,0 +1,74 @@
+"""Tiny real models for tests. Importable by Gunicorn workers (``tests.models``), so they
+can be pickled to a file and served end to end."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+
+class RowEcho:
+    """Predicts each row's first feature: a caller can check it got its own rows back.
+
+    Records every batch size it saw (in-process tests only).
+    """
+
+    def __init__(self, n_features: int = 3, delay_s: float = 0.0) -> None:
+        self.n_features_in_ = n_features
+        self.delay_s = delay_s
+        self.batch_sizes: list[int] = []
+        self._lock = threading.Lock()
+
+    def predict(self, X: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        with self._lock:
+            self.batch_sizes.append(len(X))
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return X[:, 0].copy()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"n_features_in_": self.n_features_in_, "delay_s": self.delay_s}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["n_features_in_"], state["delay_s"])  # type: ignore[misc]
+
+
+class SlowLoading(RowEcho):
+    """A RowEcho whose unpickling takes ``load_s`` seconds (readiness tests)."""
+
+    def __init__(self, n_features: int = 3, delay_s: float = 0.0, load_s: float = 2.0) -> None:
+        super().__init__(n_features, delay_s)
+        self.load_s = load_s
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "load_s": self.load_s}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        time.sleep(state["load_s"])
+        self.__init__(state["n_features_in_"], state["delay_s"], state["load_s"])  # type: ignore[misc]
+
+
+class FailsOnNegative(RowEcho):
+    """A RowEcho that raises when any row's first feature is negative (and never on warmup)."""
+
+    def predict(self, X: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        if (X[:, 0] < 0).any():
+            raise ValueError("negative first feature")
+        return super().predict(X)
+
+
+class WrongLength(RowEcho):
+    """Returns one prediction too few when the batch has more than one row."""
+
+    def predict(self, X: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        out = super().predict(X)
+        return out[:-1] if len(out) > 1 else out
+
+
+def echo(X: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Plain function: first feature per row."""
+    return np.asarray(X[:, 0])

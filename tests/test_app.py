@@ -1,0 +1,184 @@
+"""The HTTP API in-process (Flask test client) around a tiny real model: contract and errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from flask.testing import FlaskClient
+from prometheus_client import CollectorRegistry
+
+from serving.api.common import ServingContext
+from serving.app import create_app
+from serving.loaders import ModelHandle
+from serving.metrics import ServingMetrics
+from serving.runtime import ModelRuntime
+from serving.schemas import ErrorResponse, HealthResponse, PredictResponse
+from serving.settings import Settings
+from tests.models import FailsOnNegative
+
+
+def error_of(response: Any) -> dict[str, Any]:
+    body = ErrorResponse.model_validate(response.get_json()).error
+    assert "Traceback" not in body.message
+    return body.model_dump()
+
+
+def test_predict_returns_one_prediction_per_instance_in_order(client: FlaskClient) -> None:
+    response = client.post("/predict", json={"instances": [[5, 0, 0], [6.5, 1, 2]]})
+
+    assert response.status_code == 200
+    body = PredictResponse.model_validate(response.get_json())
+    assert body.predictions == [5.0, 6.5]
+    assert body.probabilities == [[0.5, 0.5], [0.5, 0.5]]
+    assert body.classes == ["a", "b"]
+    assert (body.model_name, body.model_version) == ("echo", "7")
+    assert body.latency_ms > 0
+
+
+def test_predict_accepts_a_matching_model_version(client: FlaskClient) -> None:
+    response = client.post("/predict", json={"instances": [[1, 2, 3]], "model_version": "7"})
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "where"),
+    [
+        (b'{"instances": [[1, 2, 3]', 400, "malformed_json", "not valid JSON"),
+        (b'{"instances": []}', 422, "invalid_input", "instances"),
+        (
+            b'{"instances": [[1, 2, 3], [1, 2]]}',
+            422,
+            "invalid_input",
+            "instances[1] has 2 features",
+        ),
+        (b'{"instances": [[1, 2]]}', 422, "invalid_input", "the model expects 3"),
+        (b'{"instances": [[1, "1.5", 3]]}', 422, "invalid_input", "instances[0][1]"),
+        (b'{"instances": [[1, true, 3]]}', 422, "invalid_input", "instances[0][1]"),
+        (b'{"instances": [[1, 2, NaN]]}', 422, "invalid_input", "instances[0][2]"),
+        (b'{"instances": [[Infinity, 2, 3]]}', 422, "invalid_input", "instances[0][0]"),
+        (b'{"instances": [[1e999, 2, 3]]}', 422, "invalid_input", "instances[0][0]"),
+        (b'{"instances": [[[1], 2, 3]]}', 422, "invalid_input", "instances[0][0]"),
+        (b'{"instance": [[1, 2, 3]]}', 422, "invalid_input", "instance"),
+        (b"[[1, 2, 3]]", 422, "invalid_input", "body"),
+        (b'{"instances": [[1, 2, 3]], "model_version": "8"}', 409, "version_conflict", "'8'"),
+    ],
+)
+def test_predict_rejects_bad_input_with_status_code_and_location(
+    client: FlaskClient, body: bytes, status: int, code: str, where: str
+) -> None:
+    response = client.post("/predict", data=body, content_type="application/json")
+
+    assert response.status_code == status
+    error = error_of(response)
+    assert error["code"] == code
+    assert where in error["message"]
+
+
+def test_predict_names_every_bad_value_in_details(client: FlaskClient) -> None:
+    response = client.post("/predict", json={"instances": [[1, "x", 3], [True, 2, 3]]})
+    locs = [d["loc"] for d in error_of(response)["details"]]
+    assert locs == ["instances[0][1]", "instances[1][0]"]
+
+
+def test_predict_refuses_a_body_that_is_not_json(client: FlaskClient) -> None:
+    response = client.post("/predict", data="instances=1", content_type="text/plain")
+    assert response.status_code == 415
+    assert error_of(response)["code"] == "unsupported_media_type"
+
+
+def test_predict_refuses_too_many_instances_and_too_large_bodies(client: FlaskClient) -> None:
+    too_many = client.post("/predict", json={"instances": [[1, 2, 3]] * 17})
+    assert too_many.status_code == 413
+    assert "SERVING_MAX_INSTANCES_PER_REQUEST" in error_of(too_many)["message"]
+
+    too_large = client.post("/predict", json={"instances": [[1.0, 2.0, 3.0]] * 400})
+    assert too_large.status_code == 413
+    assert "SERVING_MAX_BODY_BYTES" in error_of(too_large)["message"]
+
+
+def test_unknown_route_and_wrong_method_answer_json(client: FlaskClient) -> None:
+    missing = client.get("/nope")
+    assert missing.status_code == 404 and error_of(missing)["code"] == "not_found"
+    wrong = client.get("/predict")
+    assert wrong.status_code == 405 and error_of(wrong)["code"] == "method_not_allowed"
+    assert "POST" in wrong.headers["Allow"]
+
+
+def test_every_response_carries_a_request_id_and_echoes_the_callers(client: FlaskClient) -> None:
+    generated = client.get("/livez").headers["X-Request-ID"]
+    assert len(generated) == 32
+    echoed = client.get("/livez", headers={"X-Request-ID": "abc-123"})
+    assert echoed.headers["X-Request-ID"] == "abc-123"
+    hostile = client.get("/livez", headers={"X-Request-ID": "a\tb" + "x" * 300})
+    assert hostile.headers["X-Request-ID"] != "a\tb" + "x" * 300
+
+
+def test_model_failure_is_500_inference_error_and_counted(settings: Settings) -> None:
+    metrics = ServingMetrics(CollectorRegistry())
+    model = FailsOnNegative(n_features=3)
+    handle = ModelHandle.from_callable(model.predict, name="f", version="1", n_features=3)
+    app = create_app(settings, handle, metrics=metrics)
+    try:
+        response = app.test_client().post("/predict", json={"instances": [[-1, 0, 0]]})
+    finally:
+        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+
+    assert response.status_code == 500
+    error = error_of(response)
+    assert error["code"] == "inference_error"
+    assert "negative first feature" in error["message"]
+    assert metrics.registry.get_sample_value("inference_errors_total") == 1.0
+
+
+def test_healthz_is_503_until_the_model_is_ready_then_200(settings: Settings) -> None:
+    metrics = ServingMetrics(CollectorRegistry())
+    runtime = ModelRuntime(settings, metrics)
+    app = create_app(settings, metrics=metrics)
+    app.extensions["serving"] = ServingContext(settings, metrics, lambda: runtime)
+    client = app.test_client()
+
+    loading = client.get("/healthz")
+    assert loading.status_code == 503
+    assert HealthResponse.model_validate(loading.get_json()).status == "loading"
+    predict = client.post("/predict", json={"instances": [[1, 2, 3]]})
+    assert predict.status_code == 503 and error_of(predict)["code"] == "not_ready"
+    assert predict.headers["Retry-After"] == "1"
+    assert client.get("/livez").status_code == 200
+
+    runtime.load(ModelHandle.from_callable(np.sum, name="s", version="1", n_features=3))
+    ready = client.get("/healthz")
+    assert ready.status_code == 200
+    assert ready.get_json() == {
+        "status": "ready",
+        "model_name": "s",
+        "model_version": "1",
+        "queue_depth": 0,
+    }
+
+    runtime.stop(timeout_s=10)
+    assert client.get("/healthz").get_json()["status"] == "stopping"
+
+
+def test_metrics_count_requests_by_route_template(
+    client: FlaskClient, metrics: ServingMetrics
+) -> None:
+    client.post("/predict", json={"instances": [[1, 2, 3]]})
+    client.post("/predict", json={"instances": []})
+    client.get("/nope/42")
+
+    def count(route: str, status: str) -> float | None:
+        labels = {
+            "method": "POST" if route == "/predict" else "GET",
+            "route": route,
+            "status": status,
+        }
+        return metrics.registry.get_sample_value("http_requests_total", labels)
+
+    assert count("/predict", "200") == 1.0
+    assert count("/predict", "422") == 1.0
+    assert count("<unmatched>", "404") == 1.0
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'http_requests_total{method="POST",route="/predict",status="200"} 1.0' in text
+    assert "inference_batch_size_count 1.0" in text

@@ -1,0 +1,227 @@
+"""ThreadedBatcher with many threads: triggers, merging, errors, draining. Every wait is bounded."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+from serving.batching import FlushStats, ThreadedBatcher, split_outputs
+from serving.errors import InferenceError, InferenceTimeout, NotReady
+from tests.models import FailsOnNegative, RowEcho, WrongLength
+
+WAIT_S = 10.0
+
+
+def outputs_of(model: Any) -> Any:
+    return lambda rows: {"predictions": model.predict(rows)}
+
+
+def rows_for(caller: int, n: int = 1, width: int = 3) -> np.ndarray:
+    """Rows whose first feature encodes (caller, row): caller * 1000 + row."""
+    rows = np.zeros((n, width))
+    rows[:, 0] = caller * 1000 + np.arange(n)
+    return rows
+
+
+def run_callers(batcher: ThreadedBatcher, n_callers: int, n_rows: int = 1) -> list[Any]:
+    """Submit from n_callers threads released at once; each result or exception, in order."""
+    barrier = threading.Barrier(n_callers)
+
+    def call(caller: int) -> Any:
+        barrier.wait(WAIT_S)
+        try:
+            return batcher.submit_many(rows_for(caller, n_rows), timeout_s=WAIT_S)
+        except Exception as exc:
+            return exc
+
+    with ThreadPoolExecutor(n_callers) as pool:
+        return list(pool.map(call, range(n_callers)))
+
+
+@pytest.fixture
+def stop_after() -> Any:
+    batchers: list[ThreadedBatcher] = []
+    yield batchers.append
+    for batcher in batchers:
+        batcher.stop(timeout_s=WAIT_S)
+
+
+def test_batcher_merges_concurrent_requests_and_returns_each_its_own_rows(stop_after: Any) -> None:
+    model = RowEcho(delay_s=0.005)
+    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=16, max_batch_latency_ms=50).start()
+    stop_after(batcher)
+
+    results = run_callers(batcher, 64, n_rows=3)
+
+    for caller, result in enumerate(results):
+        np.testing.assert_array_equal(result["predictions"], caller * 1000 + np.arange(3))
+    assert max(model.batch_sizes) > 3, "rows of different requests were never merged"
+    assert sum(model.batch_sizes) == 64 * 3
+
+
+def test_batcher_flushes_when_batch_is_full_before_the_latency_window(stop_after: Any) -> None:
+    model = RowEcho()
+    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=4, max_batch_latency_ms=60_000)
+    stop_after(batcher.start())
+
+    results = run_callers(batcher, 8)
+
+    assert all(isinstance(r, dict) for r in results)
+    assert model.batch_sizes == [4, 4]
+
+
+def test_batcher_flushes_a_partial_batch_when_the_first_instance_has_waited(
+    stop_after: Any,
+) -> None:
+    model = RowEcho()
+    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=100, max_batch_latency_ms=30)
+    stop_after(batcher.start())
+
+    result = batcher.submit_many(rows_for(7, 2), timeout_s=WAIT_S)
+
+    np.testing.assert_array_equal(result["predictions"], [7000, 7001])
+    assert model.batch_sizes == [2]
+
+
+def test_batcher_splits_a_request_larger_than_max_batch_size(stop_after: Any) -> None:
+    model = RowEcho()
+    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=4, max_batch_latency_ms=1)
+    stop_after(batcher.start())
+
+    result = batcher.submit_many(rows_for(1, 10), timeout_s=WAIT_S)
+
+    np.testing.assert_array_equal(result["predictions"], 1000 + np.arange(10))
+    assert model.batch_sizes == [4, 4, 2]
+
+
+def test_batcher_never_merges_rows_of_different_widths(stop_after: Any) -> None:
+    seen: list[tuple[int, ...]] = []
+
+    def predict(rows: np.ndarray) -> dict[str, np.ndarray]:
+        seen.append(rows.shape)
+        return {"predictions": rows[:, 0]}
+
+    batcher = ThreadedBatcher(predict, max_batch_size=32, max_batch_latency_ms=100).start()
+    stop_after(batcher)
+    with ThreadPoolExecutor(2) as pool:
+        narrow = pool.submit(batcher.submit_many, rows_for(1, 2, width=3), WAIT_S)
+        wide = pool.submit(batcher.submit_many, rows_for(2, 2, width=5), WAIT_S)
+        np.testing.assert_array_equal(narrow.result(WAIT_S)["predictions"], [1000, 1001])
+        np.testing.assert_array_equal(wide.result(WAIT_S)["predictions"], [2000, 2001])
+    assert sorted(seen) == [(2, 3), (2, 5)]
+
+
+def test_batcher_exception_reaches_every_co_batched_caller_and_the_next_batch_works(
+    stop_after: Any,
+) -> None:
+    model = FailsOnNegative()
+    stats: list[FlushStats] = []
+    batcher = ThreadedBatcher(
+        outputs_of(model), max_batch_size=8, max_batch_latency_ms=60_000, on_flush=stats.append
+    )
+    stop_after(batcher.start())
+    barrier = threading.Barrier(8)
+
+    def call(caller: int) -> Any:
+        rows = rows_for(caller)
+        if caller == 3:
+            rows[0, 0] = -1.0
+        barrier.wait(WAIT_S)
+        try:
+            return batcher.submit_many(rows, timeout_s=WAIT_S)
+        except InferenceError as exc:
+            return exc
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(call, range(8)))
+
+    assert all(isinstance(r, InferenceError) for r in results)
+    assert all("negative first feature" in r.message for r in results)
+    assert isinstance(results[0].__cause__, ValueError)
+    assert stats[0].batch_size == 8 and isinstance(stats[0].error, ValueError)
+    # The batcher survives: the next (full) batch is answered.
+    following = batcher.submit_many(rows_for(9, 8), timeout_s=WAIT_S)
+    np.testing.assert_array_equal(following["predictions"], 9000 + np.arange(8))
+
+
+def test_batcher_fails_the_batch_when_the_model_returns_the_wrong_number_of_rows(
+    stop_after: Any,
+) -> None:
+    batcher = ThreadedBatcher(outputs_of(WrongLength()), max_batch_size=4, max_batch_latency_ms=1)
+    stop_after(batcher.start())
+
+    with pytest.raises(InferenceError, match="3 rows for a batch of 4"):
+        batcher.submit_many(rows_for(1, 4), timeout_s=WAIT_S)
+
+
+def test_batcher_stop_answers_everything_queued_then_refuses(stop_after: Any) -> None:
+    model = RowEcho(delay_s=0.02)
+    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=2, max_batch_latency_ms=0).start()
+    with ThreadPoolExecutor(20) as pool:
+        futures = [pool.submit(batcher.submit_many, rows_for(c), WAIT_S) for c in range(20)]
+        deadline = time.monotonic() + WAIT_S
+        while batcher.queue_depth < 10 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert batcher.queue_depth >= 10, "callers never queued up behind the slow model"
+
+        batcher.stop(timeout_s=WAIT_S)
+
+        for caller, future in enumerate(futures):
+            assert future.result(WAIT_S)["predictions"][0] == caller * 1000
+    assert sum(model.batch_sizes) == 20
+    assert batcher.queue_depth == 0
+    assert not batcher.running
+    with pytest.raises(NotReady):
+        batcher.submit_many(rows_for(1), timeout_s=WAIT_S)
+
+
+def test_batcher_refuses_work_before_start() -> None:
+    batcher = ThreadedBatcher(outputs_of(RowEcho()))
+    with pytest.raises(NotReady):
+        batcher.submit_many(rows_for(1))
+
+
+def test_batcher_submit_times_out_when_the_model_is_slower_than_the_caller(
+    stop_after: Any,
+) -> None:
+    batcher = ThreadedBatcher(outputs_of(RowEcho(delay_s=0.5)), max_batch_latency_ms=0).start()
+    stop_after(batcher)
+    with pytest.raises(InferenceTimeout):
+        batcher.submit_many(rows_for(1), timeout_s=0.05)
+
+
+def test_batcher_rejects_empty_or_one_dimensional_input(stop_after: Any) -> None:
+    batcher = ThreadedBatcher(outputs_of(RowEcho())).start()
+    stop_after(batcher)
+    with pytest.raises(ValueError, match="n_instances"):
+        batcher.submit_many(np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="n_instances"):
+        batcher.submit_many(np.zeros(3))
+
+
+def test_batcher_reports_queue_depth_and_flush_stats(stop_after: Any) -> None:
+    stats: list[FlushStats] = []
+    batcher = ThreadedBatcher(
+        outputs_of(RowEcho()), max_batch_size=8, max_batch_latency_ms=60_000, on_flush=stats.append
+    )
+    stop_after(batcher.start())
+
+    run_callers(batcher, 4, n_rows=2)
+
+    assert [(s.batch_size, s.n_requests, s.error) for s in stats] == [(8, 4, None)]
+    assert stats[0].duration_s >= 0 and stats[0].queue_depth == 0
+
+
+def test_split_outputs_cuts_rows_in_order_and_refuses_mismatches() -> None:
+    parts = split_outputs({"p": np.arange(5), "q": np.arange(10).reshape(5, 2)}, [2, 3])
+    np.testing.assert_array_equal(parts[0]["p"], [0, 1])
+    np.testing.assert_array_equal(parts[1]["q"], [[4, 5], [6, 7], [8, 9]])
+    with pytest.raises(InferenceError, match="a scalar"):
+        split_outputs({"p": np.float64(1.0)}, [1])
+    with pytest.raises(InferenceError, match="4 rows for a batch of 5"):
+        split_outputs({"p": np.arange(4)}, [2, 3])

@@ -1,0 +1,173 @@
+"""Loaders on real artifacts: the bundled demo (joblib, ONNX), pickles of tiny models, failures."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import joblib
+import numpy as np
+import pytest
+
+from serving.errors import ModelLoadError
+from serving.loaders import (
+    ModelHandle,
+    ModelLoader,
+    estimator_handle,
+    format_from_path,
+    load_model,
+    register_loader,
+)
+from serving.settings import DEMO_MODEL_PATH
+from tests.models import RowEcho
+
+DEMO_ONNX_PATH = DEMO_MODEL_PATH.with_suffix(".onnx")
+
+
+def test_demo_joblib_classifies_breast_cancer_rows(
+    breast_cancer: tuple[np.ndarray, np.ndarray],
+) -> None:
+    X, y = breast_cancer
+    handle = load_model(DEMO_MODEL_PATH)
+
+    outputs = handle.predict_batch(X)
+
+    assert (handle.name, handle.format, handle.n_features, handle.classes) == (
+        "breast_cancer",
+        "joblib",
+        30,
+        (0, 1),
+    )
+    accuracy = float((outputs["predictions"] == y).mean())
+    assert accuracy > 0.95, accuracy
+    assert outputs["probabilities"].shape == (569, 2)
+    np.testing.assert_allclose(outputs["probabilities"].sum(axis=1), 1.0)
+    np.testing.assert_array_equal(outputs["predictions"], outputs["probabilities"].argmax(axis=1))
+
+
+def test_demo_onnx_agrees_with_joblib(breast_cancer: tuple[np.ndarray, np.ndarray]) -> None:
+    X, _ = breast_cancer
+    joblib_out = load_model(DEMO_MODEL_PATH).predict_batch(X)
+    onnx_handle = load_model(DEMO_ONNX_PATH)
+    onnx_out = onnx_handle.predict_batch(X)
+
+    assert (onnx_handle.format, onnx_handle.n_features, onnx_handle.classes) == ("onnx", 30, (0, 1))
+    agreement = float((onnx_out["predictions"] == joblib_out["predictions"]).mean())
+    assert agreement > 0.99, agreement  # float32 graph vs float64 estimator
+    np.testing.assert_allclose(onnx_out["probabilities"], joblib_out["probabilities"], atol=1e-4)
+
+
+def test_onnx_zipmap_classifier_gives_probabilities_in_class_order(tmp_path: Path) -> None:
+    from skl2onnx import to_onnx
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 4))
+    y = np.array(["cat", "dog", "eel"])[rng.integers(0, 3, 60)]
+    model = LogisticRegression(max_iter=500).fit(X, y)
+    path = tmp_path / "zipmap.onnx"
+    path.write_bytes(to_onnx(model, X[:1].astype(np.float32), target_opset=17).SerializeToString())
+
+    handle = load_model(path)
+    outputs = handle.predict_batch(X)
+
+    assert handle.classes == ("cat", "dog", "eel")
+    np.testing.assert_allclose(outputs["probabilities"], model.predict_proba(X), atol=1e-4)
+    assert list(outputs["predictions"]) == list(model.predict(X))
+
+
+def test_pickle_loader_serves_a_pickled_model(tmp_path: Path) -> None:
+    path = tmp_path / "echo.pkl"
+    path.write_bytes(pickle.dumps(RowEcho(n_features=2)))
+
+    handle = load_model(path, name="echo", version="3")
+
+    assert (handle.name, handle.version, handle.format, handle.source) == (
+        "echo",
+        "3",
+        "pickle",
+        path,
+    )
+    assert handle.n_features == 2 and handle.classes is None
+    outputs = handle.predict_batch(np.array([[4.0, 0.0], [5.0, 1.0]]))
+    assert list(outputs) == ["predictions"]
+    np.testing.assert_array_equal(outputs["predictions"], [4.0, 5.0])
+
+
+def test_joblib_regressor_has_no_probabilities(tmp_path: Path) -> None:
+    from sklearn.linear_model import LinearRegression
+
+    X = np.arange(12.0).reshape(6, 2)
+    path = tmp_path / "reg.joblib"
+    joblib.dump(LinearRegression().fit(X, X.sum(axis=1)), path)
+
+    outputs = load_model(path).predict_batch(X)
+
+    assert list(outputs) == ["predictions"]
+    np.testing.assert_allclose(outputs["predictions"], X.sum(axis=1))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fmt", "cause"),
+    [
+        ("missing.joblib", None, None, "no such file"),
+        ("model.bin", b"x", None, "cannot tell the format"),
+        ("model.joblib", b"x", "xml", "no loader for format 'xml'"),
+        ("corrupt.pkl", b"not a pickle", None, "UnpicklingError"),
+        ("corrupt.onnx", b"not a graph", None, "onnx"),
+        ("no_predict.pkl", pickle.dumps({"a": 1}), None, "has no predict()"),
+    ],
+)
+def test_load_model_failures_name_the_path_and_the_cause(
+    tmp_path: Path, name: str, content: bytes | None, fmt: str | None, cause: str
+) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+
+    with pytest.raises(ModelLoadError) as info:
+        load_model(path, fmt)
+
+    assert str(path) in str(info.value)
+    assert cause.lower() in str(info.value).lower()
+
+
+def test_register_loader_adds_a_format(tmp_path: Path) -> None:
+    class DoubleLoader(ModelLoader):
+        def load(self, path: Path, *, name: str, version: str, threads: int = 1) -> ModelHandle:
+            factor = float(path.read_text())
+            return ModelHandle.from_callable(lambda X: X[:, 0] * factor, name=name, version=version)
+
+    register_loader("double", DoubleLoader())
+    path = tmp_path / "m.txt"
+    path.write_text("2")
+
+    handle = load_model(path, "double")
+
+    np.testing.assert_array_equal(handle.predict_batch(np.array([[3.0]]))["predictions"], [6.0])
+    with pytest.raises(TypeError):
+        register_loader("bad", object())  # type: ignore[arg-type]
+
+
+def test_from_callable_accepts_arrays_or_named_outputs() -> None:
+    plain = ModelHandle.from_callable(lambda X: X.sum(axis=1), name="s", version="1")
+    named = ModelHandle.from_callable(
+        lambda X: {"predictions": [1], "extra": [[2, 3]]}, name="n", version="1"
+    )
+
+    np.testing.assert_array_equal(plain.predict_batch(np.ones((2, 3)))["predictions"], [3, 3])
+    assert set(named.predict_batch(np.ones((1, 1)))) == {"predictions", "extra"}
+    assert plain.warmup(4) is False  # n_features unknown: nothing to warm up
+
+
+def test_estimator_handle_refuses_objects_without_predict() -> None:
+    with pytest.raises(ModelLoadError, match="no predict"):
+        estimator_handle(object(), name="x", version="1", format="pickle")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [("a.pkl", "pickle"), ("a.PICKLE", "pickle"), ("a.joblib", "joblib"), ("a.onnx", "onnx")],
+)
+def test_format_from_path_reads_the_extension(name: str, fmt: str) -> None:
+    assert format_from_path(Path(name)) == fmt

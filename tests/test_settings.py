@@ -1,0 +1,125 @@
+"""Settings from SERVING_* variables: defaults, parsing, one-line errors, README coverage."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from serving.errors import SettingsError
+from serving.settings import DEMO_MODEL_PATH, Settings, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(__import__("os").environ):
+        if name.startswith("SERVING_"):
+            monkeypatch.delenv(name)
+
+
+def test_settings_defaults_serve_the_demo_with_the_issue_defaults() -> None:
+    settings = load_settings()
+    assert settings.resolved_model_path == DEMO_MODEL_PATH
+    assert settings.resolved_model_format == "joblib"
+    assert settings.resolved_model_name == "breast_cancer"
+    assert (settings.max_batch_size, settings.max_batch_latency_ms) == (32, 10.0)
+    assert settings.worker_threads == 64
+
+
+def test_settings_read_environment_variables(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    model = tmp_path / "m.bin"
+    model.write_bytes(b"x")
+    monkeypatch.setenv("SERVING_MODEL_PATH", str(model))
+    monkeypatch.setenv("SERVING_MODEL_FORMAT", "pickle")
+    monkeypatch.setenv("SERVING_MAX_BATCH_SIZE", "64")
+    monkeypatch.setenv("SERVING_MAX_BATCH_LATENCY_MS", "2.5")
+    monkeypatch.setenv("SERVING_THREADS", "8")
+
+    settings = load_settings()
+
+    assert settings.resolved_model_path == model
+    assert settings.resolved_model_format == "pickle"
+    assert settings.resolved_model_name == "m"
+    assert (settings.max_batch_size, settings.max_batch_latency_ms) == (64, 2.5)
+    assert settings.worker_threads == 8
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("SERVING_MAX_BATCH_SIZE", "lots", "valid integer"),
+        ("SERVING_MAX_BATCH_SIZE", "0", "greater than or equal to 1"),
+        ("SERVING_MAX_BATCH_LATENCY_MS", "-1", "greater than or equal to 0"),
+        ("SERVING_MODEL_FORMAT", "xml", "'pickle', 'joblib' or 'onnx'"),
+        ("SERVING_MODEL_PATH", "/no/such/model.joblib", "does not point to a file"),
+        ("SERVING_LOG_LEVEL", "loud", "'debug', 'info', 'warning' or 'error'"),
+    ],
+)
+def test_bad_setting_names_the_variable_its_value_and_what_it_accepts(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+
+    message = str(info.value)
+    assert message.startswith(f"{variable}: got {value!r}")
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_unknown_model_extension_asks_for_a_format(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    model = tmp_path / "model.bin"
+    model.write_bytes(b"x")
+    monkeypatch.setenv("SERVING_MODEL_PATH", str(model))
+
+    with pytest.raises(SettingsError, match=r"SERVING_MODEL_FORMAT.*set SERVING_MODEL_FORMAT"):
+        load_settings()
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(Exception, match="frozen"):
+        Settings().max_batch_size = 3  # type: ignore[misc]
+
+
+def test_readme_documents_every_setting() -> None:
+    readme = (ROOT / "README.md").read_text()
+    table = set(re.findall(r"^\| `(SERVING_[A-Z_]+)` \|", readme, re.MULTILINE))
+    fields = {f"SERVING_{name.upper()}" for name in Settings.model_fields}
+    assert table == fields
+
+
+def test_gunicorn_config_with_a_bad_setting_exits_with_one_line(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "SERVING_MAX_BATCH_SIZE": "many"}
+    result = subprocess.run(
+        [sys.executable, "-c", "import runpy; runpy.run_path('gunicorn.conf.py')"],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "serving: invalid setting SERVING_MAX_BATCH_SIZE: got 'many': Input should be a valid "
+        "integer, unable to parse string as an integer (Most instances merged into one predict "
+        "call.)"
+    ]
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Run the tests", 1)[1]
+    command = section.split("```sh\n", 1)[1].split("\n```", 1)[0].strip()
+    assert command in (ROOT / ".ci" / "run").read_text()
