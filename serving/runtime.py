@@ -95,6 +95,7 @@ class ModelRuntime:
                 handle.predict_batch,
                 max_batch_size=settings.max_batch_size,
                 max_batch_latency_ms=settings.max_batch_latency_ms,
+                policy=settings.batch_policy,
                 on_flush=self.metrics.observe_flush,
             )
             self.handle = handle

@@ -55,7 +55,13 @@ class Settings(BaseSettings):
         10.0,
         ge=0,
         le=10_000,
-        description="Longest a batch's first instance waits for more, in milliseconds.",
+        description="window policy: longest a batch's first instance waits for more, "
+        "in milliseconds.",
+    )
+    batch_policy: Literal["adaptive", "window"] = Field(
+        "adaptive",
+        description="adaptive: flush what is queued as soon as the model is free; "
+        "window: wait up to max_batch_latency_ms to fill a batch.",
     )
     max_instances_per_request: int = Field(
         1024, ge=1, description="Most instances one request may carry (413 above)."

@@ -53,7 +53,9 @@ def stop_after() -> Any:
 
 def test_batcher_merges_concurrent_requests_and_returns_each_its_own_rows(stop_after: Any) -> None:
     model = RowEcho(delay_s=0.005)
-    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=16, max_batch_latency_ms=50).start()
+    batcher = ThreadedBatcher(
+        outputs_of(model), max_batch_size=16, max_batch_latency_ms=50, policy="window"
+    ).start()
     stop_after(batcher)
 
     results = run_callers(batcher, 64, n_rows=3)
@@ -66,7 +68,9 @@ def test_batcher_merges_concurrent_requests_and_returns_each_its_own_rows(stop_a
 
 def test_batcher_flushes_when_batch_is_full_before_the_latency_window(stop_after: Any) -> None:
     model = RowEcho()
-    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=4, max_batch_latency_ms=60_000)
+    batcher = ThreadedBatcher(
+        outputs_of(model), max_batch_size=4, max_batch_latency_ms=60_000, policy="window"
+    )
     stop_after(batcher.start())
 
     results = run_callers(batcher, 8)
@@ -79,7 +83,9 @@ def test_batcher_flushes_a_partial_batch_when_the_first_instance_has_waited(
     stop_after: Any,
 ) -> None:
     model = RowEcho()
-    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=100, max_batch_latency_ms=30)
+    batcher = ThreadedBatcher(
+        outputs_of(model), max_batch_size=100, max_batch_latency_ms=30, policy="window"
+    )
     stop_after(batcher.start())
 
     result = batcher.submit_many(rows_for(7, 2), timeout_s=WAIT_S)
@@ -106,7 +112,9 @@ def test_batcher_never_merges_rows_of_different_widths(stop_after: Any) -> None:
         seen.append(rows.shape)
         return {"predictions": rows[:, 0]}
 
-    batcher = ThreadedBatcher(predict, max_batch_size=32, max_batch_latency_ms=100).start()
+    batcher = ThreadedBatcher(
+        predict, max_batch_size=32, max_batch_latency_ms=100, policy="window"
+    ).start()
     stop_after(batcher)
     with ThreadPoolExecutor(2) as pool:
         narrow = pool.submit(batcher.submit_many, rows_for(1, 2, width=3), WAIT_S)
@@ -122,7 +130,11 @@ def test_batcher_exception_reaches_every_co_batched_caller_and_the_next_batch_wo
     model = FailsOnNegative()
     stats: list[FlushStats] = []
     batcher = ThreadedBatcher(
-        outputs_of(model), max_batch_size=8, max_batch_latency_ms=60_000, on_flush=stats.append
+        outputs_of(model),
+        max_batch_size=8,
+        max_batch_latency_ms=60_000,
+        policy="window",
+        on_flush=stats.append,
     )
     stop_after(batcher.start())
     barrier = threading.Barrier(8)
@@ -207,7 +219,11 @@ def test_batcher_rejects_empty_or_one_dimensional_input(stop_after: Any) -> None
 def test_batcher_reports_queue_depth_and_flush_stats(stop_after: Any) -> None:
     stats: list[FlushStats] = []
     batcher = ThreadedBatcher(
-        outputs_of(RowEcho()), max_batch_size=8, max_batch_latency_ms=60_000, on_flush=stats.append
+        outputs_of(RowEcho()),
+        max_batch_size=8,
+        max_batch_latency_ms=60_000,
+        policy="window",
+        on_flush=stats.append,
     )
     stop_after(batcher.start())
 
@@ -225,3 +241,41 @@ def test_split_outputs_cuts_rows_in_order_and_refuses_mismatches() -> None:
         split_outputs({"p": np.float64(1.0)}, [1])
     with pytest.raises(InferenceError, match="4 rows for a batch of 5"):
         split_outputs({"p": np.arange(4)}, [2, 3])
+
+
+def test_adaptive_policy_sends_a_lone_request_at_once_whatever_the_window(
+    stop_after: Any,
+) -> None:
+    model = RowEcho()
+    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=32, max_batch_latency_ms=60_000)
+    stop_after(batcher.start())
+
+    # With the window policy this would wait 60 s (and time out after WAIT_S).
+    result = batcher.submit_many(rows_for(4), timeout_s=WAIT_S)
+
+    assert result["predictions"][0] == 4000
+    assert batcher.policy == "adaptive" and model.batch_sizes == [1]
+
+
+def test_adaptive_policy_batches_what_arrives_while_the_model_is_busy(stop_after: Any) -> None:
+    model = RowEcho(delay_s=0.2)
+    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=32, policy="adaptive")
+    stop_after(batcher.start())
+    with ThreadPoolExecutor(11) as pool:
+        first = pool.submit(batcher.submit_many, rows_for(0), WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while not model.batch_sizes and time.monotonic() < deadline:
+            time.sleep(0.001)  # the first call is running now
+        rest = [pool.submit(batcher.submit_many, rows_for(c), WAIT_S) for c in range(1, 11)]
+        while batcher.queue_depth < 10 and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+        results = [first.result(WAIT_S)] + [f.result(WAIT_S) for f in rest]
+
+    assert [r["predictions"][0] for r in results] == [c * 1000 for c in range(11)]
+    assert model.batch_sizes == [1, 10]
+
+
+def test_batcher_refuses_an_unknown_policy() -> None:
+    with pytest.raises(ValueError, match="policy"):
+        ThreadedBatcher(outputs_of(RowEcho()), policy="greedy")  # type: ignore[arg-type]

@@ -171,3 +171,45 @@ def test_estimator_handle_refuses_objects_without_predict() -> None:
 )
 def test_format_from_path_reads_the_extension(name: str, fmt: str) -> None:
     assert format_from_path(Path(name)) == fmt
+
+
+@pytest.mark.parametrize(
+    "estimator",
+    [
+        "RandomForestClassifier(n_estimators=25, random_state=0)",
+        "ExtraTreesClassifier(n_estimators=25, random_state=0)",
+        "DecisionTreeClassifier(random_state=0)",
+        "LogisticRegression(max_iter=2000)",
+        "HistGradientBoostingClassifier(max_iter=20)",
+        "MLPClassifier(hidden_layer_sizes=(8,), max_iter=50, random_state=0)",
+        "KNeighborsClassifier(n_neighbors=4)",  # not in ARGMAX_CLASSIFIERS: both calls
+    ],
+)
+@pytest.mark.parametrize("dataset", ["breast_cancer", "iris"])
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_estimator_handle_predictions_equal_the_estimators_own_predict(
+    estimator: str, dataset: str
+) -> None:
+    from sklearn import datasets
+    from sklearn.ensemble import (  # noqa: F401  (names used by eval)
+        ExtraTreesClassifier,
+        HistGradientBoostingClassifier,
+        RandomForestClassifier,
+    )
+    from sklearn.linear_model import LogisticRegression  # noqa: F401
+    from sklearn.neighbors import KNeighborsClassifier  # noqa: F401
+    from sklearn.neural_network import MLPClassifier  # noqa: F401
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.tree import DecisionTreeClassifier  # noqa: F401
+
+    X, y = getattr(datasets, f"load_{dataset}")(return_X_y=True)
+    labels = np.array(["setosa", "versicolor", "virginica", "x"])[y] if dataset == "iris" else y
+    model = make_pipeline(StandardScaler(), eval(estimator)).fit(X, labels)
+    handle = estimator_handle(model, name="m", version="1", format="joblib")
+
+    outputs = handle.predict_batch(X)
+
+    np.testing.assert_array_equal(outputs["predictions"], model.predict(X))
+    np.testing.assert_allclose(outputs["probabilities"], model.predict_proba(X))
+    assert handle.classes == tuple(model.classes_.tolist())

@@ -1,0 +1,223 @@
+"""``python -m serving.tune --model PATH [--p99-ms 50]``: measure, then recommend settings.
+
+Runs the batch-size sweep (``predict_batch`` in-process at 1, 2, 4, ..., 1024 instances)
+on this machine and prints recommended ``SERVING_MAX_BATCH_SIZE``,
+``SERVING_BATCH_POLICY``/``SERVING_MAX_BATCH_LATENCY_MS``, workers and threads for the
+p99 latency budget, with the reasoning:
+
+- **plateau start**: the smallest batch size within 10 % of the best rows/s. Past it a
+  bigger batch buys almost no throughput and only adds latency.
+- **concurrency**: a worker can only batch the requests in flight in it, so no batch
+  larger than (concurrent clients / workers) ever forms; bigger settings are no use.
+- **queueing budget**: under the adaptive policy a request waits at most for the predict
+  call running when it arrives, then its own: about ``2 x t(b)`` for a call of ``b``
+  instances taking ``t(b)``. Keep that under half the p99 budget; the other half is
+  headroom for HTTP, parsing and bursts.
+- **Little's law**: instances in flight per worker = arrival rate x time in system; a
+  batch of ``b`` can only form with ``b`` requests waiting, so threads = 2 x b (one batch
+  filling while the previous runs).
+- **utilisation**: plan for at most 70 % of measured capacity, where queueing delay is
+  still small (M/D/1 waiting time grows as rho / (1 - rho)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from serving.loaders import ModelHandle, load_model
+
+__all__ = ["Recommendation", "SweepPoint", "plateau_start", "recommend", "sweep"]
+
+SIZES = tuple(2**k for k in range(11))  # 1 .. 1024
+PLATEAU_FRACTION = 0.9  # "within 10 % of the best rows/s"
+UTILISATION = 0.7
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One batch size: ``seconds_per_call`` is the median wall time of a predict call."""
+
+    batch_size: int
+    seconds_per_call: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.batch_size / self.seconds_per_call
+
+    @property
+    def us_per_row(self) -> float:
+        return self.seconds_per_call / self.batch_size * 1e6
+
+
+def sweep(
+    handle: ModelHandle,
+    rows: npt.NDArray[np.float64],
+    sizes: tuple[int, ...] = SIZES,
+    min_time_s: float = 0.2,
+) -> list[SweepPoint]:
+    """Time ``handle.predict_batch`` at each size (rows tiled from ``rows``, shape
+    ``(n, n_features)``); each size runs for at least ``min_time_s`` seconds after a warmup
+    call and reports the median call time (``time.perf_counter``)."""
+    points = []
+    for size in sizes:
+        batch = np.ascontiguousarray(np.resize(rows, (size, rows.shape[1])))
+        handle.predict_batch(batch)
+        times: list[float] = []
+        spent = 0.0
+        while spent < min_time_s or len(times) < 5:
+            started = time.perf_counter()
+            handle.predict_batch(batch)
+            times.append(time.perf_counter() - started)
+            spent += times[-1]
+        points.append(SweepPoint(size, float(np.median(times))))
+    return points
+
+
+def plateau_start(points: list[SweepPoint]) -> SweepPoint:
+    """The smallest batch size whose rows/s is within 10 % of the best."""
+    best = max(p.rows_per_s for p in points)
+    return next(p for p in points if p.rows_per_s >= PLATEAU_FRACTION * best)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    max_batch_size: int
+    max_batch_latency_ms: float
+    workers: int
+    threads: int
+    capacity_rps: float
+    reasons: list[str]
+
+
+def recommend(
+    points: list[SweepPoint], p99_ms: float, cpus: int, clients: int = 64
+) -> Recommendation:
+    """Settings for a p99 budget of ``p99_ms`` milliseconds on ``cpus`` cores with about
+    ``clients`` concurrent requests in flight (see the module doc for the rules)."""
+    plateau = plateau_start(points)
+    budget_s = p99_ms / 1000 / 2
+    workers = max(1, cpus)
+    per_worker = max(1, clients // workers)
+    limit = min(plateau.batch_size, per_worker)
+    fitting = [p for p in points if p.batch_size <= limit and 2 * p.seconds_per_call <= budget_s]
+    chosen = fitting[-1] if fitting else points[0]
+    reasons = [
+        f"plateau starts at batch {plateau.batch_size} "
+        f"({plateau.rows_per_s:,.0f} rows/s, {plateau.us_per_row:.1f} us/row)"
+    ]
+    if per_worker < plateau.batch_size:
+        reasons.append(
+            f"{clients} concurrent clients over {workers} workers put at most {per_worker} "
+            "requests in flight per worker: no bigger batch can form"
+        )
+    if fitting:
+        reasons.append(
+            f"batch {chosen.batch_size} takes {chosen.seconds_per_call * 1000:.2f} ms; 2 calls "
+            f"= {2 * chosen.seconds_per_call * 1000:.2f} ms <= half the p99 budget "
+            f"({budget_s * 1000:.1f} ms)"
+        )
+    else:
+        reasons.append(
+            f"even batch 1 takes {points[0].seconds_per_call * 1000:.2f} ms: half the p99 "
+            f"budget of {p99_ms} ms cannot hold two calls; expect to miss it under load"
+        )
+    window_ms = max(0.0, round((budget_s - 2 * chosen.seconds_per_call) * 1000, 1))
+    reasons.append(
+        f"adaptive policy needs no window; with the window policy use at most {window_ms} ms "
+        "(what is left of half the budget after two calls)"
+    )
+    reasons.append(f"{workers} workers: one per core, each with 1 BLAS thread")
+    threads = 2 * chosen.batch_size
+    reasons.append(f"{threads} threads per worker: one batch filling while one runs (Little's law)")
+    capacity = workers * chosen.rows_per_s
+    reasons.append(
+        f"model capacity about {capacity:,.0f} instances/s at that batch size, before HTTP "
+        f"costs; plan for at most {UTILISATION:.0%} of what bench/http_load.py measures"
+    )
+    return Recommendation(chosen.batch_size, window_ms, workers, threads, capacity, reasons)
+
+
+def plot(points: list[SweepPoint], path: Path, title: str) -> None:
+    """rows/s and us/row against batch size, plateau start marked, saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plateau = plateau_start(points)
+    fig, left = plt.subplots(figsize=(7, 4))
+    sizes = [p.batch_size for p in points]
+    left.plot(sizes, [p.rows_per_s for p in points], "o-", label="rows/s")
+    left.set_xscale("log", base=2)
+    left.set_xlabel("batch size (instances per predict call)")
+    left.set_ylabel("rows/s")
+    left.axvline(plateau.batch_size, color="grey", linestyle="--", label="plateau start")
+    right = left.twinx()
+    right.plot(sizes, [p.us_per_row for p in points], "s:", color="tab:red", label="us/row")
+    right.set_yscale("log")
+    right.set_ylabel("us/row")
+    left.set_title(title)
+    left.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m serving.tune", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--model", type=Path, required=True, help="model artifact to measure")
+    parser.add_argument(
+        "--format", default=None, help="pickle, joblib or onnx (default: extension)"
+    )
+    parser.add_argument("--p99-ms", type=float, default=50.0, help="p99 latency budget in ms")
+    parser.add_argument("--clients", type=int, default=64, help="concurrent requests expected")
+    parser.add_argument(
+        "--plot", type=Path, default=Path("tune.png"), help="where to save the plot"
+    )
+    args = parser.parse_args()
+
+    from sklearn.datasets import load_breast_cancer  # real rows when the model takes 30 features
+
+    handle = load_model(args.model, args.format)
+    n_features = handle.n_features or 30
+    data = load_breast_cancer().data
+    rows = (
+        data
+        if n_features == data.shape[1]
+        else np.random.default_rng(0).normal(size=(1024, n_features))
+    )
+    points = sweep(handle, rows)
+    print(f"{'batch':>6} {'ms/call':>9} {'rows/s':>12} {'us/row':>9}")
+    plateau = plateau_start(points)
+    for p in points:
+        mark = "  <- plateau start" if p is plateau else ""
+        ms = p.seconds_per_call * 1000
+        print(f"{p.batch_size:>6} {ms:>9.3f} {p.rows_per_s:>12,.0f} {p.us_per_row:>9.1f}{mark}")
+    rec = recommend(points, args.p99_ms, os.cpu_count() or 1, args.clients)
+    print(f"\nfor p99 <= {args.p99_ms} ms on {os.cpu_count()} cores:")
+    print(f"  SERVING_MAX_BATCH_SIZE={rec.max_batch_size}")
+    print("  SERVING_BATCH_POLICY=adaptive")
+    print(f"  SERVING_MAX_BATCH_LATENCY_MS={rec.max_batch_latency_ms}  (window policy only)")
+    print(f"  SERVING_WORKERS={rec.workers}")
+    print(f"  SERVING_THREADS={rec.threads}")
+    print("because:")
+    for reason in rec.reasons:
+        print(f"  - {reason}")
+    try:
+        plot(points, args.plot, f"{handle.name}: predict_batch sweep")
+        print(f"plot saved to {args.plot}")
+    except ImportError:
+        print("no plot: matplotlib is not installed (pip install -e '.[bench]')")
+
+
+if __name__ == "__main__":
+    main()
