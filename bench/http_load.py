@@ -1,0 +1,322 @@
+"""HTTP load, side by side in one run: this service vs the naive server vs the echo ceiling.
+
+    python bench/http_load.py                   # full run: ~10 minutes on 2 cores
+    python bench/http_load.py --duration 3 --repeats 1 --connections 1 64
+
+Starts, one after another on 127.0.0.1 (2 workers each):
+  service  gunicorn wsgi:app -c gunicorn.conf.py (gthread, adaptive batching)
+  naive    bench/naive_app.py under sync workers: predict once per request, one row
+  echo     bench/echo_app.py on the service's Gunicorn config: parse JSON, constant answer
+for the "light" (demo LogisticRegression) and "heavy" (300-tree forest) models, and drives
+each with wrk (Debian's package, one thread pinned to CPU 1) at 1, 8 and 64 connections,
+keep-alive and new-connection-per-request, single-instance bodies of the real rows. Each
+cell runs --repeats times; tables show medians. For the service it also reads the mean
+batch size and the share of requests each worker answered from /metrics.
+
+Then the guide's exercise: 1,000 instances sent one per request vs 8 requests of 125.
+Tables go to stdout, PNG plots and a JSON of every run to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.models import RESULTS, model_path, real_rows, write_bodies  # noqa: E402
+
+GUNICORN = Path(sys.executable).parent / "gunicorn"
+WORKERS = 2
+THREADS = 64  # the service's default: 2 x max_batch_size
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Server:
+    """One Gunicorn server of the comparison, started and stopped by the bench."""
+
+    def __init__(self, kind: str, model: str, extra_env: dict[str, str] | None = None) -> None:
+        self.kind, self.model = kind, model
+        self.port = free_port()
+        self.metrics_dir = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        path = str(model_path(model))
+        bind = f"127.0.0.1:{self.port}"
+        common = ["--no-control-socket", "--log-level", "warning"]
+        if kind == "service":
+            env.update(SERVING_MODEL_PATH=path, SERVING_BIND=bind, SERVING_WORKERS=str(WORKERS),
+                       SERVING_METRICS_DIR=str(self.metrics_dir), SERVING_LOG_LEVEL="warning")
+            env.update(extra_env or {})
+            cmd = [str(GUNICORN), "wsgi:app", "-c", "gunicorn.conf.py", *common]
+        elif kind == "naive":
+            env["NAIVE_MODEL_PATH"] = path
+            cmd = [str(GUNICORN), "bench.naive_app:app", "-k", "sync", "-w", str(WORKERS),
+                   "-b", bind, *common]
+        else:
+            cmd = [str(GUNICORN), "bench.echo_app:app", "-k", "gthread", "-w", str(WORKERS),
+                   "--threads", str(THREADS), "-b", bind, *common]
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 60) -> None:
+        body = json.dumps({"instances": [real_rows()[0].tolist()]})
+        deadline = time.monotonic() + timeout_s
+        ok = 0
+        while time.monotonic() < deadline and ok < 20:  # 20 answers: both workers are up
+            if self.proc.poll() is not None:
+                break
+            try:
+                status, _ = request(self.port, "POST", "/predict", body)
+                ok = ok + 1 if status == 200 else 0
+            except OSError:
+                time.sleep(0.1)
+        if ok < 20:
+            self.log.seek(0)
+            raise SystemExit(f"{self.kind} did not start:\n{self.log.read().decode()}")
+
+    def batch_stats(self) -> tuple[float, float]:
+        """(predict calls, instances) so far, from /metrics; zeros for servers without it."""
+        if self.kind != "service":
+            return 0.0, 0.0
+        _, text = request(self.port, "GET", "/metrics")
+        values = {}
+        for line in text.splitlines():
+            if line.startswith("inference_batch_size_"):
+                name, value = line.rsplit(" ", 1)
+                values[name] = float(value)
+        return values.get("inference_batch_size_count", 0.0), values.get("inference_batch_size_sum", 0.0)
+
+    def per_worker_requests(self) -> list[float]:
+        """Requests each live worker answered so far, from its own prometheus-client file."""
+        if self.kind != "service":
+            return []
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        counts = []
+        for path in sorted(self.metrics_dir.glob("counter_*.db")):
+            alone = Path(tempfile.mkdtemp())
+            shutil.copy(path, alone / path.name)
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=str(alone))
+            total = sum(s.value for m in registry.collect() if m.name == "http_requests"
+                        for s in m.samples if s.name == "http_requests_total")
+            counts.append(total)
+            shutil.rmtree(alone)
+        return counts
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+
+
+def request(port: int, method: str, path: str, body: str | None = None) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        headers = {"Content-Type": "application/json"} if body else {}
+        conn.request(method, path, body, headers)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+def wrk(port: int, connections: int, duration_s: float, bodies: Path, close: bool) -> dict[str, Any]:
+    """One wrk run, one thread pinned to CPU 1; the Lua script's JSON summary."""
+    cpus = os.cpu_count() or 1
+    pin = ["taskset", "-c", str(cpus - 1)] if shutil.which("taskset") and cpus > 1 else []
+    cmd = [*pin, "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration_s))}s", "--timeout", "10s",
+           "-s", str(ROOT / "bench" / "wrk_predict.lua"), f"http://127.0.0.1:{port}",
+           "--", str(bodies), "close" if close else "keepalive"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 60, check=True)
+    summary: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    summary["rps"] = summary["requests"] / summary["seconds"]
+    summary["errors"] = sum(summary[k] for k in ("connect_errors", "read_errors", "write_errors",
+                                                  "status_errors", "timeouts"))
+    return summary
+
+
+def run_cell(server: Server, connections: int, mode: str, args: argparse.Namespace,
+             bodies: Path) -> dict[str, Any]:
+    runs = []
+    for _ in range(args.repeats):
+        calls0, rows0 = server.batch_stats()
+        per_worker0 = server.per_worker_requests()
+        result = wrk(server.port, connections, args.duration, bodies, mode == "close")
+        calls1, rows1 = server.batch_stats()
+        per_worker1 = server.per_worker_requests()
+        result["mean_batch"] = (rows1 - rows0) / (calls1 - calls0) if calls1 > calls0 else None
+        served = [b - a for a, b in zip(per_worker0, per_worker1, strict=False)]
+        result["worker_share"] = [round(s / sum(served), 2) for s in served] if sum(served) else []
+        runs.append(result)
+    median = {key: statistics.median(r[key] for r in runs)
+              for key in ("rps", "p50_us", "p95_us", "p99_us", "errors")}
+    batches = [r["mean_batch"] for r in runs if r["mean_batch"] is not None]
+    median["mean_batch"] = statistics.median(batches) if batches else None
+    median["worker_share"] = runs[len(runs) // 2]["worker_share"]
+    median["errors_total"] = sum(r["errors"] for r in runs)
+    return {"server": server.kind, "model": server.model, "connections": connections,
+            "mode": mode, "median": median, "runs": runs}
+
+
+def exercise(server: Server) -> dict[str, float]:
+    """1,000 instances: one per request (sequential) vs 8 requests of 125 (sequential)."""
+    rows = real_rows()
+    instances = [rows[i % len(rows)].tolist() for i in range(1000)]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    headers = {"Content-Type": "application/json"}
+
+    def send(chunk: list[list[float]]) -> None:
+        conn.request("POST", "/predict", json.dumps({"instances": chunk}), headers)
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 200, response.status
+
+    started = time.perf_counter()
+    for instance in instances:
+        send([instance])
+    one_by_one = time.perf_counter() - started
+    started = time.perf_counter()
+    for k in range(8):
+        send(instances[k * 125 : (k + 1) * 125])
+    chunked = time.perf_counter() - started
+    conn.close()
+    return {"one_per_request_s": one_by_one, "eight_of_125_s": chunked,
+            "speedup": one_by_one / chunked}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--connections", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--modes", nargs="+", default=["keepalive", "close"])
+    parser.add_argument("--models", nargs="+", default=["light", "heavy"])
+    parser.add_argument("--servers", nargs="+", default=["service", "naive", "echo"])
+    parser.add_argument("--env", nargs="*", default=[], help="extra SERVING_X=Y for the service")
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        raise SystemExit("wrk not found: apt-get install wrk")
+    extra_env = dict(item.split("=", 1) for item in args.env)
+    bodies = write_bodies(RESULTS / "bodies.txt")
+
+    cells: list[dict[str, Any]] = []
+    exercises: dict[str, dict[str, float]] = {}
+    plan = [(kind, model) for model in args.models for kind in args.servers if kind != "echo"]
+    if "echo" in args.servers:
+        plan.append(("echo", "light"))
+    for kind, model in plan:
+        server = Server(kind, model, extra_env)
+        try:
+            for mode in args.modes:
+                for connections in args.connections:
+                    cell = run_cell(server, connections, mode, args, bodies)
+                    cells.append(cell)
+                    print_row(cell)
+            if kind != "echo":
+                exercises[f"{kind}/{model}"] = exercise(server)
+        finally:
+            server.stop()
+
+    print_tables(cells, exercises)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "http_load.json").write_text(json.dumps({"cells": cells, "exercise": exercises}, indent=1))
+    plot(cells, args)
+
+
+def print_row(cell: dict[str, Any]) -> None:
+    m = cell["median"]
+    batch = f"{m['mean_batch']:.1f}" if m["mean_batch"] is not None else "-"
+    share = "/".join(f"{s:.2f}" for s in m["worker_share"]) or "-"
+    print(f"{cell['server']:>8} {cell['model']:>6} {cell['mode']:>9} c={cell['connections']:<3} "
+          f"{m['rps']:>8.0f} req/s  p50 {m['p50_us'] / 1000:7.2f}  p95 {m['p95_us'] / 1000:7.2f}  "
+          f"p99 {m['p99_us'] / 1000:7.2f} ms  errors {m['errors_total']:<4} batch {batch:>5}  "
+          f"workers {share}", flush=True)
+
+
+def find(cells: list[dict[str, Any]], server: str, model: str, c: int, mode: str) -> dict[str, Any] | None:
+    for cell in cells:
+        if (cell["server"], cell["connections"], cell["mode"]) == (server, c, mode) and (
+            server == "echo" or cell["model"] == model
+        ):
+            return cell["median"]  # type: ignore[no-any-return]
+    return None
+
+
+def print_tables(cells: list[dict[str, Any]], exercises: dict[str, dict[str, float]]) -> None:
+    print("\nratios (medians):")
+    for mode in ("keepalive", "close"):
+        checks = [
+            ("heavy, 64 conn: service / naive throughput", "heavy", 64, "rps", "naive", ">= 10"),
+            ("light, 64 conn: service / echo throughput", "light", 64, "rps", "echo", ">= 0.7"),
+            ("light, 1 conn: service / naive p50 latency", "light", 1, "p50_us", "naive", "<= 1.2"),
+            ("light, 64 conn: service / naive throughput", "light", 64, "rps", "naive", ""),
+            ("heavy, 1 conn: service / naive p50 latency", "heavy", 1, "p50_us", "naive", ""),
+        ]
+        for label, model, c, key, other, target in checks:
+            ours, theirs = find(cells, "service", model, c, mode), find(cells, other, model, c, mode)
+            if ours and theirs and theirs[key]:
+                print(f"  [{mode:>9}] {label}: {ours[key] / theirs[key]:6.2f}  (target {target or '-'})")
+    for name, ex in exercises.items():
+        print(f"  1,000 instances on {name}: one per request {ex['one_per_request_s']:.2f} s, "
+              f"8 x 125 {ex['eight_of_125_s']:.3f} s, speed-up {ex['speedup']:.1f}x")
+
+
+def plot(cells: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for model in args.models:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        for server in args.servers:
+            for mode, style in (("keepalive", "o-"), ("close", "s:")):
+                points = [(c, find(cells, server, model, c, mode)) for c in args.connections]
+                points = [(c, m) for c, m in points if m]
+                if not points:
+                    continue
+                xs = [c for c, _ in points]
+                left.plot(xs, [m["rps"] for _, m in points], style, label=f"{server} ({mode})")
+                right.plot(xs, [m["p99_us"] / 1000 for _, m in points], style, label=f"{server} ({mode})")
+        for axis, label in ((left, "requests/s"), (right, "p99 latency (ms)")):
+            axis.set_xscale("log", base=2)
+            axis.set_xlabel("concurrent connections")
+            axis.set_ylabel(label)
+        right.set_yscale("log")
+        left.legend(fontsize=7)
+        fig.suptitle(f"{model} model, {WORKERS} workers, single-instance requests (median of {args.repeats})")
+        fig.tight_layout()
+        fig.savefig(RESULTS / f"http_load_{model}.png", dpi=100)
+        plt.close(fig)
+    print(f"plots and http_load.json in {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The two benchmark models, built once into ``bench/results/models/`` (seeded, no download).
+
+- ``light``: the bundled demo (StandardScaler + LogisticRegression), about 0.3 ms per
+  predict call at any batch size up to a few hundred.
+- ``heavy``: StandardScaler + RandomForestClassifier(300 trees, n_jobs=1), about 17 ms per
+  call whatever the batch size: the case where batching pays most.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import joblib
+import numpy as np
+from sklearn.datasets import load_breast_cancer
+
+from serving.settings import DEMO_MODEL_PATH
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = RESULTS / "models"
+
+
+def model_path(name: str) -> Path:
+    """Path of the ``light`` or ``heavy`` model, building ``heavy`` on first use."""
+    if name == "light":
+        return DEMO_MODEL_PATH
+    if name != "heavy":
+        raise ValueError(f"unknown model {name!r}: light or heavy")
+    path = MODELS / "heavy_forest.joblib"
+    if not path.exists():
+        from sklearn.ensemble import RandomForestClassifier
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+
+        X, y = load_breast_cancer(return_X_y=True)
+        forest = RandomForestClassifier(n_estimators=300, n_jobs=1, random_state=0)
+        MODELS.mkdir(parents=True, exist_ok=True)
+        joblib.dump(make_pipeline(StandardScaler(), forest).fit(X, y), path)
+    return path
+
+
+def real_rows() -> np.ndarray:
+    """The 569 breast-cancer rows, (569, 30) float64."""
+    rows: np.ndarray = load_breast_cancer().data
+    return rows
+
+
+def write_bodies(path: Path) -> Path:
+    """One single-instance ``/predict`` body per line, one per real row (for wrk's Lua)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"instances": [row.tolist()]}) for row in real_rows()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
