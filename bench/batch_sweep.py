@@ -23,8 +23,9 @@ from serving.tune import plateau_start, plot, sweep  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", nargs="+", default=["light", "heavy"],
-                        help="light, heavy, or paths of artifacts")
+    parser.add_argument(
+        "--model", nargs="+", default=["light", "heavy"], help="light, heavy, or paths of artifacts"
+    )
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     for spec in args.model:
@@ -39,8 +40,10 @@ def main() -> None:
             ms = p.seconds_per_call * 1000
             print(f"{p.batch_size:>6} {ms:>9.3f} {p.rows_per_s:>12,.0f} {p.us_per_row:>9.1f}{mark}")
         best = max(points, key=lambda p: p.rows_per_s)
-        print(f"batch {best.batch_size} moves {best.rows_per_s / points[0].rows_per_s:.0f}x "
-              "the rows/s of one row per call")
+        print(
+            f"batch {best.batch_size} moves {best.rows_per_s / points[0].rows_per_s:.0f}x "
+            "the rows/s of one row per call"
+        )
         out = RESULTS / f"batch_sweep_{spec if spec in ('light', 'heavy') else path.stem}.png"
         plot(points, out, f"{spec}: predict_batch sweep")
         print(f"plot: {out}")

@@ -75,12 +75,18 @@ def main() -> None:
     base = floor(args.threads, args.seconds)
     print(f"floor (bare lock hand-off): {base:>9,.0f} instances/s  {1e6 / base:5.1f} us each")
     for policy in ("adaptive", "window"):
-        batcher = ThreadedBatcher(lambda rows: {"predictions": rows[:, 0]}, max_batch_size=32,
-                                  max_batch_latency_ms=1, policy=policy).start()
+        batcher = ThreadedBatcher(
+            lambda rows: {"predictions": rows[:, 0]},
+            max_batch_size=32,
+            max_batch_latency_ms=1,
+            policy=policy,
+        ).start()
         rate = drive(lambda: batcher.submit_many(row), args.threads, args.seconds)
         batcher.stop()
-        print(f"ThreadedBatcher {policy:>8}:  {rate:>9,.0f} instances/s  {1e6 / rate:5.1f} us each"
-              f"  ({rate / base:.0%} of the floor)")
+        print(
+            f"ThreadedBatcher {policy:>8}:  {rate:>9,.0f} instances/s  {1e6 / rate:5.1f} us each"
+            f"  ({rate / base:.0%} of the floor)"
+        )
 
 
 if __name__ == "__main__":

@@ -63,20 +63,51 @@ class Server:
         bind = f"127.0.0.1:{self.port}"
         common = ["--no-control-socket", "--log-level", "warning"]
         if kind == "service":
-            env.update(SERVING_MODEL_PATH=path, SERVING_BIND=bind, SERVING_WORKERS=str(WORKERS),
-                       SERVING_METRICS_DIR=str(self.metrics_dir), SERVING_LOG_LEVEL="warning")
+            env.update(
+                SERVING_MODEL_PATH=path,
+                SERVING_BIND=bind,
+                SERVING_WORKERS=str(WORKERS),
+                SERVING_METRICS_DIR=str(self.metrics_dir),
+                SERVING_LOG_LEVEL="warning",
+            )
             env.update(extra_env or {})
             cmd = [str(GUNICORN), "wsgi:app", "-c", "gunicorn.conf.py", *common]
         elif kind == "naive":
             env["NAIVE_MODEL_PATH"] = path
-            cmd = [str(GUNICORN), "bench.naive_app:app", "-k", "sync", "-w", str(WORKERS),
-                   "-b", bind, *common]
+            cmd = [
+                str(GUNICORN),
+                "bench.naive_app:app",
+                "-k",
+                "sync",
+                "-w",
+                str(WORKERS),
+                "-b",
+                bind,
+                *common,
+            ]
         else:
-            cmd = [str(GUNICORN), "bench.echo_app:app", "-k", "gthread", "-w", str(WORKERS),
-                   "--threads", str(THREADS), "-b", bind, *common]
+            cmd = [
+                str(GUNICORN),
+                "bench.echo_app:app",
+                "-k",
+                "gthread",
+                "-w",
+                str(WORKERS),
+                "--threads",
+                str(THREADS),
+                "-b",
+                bind,
+                *common,
+            ]
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self._wait_ready()
 
     def _wait_ready(self, timeout_s: float = 60) -> None:
@@ -105,7 +136,9 @@ class Server:
             if line.startswith("inference_batch_size_"):
                 name, value = line.rsplit(" ", 1)
                 values[name] = float(value)
-        return values.get("inference_batch_size_count", 0.0), values.get("inference_batch_size_sum", 0.0)
+        return values.get("inference_batch_size_count", 0.0), values.get(
+            "inference_batch_size_sum", 0.0
+        )
 
     def per_worker_requests(self) -> list[float]:
         """Requests each live worker answered so far, from its own prometheus-client file."""
@@ -120,8 +153,13 @@ class Server:
             shutil.copy(path, alone / path.name)
             registry = CollectorRegistry()
             MultiProcessCollector(registry, path=str(alone))
-            total = sum(s.value for m in registry.collect() if m.name == "http_requests"
-                        for s in m.samples if s.name == "http_requests_total")
+            total = sum(
+                s.value
+                for m in registry.collect()
+                if m.name == "http_requests"
+                for s in m.samples
+                if s.name == "http_requests_total"
+            )
             counts.append(total)
             shutil.rmtree(alone)
         return counts
@@ -147,23 +185,40 @@ def request(port: int, method: str, path: str, body: str | None = None) -> tuple
         conn.close()
 
 
-def wrk(port: int, connections: int, duration_s: float, bodies: Path, close: bool) -> dict[str, Any]:
+def wrk(
+    port: int, connections: int, duration_s: float, bodies: Path, close: bool
+) -> dict[str, Any]:
     """One wrk run, one thread pinned to CPU 1; the Lua script's JSON summary."""
     cpus = os.cpu_count() or 1
     pin = ["taskset", "-c", str(cpus - 1)] if shutil.which("taskset") and cpus > 1 else []
-    cmd = [*pin, "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration_s))}s", "--timeout", "10s",
-           "-s", str(ROOT / "bench" / "wrk_predict.lua"), f"http://127.0.0.1:{port}",
-           "--", str(bodies), "close" if close else "keepalive"]
+    cmd = [
+        *pin,
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{max(1, round(duration_s))}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(ROOT / "bench" / "wrk_predict.lua"),
+        f"http://127.0.0.1:{port}",
+        "--",
+        str(bodies),
+        "close" if close else "keepalive",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 60, check=True)
     summary: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     summary["rps"] = summary["requests"] / summary["seconds"]
-    summary["errors"] = sum(summary[k] for k in ("connect_errors", "read_errors", "write_errors",
-                                                  "status_errors", "timeouts"))
+    summary["errors"] = sum(
+        summary[k]
+        for k in ("connect_errors", "read_errors", "write_errors", "status_errors", "timeouts")
+    )
     return summary
 
 
-def run_cell(server: Server, connections: int, mode: str, args: argparse.Namespace,
-             bodies: Path) -> dict[str, Any]:
+def run_cell(
+    server: Server, connections: int, mode: str, args: argparse.Namespace, bodies: Path
+) -> dict[str, Any]:
     runs = []
     for _ in range(args.repeats):
         calls0, rows0 = server.batch_stats()
@@ -175,14 +230,22 @@ def run_cell(server: Server, connections: int, mode: str, args: argparse.Namespa
         served = [b - a for a, b in zip(per_worker0, per_worker1, strict=False)]
         result["worker_share"] = [round(s / sum(served), 2) for s in served] if sum(served) else []
         runs.append(result)
-    median = {key: statistics.median(r[key] for r in runs)
-              for key in ("rps", "p50_us", "p95_us", "p99_us", "errors")}
+    median = {
+        key: statistics.median(r[key] for r in runs)
+        for key in ("rps", "p50_us", "p95_us", "p99_us", "errors")
+    }
     batches = [r["mean_batch"] for r in runs if r["mean_batch"] is not None]
     median["mean_batch"] = statistics.median(batches) if batches else None
     median["worker_share"] = runs[len(runs) // 2]["worker_share"]
     median["errors_total"] = sum(r["errors"] for r in runs)
-    return {"server": server.kind, "model": server.model, "connections": connections,
-            "mode": mode, "median": median, "runs": runs}
+    return {
+        "server": server.kind,
+        "model": server.model,
+        "connections": connections,
+        "mode": mode,
+        "median": median,
+        "runs": runs,
+    }
 
 
 def exercise(server: Server) -> dict[str, float]:
@@ -207,8 +270,11 @@ def exercise(server: Server) -> dict[str, float]:
         send(instances[k * 125 : (k + 1) * 125])
     chunked = time.perf_counter() - started
     conn.close()
-    return {"one_per_request_s": one_by_one, "eight_of_125_s": chunked,
-            "speedup": one_by_one / chunked}
+    return {
+        "one_per_request_s": one_by_one,
+        "eight_of_125_s": chunked,
+        "speedup": one_by_one / chunked,
+    }
 
 
 def main() -> None:
@@ -246,7 +312,9 @@ def main() -> None:
 
     print_tables(cells, exercises)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "http_load.json").write_text(json.dumps({"cells": cells, "exercise": exercises}, indent=1))
+    (RESULTS / "http_load.json").write_text(
+        json.dumps({"cells": cells, "exercise": exercises}, indent=1)
+    )
     plot(cells, args)
 
 
@@ -254,13 +322,18 @@ def print_row(cell: dict[str, Any]) -> None:
     m = cell["median"]
     batch = f"{m['mean_batch']:.1f}" if m["mean_batch"] is not None else "-"
     share = "/".join(f"{s:.2f}" for s in m["worker_share"]) or "-"
-    print(f"{cell['server']:>8} {cell['model']:>6} {cell['mode']:>9} c={cell['connections']:<3} "
-          f"{m['rps']:>8.0f} req/s  p50 {m['p50_us'] / 1000:7.2f}  p95 {m['p95_us'] / 1000:7.2f}  "
-          f"p99 {m['p99_us'] / 1000:7.2f} ms  errors {m['errors_total']:<4} batch {batch:>5}  "
-          f"workers {share}", flush=True)
+    print(
+        f"{cell['server']:>8} {cell['model']:>6} {cell['mode']:>9} c={cell['connections']:<3} "
+        f"{m['rps']:>8.0f} req/s  p50 {m['p50_us'] / 1000:7.2f}  p95 {m['p95_us'] / 1000:7.2f}  "
+        f"p99 {m['p99_us'] / 1000:7.2f} ms  errors {m['errors_total']:<4} batch {batch:>5}  "
+        f"workers {share}",
+        flush=True,
+    )
 
 
-def find(cells: list[dict[str, Any]], server: str, model: str, c: int, mode: str) -> dict[str, Any] | None:
+def find(
+    cells: list[dict[str, Any]], server: str, model: str, c: int, mode: str
+) -> dict[str, Any] | None:
     for cell in cells:
         if (cell["server"], cell["connections"], cell["mode"]) == (server, c, mode) and (
             server == "echo" or cell["model"] == model
@@ -280,12 +353,19 @@ def print_tables(cells: list[dict[str, Any]], exercises: dict[str, dict[str, flo
             ("heavy, 1 conn: service / naive p50 latency", "heavy", 1, "p50_us", "naive", ""),
         ]
         for label, model, c, key, other, target in checks:
-            ours, theirs = find(cells, "service", model, c, mode), find(cells, other, model, c, mode)
+            ours, theirs = (
+                find(cells, "service", model, c, mode),
+                find(cells, other, model, c, mode),
+            )
             if ours and theirs and theirs[key]:
-                print(f"  [{mode:>9}] {label}: {ours[key] / theirs[key]:6.2f}  (target {target or '-'})")
+                print(
+                    f"  [{mode:>9}] {label}: {ours[key] / theirs[key]:6.2f}  (target {target or '-'})"
+                )
     for name, ex in exercises.items():
-        print(f"  1,000 instances on {name}: one per request {ex['one_per_request_s']:.2f} s, "
-              f"8 x 125 {ex['eight_of_125_s']:.3f} s, speed-up {ex['speedup']:.1f}x")
+        print(
+            f"  1,000 instances on {name}: one per request {ex['one_per_request_s']:.2f} s, "
+            f"8 x 125 {ex['eight_of_125_s']:.3f} s, speed-up {ex['speedup']:.1f}x"
+        )
 
 
 def plot(cells: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -304,14 +384,18 @@ def plot(cells: list[dict[str, Any]], args: argparse.Namespace) -> None:
                     continue
                 xs = [c for c, _ in points]
                 left.plot(xs, [m["rps"] for _, m in points], style, label=f"{server} ({mode})")
-                right.plot(xs, [m["p99_us"] / 1000 for _, m in points], style, label=f"{server} ({mode})")
+                right.plot(
+                    xs, [m["p99_us"] / 1000 for _, m in points], style, label=f"{server} ({mode})"
+                )
         for axis, label in ((left, "requests/s"), (right, "p99 latency (ms)")):
             axis.set_xscale("log", base=2)
             axis.set_xlabel("concurrent connections")
             axis.set_ylabel(label)
         right.set_yscale("log")
         left.legend(fontsize=7)
-        fig.suptitle(f"{model} model, {WORKERS} workers, single-instance requests (median of {args.repeats})")
+        fig.suptitle(
+            f"{model} model, {WORKERS} workers, single-instance requests (median of {args.repeats})"
+        )
         fig.tight_layout()
         fig.savefig(RESULTS / f"http_load_{model}.png", dpi=100)
         plt.close(fig)

@@ -98,6 +98,8 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         server.log.error("worker %s: %s", worker.pid, exc)
         os._exit(1)
 
+    if settings.switch_interval_ms is not None:
+        sys.setswitchinterval(settings.switch_interval_ms / 1000)
     runtime = ModelRuntime(settings, default_metrics())
     install_runtime(runtime)
     runtime.start_loading(on_failure)

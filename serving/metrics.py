@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -38,6 +39,11 @@ DURATION_BUCKETS_S = (
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
+_METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"}
+)
+
+
 class ServingMetrics:
     """The service's metrics, registered in ``registry``.
 
@@ -50,6 +56,7 @@ class ServingMetrics:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.registry = registry
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self.requests = Counter(
             "http_requests_total",
             "HTTP requests answered, by route template and status.",
@@ -88,9 +95,23 @@ class ServingMetrics:
         )
 
     def observe_request(self, method: str, route: str, status: int, duration_s: float) -> None:
-        """Count one answered request; ``route`` is the URL rule (``/predict``), never the path."""
-        self.requests.labels(method, route, str(status)).inc()
-        self.request_duration.labels(method, route).observe(duration_s)
+        """Count one answered request; ``route`` is the URL rule (``/predict``), never the path.
+
+        Methods outside the HTTP standard set are counted as ``other``, so a client making
+        up methods cannot grow the label set without bound.
+        """
+        if method not in _METHODS:
+            method = "other"
+        key = (method, route, status)
+        children = self._children.get(key)
+        if children is None:  # labels() takes a lock and builds keys: once per label set
+            children = (
+                self.requests.labels(method, route, str(status)),
+                self.request_duration.labels(method, route),
+            )
+            self._children[key] = children
+        children[0].inc()
+        children[1].observe(duration_s)
 
     def observe_flush(self, stats: FlushStats) -> None:
         """``ThreadedBatcher`` observer: one predict call happened."""

@@ -87,6 +87,13 @@ class Settings(BaseSettings):
     blas_threads: int = Field(
         1, ge=1, description="BLAS/OpenMP threads per worker, pinned with threadpoolctl."
     )
+    switch_interval_ms: float | None = Field(
+        None,
+        gt=0,
+        le=100,
+        description="Python's GIL switch interval per worker (sys.setswitchinterval), in "
+        "milliseconds; unset keeps Python's 5 ms. See docs/batching.md.",
+    )
     metrics_dir: Path | None = Field(
         None,
         description="prometheus-client multiprocess directory, wiped at start; unset means "

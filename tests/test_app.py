@@ -179,6 +179,9 @@ def test_metrics_count_requests_by_route_template(
     assert count("/predict", "200") == 1.0
     assert count("/predict", "422") == 1.0
     assert count("<unmatched>", "404") == 1.0
+    client.open("/predict", method="BREW")
+    brew = {"method": "other", "route": "<unmatched>", "status": "405"}
+    assert metrics.registry.get_sample_value("http_requests_total", brew) == 1.0
     text = client.get("/metrics").get_data(as_text=True)
     assert 'http_requests_total{method="POST",route="/predict",status="200"} 1.0' in text
     assert "inference_batch_size_count 1.0" in text
