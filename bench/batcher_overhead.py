@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from serving.batching import ThreadedBatcher  # noqa: E402
+from serving.batching import ThreadedBatcher
 
 
 def drive(submit: object, threads: int, seconds: float) -> float:
@@ -81,7 +81,7 @@ def main() -> None:
             max_batch_latency_ms=1,
             policy=policy,
         ).start()
-        rate = drive(lambda: batcher.submit_many(row), args.threads, args.seconds)
+        rate = drive(lambda b=batcher: b.submit_many(row), args.threads, args.seconds)
         batcher.stop()
         print(
             f"ThreadedBatcher {policy:>8}:  {rate:>9,.0f} instances/s  {1e6 / rate:5.1f} us each"

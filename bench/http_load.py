@@ -99,7 +99,7 @@ class Server:
                 bind,
                 *common,
             ]
-        self.log = tempfile.TemporaryFile()
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the server)
         self.proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
@@ -358,9 +358,8 @@ def print_tables(cells: list[dict[str, Any]], exercises: dict[str, dict[str, flo
                 find(cells, other, model, c, mode),
             )
             if ours and theirs and theirs[key]:
-                print(
-                    f"  [{mode:>9}] {label}: {ours[key] / theirs[key]:6.2f}  (target {target or '-'})"
-                )
+                ratio = ours[key] / theirs[key]
+                print(f"  [{mode:>9}] {label}: {ratio:6.2f}  (target {target or '-'})")
     for name, ex in exercises.items():
         print(
             f"  1,000 instances on {name}: one per request {ex['one_per_request_s']:.2f} s, "
