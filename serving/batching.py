@@ -201,12 +201,19 @@ class ThreadedBatcher:
         self._depth = 0
         self._carry: _Chunk | None = None
         self._stop_seen = False
+        self._busy_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     @property
     def queue_depth(self) -> int:
         """Instances queued and not yet taken into a batch."""
         return self._depth
+
+    @property
+    def busy_for_s(self) -> float:
+        """Seconds the current predict call has been running (0.0 when the model is idle)."""
+        since = self._busy_since
+        return 0.0 if since is None else time.monotonic() - since
 
     @property
     def running(self) -> bool:
@@ -330,40 +337,62 @@ class ThreadedBatcher:
             self._depth -= chunk[2] - chunk[1]
 
     def _flush(self, batch: list[_Chunk]) -> None:
-        sizes = [stop - start for _, start, stop in batch]
         with self._lock:
-            self._depth -= sum(sizes)
-        if len(batch) == 1 and sizes[0] == len(batch[0][0].rows):
-            rows = batch[0][0].rows
+            self._depth -= sum(stop - start for _, start, stop in batch)
+        try:
+            self._isolate(batch)
+        except BaseException as exc:  # a bug of ours: still, nobody in this batch may hang
+            log.exception("batcher failed on a batch; failing its requests")
+            for request, _, _ in batch:
+                request.fail(f"the batcher failed: {type(exc).__name__}: {exc}", exc)
+
+    def _isolate(self, batch: list[_Chunk]) -> None:
+        """Predict on ``batch``; if the call fails and holds several requests, bisect by
+        request and retry each half, so only the requests whose instances make the model
+        fail get its error and every other request still gets its predictions. A failing
+        batch of n requests costs about 2 log2(n) extra calls; a good batch costs none."""
+        error = self._call(batch)
+        if error is None:
+            return
+        if len(batch) > 1:
+            middle = len(batch) // 2
+            self._isolate(batch[:middle])
+            self._isolate(batch[middle:])
+            return
+        if isinstance(error, InferenceError):
+            message = error.message
         else:
-            rows = np.concatenate([request.rows[start:stop] for request, start, stop in batch])
+            rows = batch[0][2] - batch[0][1]
+            message = f"model failed on {rows} instances: {type(error).__name__}: {error}"
+        batch[0][0].fail(message, error)
+
+    def _call(self, batch: list[_Chunk]) -> BaseException | None:
+        """One predict call: answers the requests of ``batch``, or returns the error."""
+        sizes = [stop - start for _, start, stop in batch]
+        request, start, stop = batch[0]
+        if len(batch) == 1 and start == 0 and stop == len(request.rows):
+            rows = request.rows
+        else:
+            rows = np.concatenate([r.rows[a:b] for r, a, b in batch])
         error: BaseException | None = None
+        self._busy_since = time.monotonic()
         started = time.perf_counter()
         try:
             parts = split_outputs(self._predict(rows), sizes)
-        except BaseException as exc:
+        except BaseException as exc:  # SystemExit from a model must not end the batcher
             error = exc
-            if isinstance(exc, InferenceError):
-                message = exc.message
-            else:
-                kind = type(exc).__name__
-                message = f"model failed on a batch of {len(rows)} instances: {kind}: {exc}"
-            for request, _, _ in batch:
-                request.fail(message, exc)
-            if not isinstance(exc, Exception):
-                raise
-        else:
+        duration_s = time.perf_counter() - started
+        self._busy_since = None
+        if error is None:
             for (request, start, stop), outputs in zip(batch, parts, strict=True):
                 request.answer(start, stop - start, outputs)
-        duration_s = time.perf_counter() - started
         if self._on_flush is not None:
-            stats = FlushStats(
-                len(rows), len({id(r) for r, _, _ in batch}), duration_s, self._depth, error
-            )
+            stats = FlushStats(len(rows), len(batch), duration_s, self._depth, error)
             try:
                 self._on_flush(stats)
             except Exception:
                 log.exception("on_flush observer failed")
+        return error
 
     def _fail_all(self, message: str, cause: BaseException) -> None:
         if self._carry is not None:

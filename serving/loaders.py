@@ -13,7 +13,6 @@ load them only from sources you trust. ONNX files hold a graph, not code.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import pickle
@@ -129,16 +128,6 @@ def _final_estimator(model: object) -> object:
     return _final_estimator(steps[-1][1]) if steps else model
 
 
-def _sklearn_fast_path() -> Any:
-    """``sklearn.config_context(assume_finite=True)``: rows reaching ``predict_batch`` are
-    already checked finite by the request schema, so sklearn need not scan them again."""
-    try:
-        import sklearn
-    except ImportError:  # not a scikit-learn model
-        return contextlib.nullcontext()
-    return sklearn.config_context(assume_finite=True)
-
-
 def estimator_handle(
     model: Predictor, *, name: str, version: str, format: str, source: Path | None = None
 ) -> ModelHandle:
@@ -146,7 +135,6 @@ def estimator_handle(
 
     ``n_features`` comes from ``n_features_in_`` and ``classes`` from ``classes_`` where
     the estimator has them; ``probabilities`` is produced when ``predict_proba`` exists.
-    Rows given to ``predict_batch`` must be finite (the request schema guarantees it).
     """
     if not callable(getattr(model, "predict", None)):
         raise ModelLoadError(source, f"the loaded {type(model).__name__} object has no predict()")
@@ -163,21 +151,21 @@ def estimator_handle(
         and type(final).__name__ in ARGMAX_CLASSIFIERS
     )
     label_array = np.asarray(classes) if classes is not None else None
-    sklearn_model = type(final).__module__.startswith("sklearn.")
 
+    # scikit-learn's own finiteness check stays on: finite input can still overflow inside
+    # a pipeline (1e308 through a StandardScaler), and its error beats NaN probabilities.
     def predict_batch(rows: npt.NDArray[Any]) -> Outputs:
-        with _sklearn_fast_path() if sklearn_model else contextlib.nullcontext():
-            if from_proba:
-                assert predict_proba is not None and label_array is not None
-                probabilities = np.asarray(predict_proba(rows))
-                return {
-                    "predictions": label_array.take(probabilities.argmax(axis=1)),
-                    "probabilities": probabilities,
-                }
-            outputs = {"predictions": np.asarray(predict(rows))}
-            if predict_proba is not None:
-                outputs["probabilities"] = np.asarray(predict_proba(rows))
-            return outputs
+        if from_proba:
+            assert predict_proba is not None and label_array is not None
+            probabilities = np.asarray(predict_proba(rows))
+            return {
+                "predictions": label_array.take(probabilities.argmax(axis=1)),
+                "probabilities": probabilities,
+            }
+        outputs = {"predictions": np.asarray(predict(rows))}
+        if predict_proba is not None:
+            outputs["probabilities"] = np.asarray(predict_proba(rows))
+        return outputs
 
     return ModelHandle(
         name=name,

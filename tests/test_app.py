@@ -185,3 +185,75 @@ def test_metrics_count_requests_by_route_template(
     text = client.get("/metrics").get_data(as_text=True)
     assert 'http_requests_total{method="POST",route="/predict",status="200"} 1.0' in text
     assert "inference_batch_size_count 1.0" in text
+
+
+@pytest.mark.parametrize("estimator", ["GaussianNB", "OneVsRestClassifier"])
+def test_predict_serializes_non_contiguous_model_outputs(
+    settings: Settings, estimator: str
+) -> None:
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.multiclass import OneVsRestClassifier
+    from sklearn.naive_bayes import GaussianNB
+
+    from serving.loaders import estimator_handle
+
+    X, y = load_iris(return_X_y=True)
+    model = GaussianNB() if estimator == "GaussianNB" else OneVsRestClassifier(LogisticRegression())
+    model.fit(X, y)
+    handle = estimator_handle(model, name="iris", version="1", format="joblib")
+    app = create_app(settings, handle, metrics=ServingMetrics(CollectorRegistry()))
+    try:
+        response = app.test_client().post("/predict", json={"instances": X[:3].tolist()})
+    finally:
+        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+
+    assert response.status_code == 200, response.get_json()
+    body = response.get_json()
+    assert body["predictions"] == model.predict(X[:3]).tolist()
+    np.testing.assert_allclose(body["probabilities"], model.predict_proba(X[:3]))
+
+
+def test_an_overflowing_request_fails_alone_and_co_batched_requests_succeed(
+    settings: Settings, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import joblib
+
+    from serving.loaders import load_model
+    from serving.settings import DEMO_MODEL_PATH
+
+    X, _ = breast_cancer
+    expected = joblib.load(DEMO_MODEL_PATH).predict(X[:16])
+    slow = Settings(
+        **{
+            **settings.model_dump(),
+            "batch_policy": "window",
+            "max_batch_latency_ms": 200,
+            "max_batch_size": 17,
+        }
+    )
+    app = create_app(slow, load_model(DEMO_MODEL_PATH), metrics=ServingMetrics(CollectorRegistry()))
+    client_lock = threading.Lock()
+    barrier = threading.Barrier(17)
+
+    def call(caller: int) -> Any:
+        row = [1e308] * 30 if caller == 16 else X[caller].tolist()
+        with client_lock:
+            client = app.test_client()
+        barrier.wait(10)
+        return client.post("/predict", json={"instances": [row]})
+
+    try:
+        with ThreadPoolExecutor(17) as pool:
+            responses = list(pool.map(call, range(17)))
+    finally:
+        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+
+    assert responses[16].status_code == 500
+    assert error_of(responses[16])["code"] == "inference_error"
+    for caller in range(16):
+        assert responses[caller].status_code == 200, responses[caller].get_json()
+        assert responses[caller].get_json()["predictions"] == [expected[caller]]

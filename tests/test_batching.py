@@ -124,9 +124,7 @@ def test_batcher_never_merges_rows_of_different_widths(stop_after: Any) -> None:
     assert sorted(seen) == [(2, 3), (2, 5)]
 
 
-def test_batcher_exception_reaches_every_co_batched_caller_and_the_next_batch_works(
-    stop_after: Any,
-) -> None:
+def test_batcher_isolates_a_failing_request_and_answers_the_others(stop_after: Any) -> None:
     model = FailsOnNegative()
     stats: list[FlushStats] = []
     batcher = ThreadedBatcher(
@@ -152,13 +150,79 @@ def test_batcher_exception_reaches_every_co_batched_caller_and_the_next_batch_wo
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(call, range(8)))
 
-    assert all(isinstance(r, InferenceError) for r in results)
-    assert all("negative first feature" in r.message for r in results)
-    assert isinstance(results[0].__cause__, ValueError)
+    failed = [c for c, r in enumerate(results) if isinstance(r, InferenceError)]
+    assert failed == [3]
+    assert "negative first feature" in results[3].message
+    assert isinstance(results[3].__cause__, ValueError)
+    for caller, result in enumerate(results):
+        if caller != 3:
+            assert result["predictions"][0] == caller * 1000
     assert stats[0].batch_size == 8 and isinstance(stats[0].error, ValueError)
+    # Bisection: 8 -> 4+4 -> 2+2 -> 1+1: a handful of extra calls, each instance answered once.
+    assert len(stats) <= 1 + 2 * 3
+    assert sum(s.batch_size for s in stats if s.error is None) == 7
     # The batcher survives: the next (full) batch is answered.
     following = batcher.submit_many(rows_for(9, 8), timeout_s=WAIT_S)
     np.testing.assert_array_equal(following["predictions"], 9000 + np.arange(8))
+
+
+def test_batcher_survives_a_model_raising_system_exit(stop_after: Any) -> None:
+    calls = []
+
+    def predict(rows: np.ndarray) -> dict[str, np.ndarray]:
+        calls.append(len(rows))
+        if len(calls) == 1:
+            raise SystemExit("model called exit()")
+        return {"predictions": rows[:, 0]}
+
+    batcher = ThreadedBatcher(predict, max_batch_latency_ms=0).start()
+    stop_after(batcher)
+    with pytest.raises(InferenceError, match="SystemExit"):
+        batcher.submit_many(rows_for(1), timeout_s=WAIT_S)
+    assert batcher.running
+    assert batcher.submit_many(rows_for(2), timeout_s=WAIT_S)["predictions"][0] == 2000
+
+
+def test_batcher_answers_its_batch_even_when_its_own_code_fails(
+    stop_after: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import serving.batching
+
+    real_concatenate = np.concatenate
+    failures = [MemoryError("no room to merge")]
+
+    def flaky_concatenate(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return real_concatenate(*args, **kwargs)
+
+    monkeypatch.setattr(serving.batching.np, "concatenate", flaky_concatenate)
+    batcher = ThreadedBatcher(
+        outputs_of(RowEcho()), max_batch_size=3, max_batch_latency_ms=60_000, policy="window"
+    )
+    stop_after(batcher.start())
+
+    results = run_callers(batcher, 3)
+
+    assert all(isinstance(r, InferenceError) for r in results), results
+    assert batcher.running
+    assert batcher.submit_many(rows_for(5, 3), timeout_s=WAIT_S)["predictions"][0] == 5000
+
+
+def test_batcher_reports_how_long_the_model_has_been_busy(stop_after: Any) -> None:
+    model = RowEcho(delay_s=0.3)
+    batcher = ThreadedBatcher(outputs_of(model), max_batch_latency_ms=0).start()
+    stop_after(batcher)
+    assert batcher.busy_for_s == 0.0
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(batcher.submit_many, rows_for(1), WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while not model.batch_sizes and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.1)
+        assert 0.05 < batcher.busy_for_s < 0.3
+        future.result(WAIT_S)
+    assert batcher.busy_for_s == 0.0
 
 
 def test_batcher_fails_the_batch_when_the_model_returns_the_wrong_number_of_rows(

@@ -63,7 +63,7 @@ def predict() -> Response:
     outputs = batcher.submit_many(rows)
     body: dict[str, Any] = {"predictions": _jsonable(outputs["predictions"])}
     if "probabilities" in outputs:
-        body["probabilities"] = outputs["probabilities"]
+        body["probabilities"] = _jsonable(outputs["probabilities"])
         if handle.classes is not None:
             body["classes"] = handle.classes
     body["model_name"] = handle.name
@@ -73,5 +73,9 @@ def predict() -> Response:
 
 
 def _jsonable(array: npt.NDArray[Any]) -> Any:
-    # orjson serializes numeric and bool arrays natively; labels (str/object) go via tolist().
-    return array if array.dtype.kind in "biuf" else array.tolist()
+    """orjson serializes numeric and bool arrays natively, but only C-contiguous ones (a batch
+    slice of a Fortran-ordered output, e.g. GaussianNB's predict_proba, is not); labels
+    (str/object) go through tolist(). Non-finite floats become null."""
+    if array.dtype.kind in "biuf":
+        return np.ascontiguousarray(array)
+    return array.tolist()
