@@ -98,9 +98,16 @@ def _serving_error(exc: ServingError) -> Response:
 def _http_error(exc: HTTPException) -> Response:
     status = exc.code or 500
     code = re.sub(r"\W+", "_", (exc.name or "http_error").lower()).strip("_")
-    body = {"error": {"code": code, "message": exc.description or exc.name, "details": []}}
-    response = json_response(body, status)
+    target = f"{request.method[:16]} {request.path[:200]}"
     allow = getattr(exc, "valid_methods", None)
+    if status == 404:
+        message = f"no route for {target}"
+    elif status == 405 and allow:
+        message = f"{target}: method not allowed; allowed: {', '.join(allow)}"
+    else:
+        message = exc.description or exc.name
+    body = {"error": {"code": code, "message": message, "details": []}}
+    response = json_response(body, status)
     if allow:
         response.headers["Allow"] = ", ".join(allow)
     return response

@@ -81,9 +81,12 @@ class FlushStats:
 class _Request:
     """One caller's rows and the output parts answered so far."""
 
-    __slots__ = ("_done", "cause", "enqueued_at", "error", "finished", "parts", "remaining", "rows")
+    __slots__ = (
+        "_done", "cause", "deadline", "enqueued_at", "error", "finished", "parts", "remaining",
+        "rows",
+    )  # fmt: skip
 
-    def __init__(self, rows: npt.NDArray[Any]) -> None:
+    def __init__(self, rows: npt.NDArray[Any], timeout_s: float | None = None) -> None:
         self.rows = rows
         self.remaining = len(rows)
         self.parts: list[tuple[int, dict[str, npt.NDArray[Any]]]] = []
@@ -95,6 +98,11 @@ class _Request:
         self._done.acquire()
         self.finished = False
         self.enqueued_at = time.monotonic()
+        self.deadline = self.enqueued_at + timeout_s if timeout_s is not None else float("inf")
+
+    def dead(self) -> bool:
+        """Failed already, or past its deadline: its queued rows need not be computed."""
+        return self.error is not None or time.monotonic() > self.deadline
 
     def answer(self, start: int, n: int, outputs: dict[str, npt.NDArray[Any]]) -> None:
         self.parts.append((start, outputs))
@@ -113,7 +121,7 @@ class _Request:
             self._done.release()
 
     def wait(self, timeout_s: float | None) -> bool:
-        return self._done.acquire(timeout=-1 if timeout_s is None else timeout_s)
+        return self._done.acquire(timeout=-1 if timeout_s is None else max(timeout_s, 0.0))
 
     def result(self) -> dict[str, npt.NDArray[Any]]:
         if self.error is not None:
@@ -235,6 +243,7 @@ class ThreadedBatcher:
         :param instances: array of shape ``(n_instances, n_features)``, ``n_instances >= 1``.
         :param timeout_s: longest to wait for the answer, in seconds; ``None`` waits until
             the batcher answers (it always does: every queued instance is answered or failed).
+            Instances still queued when it has passed are dropped, not computed.
         :returns: the named outputs for exactly these instances, in order.
         :raises ValueError: when ``instances`` is not a non-empty 2-D array.
         :raises NotReady: when the batcher is not started or is stopping.
@@ -246,14 +255,15 @@ class ThreadedBatcher:
             raise ValueError(
                 f"instances must be (n_instances >= 1, n_features), got {instances.shape}"
             )
-        request = _Request(instances)
+        request = _Request(instances, timeout_s)
         with self._lock:
             if not self._accepting:
                 raise NotReady("the batcher is not running (starting up or shutting down)")
             self._depth += len(instances)
             self._queue.put((request, 0, len(instances)))
         if not request.wait(timeout_s):
-            raise InferenceTimeout(f"no answer within {timeout_s:.3f} s")
+            assert timeout_s is not None
+            raise InferenceTimeout(f"no prediction within {timeout_s * 1000:.0f} ms")
         return request.result()
 
     def stop(self, timeout_s: float | None = None) -> None:
@@ -304,8 +314,8 @@ class ThreadedBatcher:
     def _collect(self) -> list[_Chunk] | None:
         """Block for a first instance, then fill the batch until it is full or its time is up."""
         chunk = self._next(None)
-        while chunk is not None and chunk[0].error is not None:
-            self._discard(chunk)  # the rest of a request that has already failed
+        while chunk is not None and chunk[0].dead():
+            self._discard(chunk)  # failed already, or its caller has given up waiting
             chunk = self._next(None)
         if chunk is None:
             return None
@@ -315,7 +325,7 @@ class ThreadedBatcher:
         size = 0
         while chunk is not None:
             request, start, stop = chunk
-            if request.error is not None:
+            if request.dead():
                 self._discard(chunk)
             elif request.rows.shape[1] != width:
                 self._carry = chunk

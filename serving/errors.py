@@ -5,6 +5,7 @@
     ServingError (status, code)                 500 internal_error
      ├── InvalidInput                            422 invalid_input
      │    └── MalformedJSON                      400 malformed_json
+     ├── UnreadableBody                          400 unreadable_body
      ├── UnsupportedMediaType                    415 unsupported_media_type
      ├── PayloadTooLarge                         413 payload_too_large
      ├── VersionConflict                         409 version_conflict
@@ -36,6 +37,7 @@ __all__ = [
     "PayloadTooLarge",
     "ServingError",
     "SettingsError",
+    "UnreadableBody",
     "UnsupportedMediaType",
     "VersionConflict",
 ]
@@ -76,6 +78,13 @@ class MalformedJSON(InvalidInput):
     code = "malformed_json"
 
 
+class UnreadableBody(ServingError):
+    """The request body could not be read: bad chunked encoding, or the client went away."""
+
+    status = 400
+    code = "unreadable_body"
+
+
 class UnsupportedMediaType(ServingError):
     """The request body is not declared as ``application/json``."""
 
@@ -95,10 +104,10 @@ class PayloadTooLarge(ServingError):
     status = 413
     code = "payload_too_large"
 
-    def __init__(self, what: str, size: int | None, limit: int, setting: str) -> None:
+    def __init__(self, what: str, size: int | None, limit: int, setting: str, unit: str) -> None:
         self.what, self.size, self.limit, self.setting = what, size, limit, setting
-        got = "" if size is None else f" {size}"
-        super().__init__(f"{what}{got} is over the limit of {limit} ({setting})")
+        got = "" if size is None else f" ({size} {unit})"
+        super().__init__(f"{what}{got} is over the limit of {limit} {unit} ({setting})")
 
 
 class VersionConflict(ServingError):

@@ -16,14 +16,14 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from serving.errors import SettingsError
-from serving.settings import Settings, load_settings
+from serving.settings import Settings, load_settings, unknown_variables
 
 __all__ = [
     "child_exit",
@@ -48,10 +48,13 @@ _boot_failed: Any = None
 def settings_or_exit() -> Settings:
     """``load_settings()``, or one line on stderr naming the bad variable and exit status 2."""
     try:
-        return load_settings()
+        settings = load_settings()
     except SettingsError as exc:
         print(f"serving: invalid setting {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    for name in unknown_variables(os.environ):
+        print(f"serving: warning: {name} is not a setting (ignored); see README", file=sys.stderr)
+    return settings
 
 
 def prepare_metrics_dir(settings: Settings) -> Path:
@@ -64,16 +67,25 @@ def prepare_metrics_dir(settings: Settings) -> Path:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(settings.metrics_dir)
     elif "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="serving-metrics-")
-    return Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(
+            f"serving: invalid setting SERVING_METRICS_DIR: {path}: {exc.strerror}", file=sys.stderr
+        )
+        raise SystemExit(2) from None
+    return path
 
 
 def on_starting(server: Any) -> None:
-    """Master, once: wipe the metrics directory so counters start at zero."""
+    """Master, once: remove prometheus-client's ``*.db`` files so counters start at zero.
+    Only those: the directory may be shared or hold other files."""
     global _boot_failed
     _boot_failed = multiprocessing.Value("b", 0)  # shared with the workers forked later
     path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink(missing_ok=True)
     server.log.info("metrics directory %s", path)
 
 
@@ -100,9 +112,18 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
 
     if settings.switch_interval_ms is not None:
         sys.setswitchinterval(settings.switch_interval_ms / 1000)
+
+    def on_problem(reason: str) -> None:
+        # Gunicorn's own --timeout does not cover a gthread worker whose request threads
+        # hang: recycle it ourselves. SIGTERM is a graceful exit (waiting requests get their
+        # 504 at SERVING_REQUEST_TIMEOUT_MS); the arbiter starts a fresh worker.
+        server.log.error("worker %s: %s; recycling it", worker.pid, reason)
+        os.kill(os.getpid(), signal.SIGTERM)
+
     runtime = ModelRuntime(settings, default_metrics())
     install_runtime(runtime)
     runtime.start_loading(on_failure)
+    runtime.start_watchdog(on_problem)
 
 
 def worker_exit(server: Any, worker: Any, settings: Settings) -> None:

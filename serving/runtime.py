@@ -59,12 +59,39 @@ class ModelRuntime:
 
     @property
     def state(self) -> State:
-        """``ready`` only while the model is loaded and the batcher thread runs."""
+        """``ready`` only while the model is loaded, the batcher thread runs and no predict
+        call has run longer than ``inference_timeout_ms``."""
         if self._stopping:
             return "stopping"
-        if self.error is not None or (self.batcher is not None and not self.batcher.running):
+        if self.error is not None or self.problem() is not None:
             return "failed"
         return "ready" if self.batcher is not None else "loading"
+
+    def problem(self) -> str | None:
+        """Why a started batcher cannot serve (dead thread, stuck predict call), or None."""
+        batcher = self.batcher
+        if batcher is None or self._stopping:
+            return None
+        if not batcher.running:
+            return "the batcher thread is not running"
+        limit_s = self.settings.inference_timeout_ms / 1000
+        if batcher.busy_for_s > limit_s:
+            return f"a predict call has run {batcher.busy_for_s:.1f} s (limit {limit_s:g} s)"
+        return None
+
+    def start_watchdog(self, on_problem: Callable[[str], None], interval_s: float = 0.5) -> None:
+        """Check ``problem()`` every ``interval_s`` seconds in a daemon thread; call
+        ``on_problem(reason)`` once when one appears (the Gunicorn hook recycles the worker)."""
+
+        def watch() -> None:
+            while True:
+                time.sleep(interval_s)
+                reason = self.problem()
+                if reason is not None:
+                    on_problem(reason)
+                    return
+
+        threading.Thread(target=watch, name="serving-watchdog", daemon=True).start()
 
     @property
     def queue_depth(self) -> int:
@@ -138,10 +165,12 @@ class ModelRuntime:
         return self.handle, self.batcher
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """Stop taking instances and answer every queued one (at most ``timeout_s`` seconds)."""
+        """Stop taking instances and answer every queued one (at most ``timeout_s`` seconds;
+        not at all when the batcher is stuck or dead: waiting for it would only delay exit)."""
+        broken = self.problem() is not None
         self._stopping = True
         if self.batcher is not None:
-            self.batcher.stop(timeout_s)
+            self.batcher.stop(0 if broken else timeout_s)
 
 
 _current: ModelRuntime | None = None

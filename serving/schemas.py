@@ -42,7 +42,10 @@ class PredictRequest(_Strict):
         min_length=1, description="One row of feature values per instance."
     )
     model_version: str | None = Field(
-        None, description="Pin the model version; a replica serving another answers 409."
+        None,
+        min_length=1,
+        max_length=128,
+        description="Pin the model version; a replica serving another answers 409.",
     )
 
 

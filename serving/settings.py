@@ -9,10 +9,12 @@ README's settings table lists exactly the fields below (a test checks it).
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, FilePath, ValidationError, model_validator
+from pydantic import Field, FilePath, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from serving.errors import SettingsError
@@ -55,6 +57,7 @@ class Settings(BaseSettings):
         10.0,
         ge=0,
         le=10_000,
+        allow_inf_nan=False,
         description="window policy: longest a batch's first instance waits for more, "
         "in milliseconds.",
     )
@@ -69,6 +72,20 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         2 * 1024 * 1024, ge=1024, description="Largest request body in bytes (413 above)."
     )
+    request_timeout_ms: float = Field(
+        30_000,
+        gt=0,
+        allow_inf_nan=False,
+        description="Longest a request waits for its predictions, in milliseconds (504 after; "
+        "its instances still queued are dropped).",
+    )
+    inference_timeout_ms: float = Field(
+        60_000,
+        gt=0,
+        allow_inf_nan=False,
+        description="A predict call running longer than this, in milliseconds, makes the "
+        "worker not ready and recycles it.",
+    )
     workers: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
         ge=1,
@@ -77,7 +94,11 @@ class Settings(BaseSettings):
     threads: int | None = Field(
         None, ge=1, description="Request threads per worker; unset means 2 x max_batch_size."
     )
-    bind: str = Field("127.0.0.1:8000", min_length=1, description="Gunicorn bind address.")
+    bind: str = Field(
+        "127.0.0.1:8000",
+        pattern=r"^(unix:/.+|fd://\d+|(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d{1,5})$",
+        description="Gunicorn bind address: HOST:PORT, [IPv6]:PORT, unix:/PATH or fd://N.",
+    )
     timeout_s: int = Field(
         30, ge=1, description="Gunicorn worker timeout (silent worker is killed), in seconds."
     )
@@ -91,6 +112,7 @@ class Settings(BaseSettings):
         None,
         gt=0,
         le=100,
+        allow_inf_nan=False,
         description="Python's GIL switch interval per worker (sys.setswitchinterval), in "
         "milliseconds; unset keeps Python's 5 ms. See docs/batching.md.",
     )
@@ -102,6 +124,28 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Gunicorn and service log level."
     )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_log_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("bind")
+    @classmethod
+    def _check_port(cls, value: str) -> str:
+        if (
+            not value.startswith(("unix:", "fd://"))
+            and not 0 < int(value.rsplit(":", 1)[1]) < 65536
+        ):
+            raise ValueError("port must be 1..65535")
+        return value
+
+    @field_validator("metrics_dir")
+    @classmethod
+    def _check_metrics_dir(cls, value: Path | None) -> Path | None:
+        if value is not None and value.exists() and not value.is_dir():
+            raise ValueError("exists and is not a directory")
+        return value
 
     @model_validator(mode="after")
     def _check_format(self) -> Settings:
@@ -128,6 +172,21 @@ class Settings(BaseSettings):
     def worker_threads(self) -> int:
         """Threads per worker: ``threads``, or twice ``max_batch_size`` so a batch can fill."""
         return self.threads or 2 * self.max_batch_size
+
+
+#: Variables Kubernetes injects for a Service named "serving" (SERVING_SERVICE_HOST, SERVING_PORT,
+#: SERVING_PORT_8000_TCP_ADDR, ...): not ours, not typos.
+_INJECTED = re.compile(r"^SERVING_(SERVICE_[A-Z_]+|PORT(_\d+_[A-Z]+(_[A-Z]+)?)?)$")
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """``SERVING_*`` names in ``environ`` that are no setting (likely typos), sorted."""
+    known = {f"SERVING_{name.upper()}" for name in Settings.model_fields}
+    return sorted(
+        name
+        for name in environ
+        if name.startswith("SERVING_") and name not in known and not _INJECTED.match(name)
+    )
 
 
 def load_settings() -> Settings:

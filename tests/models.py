@@ -72,3 +72,12 @@ class WrongLength(RowEcho):
 def echo(X: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """Plain function: first feature per row."""
     return np.asarray(X[:, 0])
+
+
+class HangsOn42(RowEcho):
+    """A RowEcho whose predict hangs (60 s) when a row's first feature is 42."""
+
+    def predict(self, X: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        if (X[:, 0] == 42).any():
+            time.sleep(60)
+        return super().predict(X)

@@ -101,9 +101,13 @@ def test_predict_refuses_too_many_instances_and_too_large_bodies(client: FlaskCl
 def test_unknown_route_and_wrong_method_answer_json(client: FlaskClient) -> None:
     missing = client.get("/nope")
     assert missing.status_code == 404 and error_of(missing)["code"] == "not_found"
+    assert error_of(missing)["message"] == "no route for GET /nope"
     wrong = client.get("/predict")
     assert wrong.status_code == 405 and error_of(wrong)["code"] == "method_not_allowed"
-    assert "POST" in wrong.headers["Allow"]
+    assert error_of(wrong)["message"] == "GET /predict: method not allowed; allowed: POST"
+    assert wrong.headers["Allow"] == "POST"
+    options = client.options("/predict")
+    assert options.status_code == 405 and options.is_json
 
 
 def test_every_response_carries_a_request_id_and_echoes_the_callers(client: FlaskClient) -> None:

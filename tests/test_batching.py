@@ -343,3 +343,24 @@ def test_adaptive_policy_batches_what_arrives_while_the_model_is_busy(stop_after
 def test_batcher_refuses_an_unknown_policy() -> None:
     with pytest.raises(ValueError, match="policy"):
         ThreadedBatcher(outputs_of(RowEcho()), policy="greedy")  # type: ignore[arg-type]
+
+
+def test_batcher_drops_instances_whose_caller_gave_up_before_computing_them(
+    stop_after: Any,
+) -> None:
+    model = RowEcho(delay_s=0.3)
+    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=4, max_batch_latency_ms=0)
+    stop_after(batcher.start())
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(batcher.submit_many, rows_for(1), WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while not model.batch_sizes and time.monotonic() < deadline:
+            time.sleep(0.001)
+        impatient = pool.submit(batcher.submit_many, rows_for(2), 0.05)
+        with pytest.raises(InferenceTimeout):
+            impatient.result(WAIT_S)
+        assert first.result(WAIT_S)["predictions"][0] == 1000
+    # The impatient caller's row was never computed; the batcher goes on.
+    assert batcher.submit_many(rows_for(3), timeout_s=WAIT_S)["predictions"][0] == 3000
+    assert model.batch_sizes == [1, 1]
+    assert batcher.queue_depth == 0

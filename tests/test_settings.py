@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from serving.errors import SettingsError
-from serving.settings import DEMO_MODEL_PATH, Settings, load_settings
+from serving.settings import DEMO_MODEL_PATH, Settings, load_settings, unknown_variables
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,6 +60,11 @@ def test_settings_read_environment_variables(
         ("SERVING_MODEL_FORMAT", "xml", "'pickle', 'joblib' or 'onnx'"),
         ("SERVING_MODEL_PATH", "/no/such/model.joblib", "does not point to a file"),
         ("SERVING_LOG_LEVEL", "loud", "'debug', 'info', 'warning' or 'error'"),
+        ("SERVING_MAX_BATCH_LATENCY_MS", "nan", "finite number"),
+        ("SERVING_BIND", "garbage", "should match pattern"),
+        ("SERVING_BIND", "127.0.0.1:99999", "port must be 1..65535"),
+        ("SERVING_METRICS_DIR", "/etc/hostname", "exists and is not a directory"),
+        ("SERVING_REQUEST_TIMEOUT_MS", "0", "greater than 0"),
     ],
 )
 def test_bad_setting_names_the_variable_its_value_and_what_it_accepts(
@@ -123,3 +128,28 @@ def test_ci_runs_the_readme_test_command() -> None:
     section = readme.split("## Run the tests", 1)[1]
     command = section.split("```sh\n", 1)[1].split("\n```", 1)[0].strip()
     assert command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_log_level_is_case_insensitive(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVING_LOG_LEVEL", "DEBUG")
+    assert load_settings().log_level == "debug"
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0:8000", "[::1]:8080", "unix:/run/serving.sock", "fd://3"])
+def test_bind_accepts_what_gunicorn_accepts(monkeypatch: pytest.MonkeyPatch, bind: str) -> None:
+    monkeypatch.setenv("SERVING_BIND", bind)
+    assert load_settings().bind == bind
+
+
+def test_unknown_variables_are_typos_but_not_kubernetes_service_variables() -> None:
+    environ = {
+        "SERVING_MAX_BATCH_SZE": "8",
+        "SERVING_FOO": "1",
+        "SERVING_MAX_BATCH_SIZE": "8",
+        "SERVING_SERVICE_HOST": "10.0.0.1",
+        "SERVING_SERVICE_PORT_HTTP": "80",
+        "SERVING_PORT": "tcp://10.0.0.1:80",
+        "SERVING_PORT_80_TCP_ADDR": "10.0.0.1",
+        "HOME": "/root",
+    }
+    assert unknown_variables(environ) == ["SERVING_FOO", "SERVING_MAX_BATCH_SZE"]

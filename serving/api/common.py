@@ -8,9 +8,9 @@ from typing import Any
 
 import orjson
 from flask import Response, current_app, request
-from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
-from serving.errors import PayloadTooLarge, UnsupportedMediaType
+from serving.errors import PayloadTooLarge, UnreadableBody, UnsupportedMediaType
 from serving.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
@@ -41,24 +41,35 @@ def read_json_body(max_body_bytes: int) -> bytes:
 
     :raises UnsupportedMediaType: (415) for another or no Content-Type.
     :raises PayloadTooLarge: (413) over the limit, declared or while reading.
+    :raises UnreadableBody: (400) when the server cannot read it (bad chunk encoding, the
+        client went away mid-body).
     """
     mimetype = request.mimetype
     if mimetype != "application/json" and not mimetype.endswith("+json"):
         raise UnsupportedMediaType(request.content_type)
     length = request.content_length
     if length is not None and length > max_body_bytes:
-        raise PayloadTooLarge("request body of bytes", length, max_body_bytes, _BODY_SETTING)
+        raise PayloadTooLarge("request body", length, max_body_bytes, _BODY_SETTING, "bytes")
     if length is None and request.environ.get("wsgi.input_terminated"):
         # Chunked: werkzeug would stop quietly at the limit and hand on a truncated body
         # (a 400 for the wrong reason). Read one byte past the limit to tell.
-        data: bytes = request.environ["wsgi.input"].read(max_body_bytes + 1)
+        try:
+            data: bytes = request.environ["wsgi.input"].read(max_body_bytes + 1)
+        except Exception as exc:  # the server's own errors: bad chunk size, client gone
+            raise UnreadableBody(f"request body could not be read: {type(exc).__name__}") from exc
         if len(data) > max_body_bytes:
-            raise PayloadTooLarge("chunked request body", None, max_body_bytes, _BODY_SETTING)
+            raise PayloadTooLarge(
+                "chunked request body", None, max_body_bytes, _BODY_SETTING, "bytes"
+            )
         return data
     try:
         return request.get_data(cache=False)
+    except ClientDisconnected as exc:
+        raise UnreadableBody("request body could not be read: the client went away") from exc
     except RequestEntityTooLarge:
-        raise PayloadTooLarge("request body", None, max_body_bytes, _BODY_SETTING) from None
+        raise PayloadTooLarge(
+            "request body", None, max_body_bytes, _BODY_SETTING, "bytes"
+        ) from None
 
 
 def json_response(body: dict[str, Any], status: int = 200) -> Response:

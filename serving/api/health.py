@@ -18,6 +18,11 @@ bp = Blueprint("health", __name__)
 
 @bp.get("/livez")
 def livez() -> Response:
+    """200 while the process can serve or may still; 503 once its runtime has failed (model
+    load failed, batcher thread dead, predict call stuck), when only a restart helps."""
+    state = context().get_runtime().state
+    if state == "failed":
+        return json_response({"status": "failed"}, 503)
     return json_response({"status": "alive"})
 
 

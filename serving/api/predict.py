@@ -42,7 +42,7 @@ def to_matrix(instances: list[list[float]], n_features: int | None) -> npt.NDArr
     return np.array(instances, dtype=np.float64)
 
 
-@bp.post("/predict")
+@bp.post("/predict", provide_automatic_options=False)
 def predict() -> Response:
     ctx = context()
     settings = ctx.settings
@@ -50,17 +50,19 @@ def predict() -> Response:
     n = len(request.instances)
     if n > settings.max_instances_per_request:
         raise PayloadTooLarge(
-            "number of instances",
+            "request",
             n,
             settings.max_instances_per_request,
             "SERVING_MAX_INSTANCES_PER_REQUEST",
+            "instances",
         )
     runtime = ctx.get_runtime()
     if request.model_version is not None and request.model_version != runtime.model_version:
         raise VersionConflict(request.model_version, runtime.model_version)
     handle, batcher = runtime.require_ready()
     rows = to_matrix(request.instances, handle.n_features)
-    outputs = batcher.submit_many(rows)
+    waited_s = time.perf_counter() - g.started
+    outputs = batcher.submit_many(rows, timeout_s=settings.request_timeout_ms / 1000 - waited_s)
     body: dict[str, Any] = {"predictions": _jsonable(outputs["predictions"])}
     if "probabilities" in outputs:
         body["probabilities"] = _jsonable(outputs["probabilities"])

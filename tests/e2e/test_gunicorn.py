@@ -18,7 +18,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from serving.settings import DEMO_MODEL_PATH
 from tests.e2e.server import GunicornServer
-from tests.models import RowEcho, SlowLoading
+from tests.models import HangsOn42, RowEcho, SlowLoading
 
 Start = Callable[..., GunicornServer]
 Pickled = Callable[[Any, str], Path]
@@ -234,3 +234,26 @@ def test_a_bad_setting_stops_gunicorn_before_it_starts(gunicorn: Start) -> None:
     lines = server.output().strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("serving: invalid setting SERVING_MAX_BATCH_LATENCY_MS: got 'soon'")
+
+
+def test_a_hung_predict_answers_504_and_the_worker_is_recycled(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    model = pickled(HangsOn42(n_features=2), "hangs.pkl")
+    server = gunicorn(
+        model_path=model, workers=1, request_timeout_ms=1500, inference_timeout_ms=1000
+    )
+    server.wait_ready(workers=1)
+    first_worker = server.output().count("Booting worker")
+
+    hung = server.predict([[42.0, 0.0]])
+    assert hung.status_code == 504, hung.text
+    assert hung.json()["error"]["code"] == "timeout"
+
+    deadline = time.monotonic() + 30
+    while server.output().count("ready to serve") < 2:  # a fresh worker replaced it
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.1)
+    assert "recycling it" in server.output()
+    assert server.output().count("Booting worker") == first_worker + 1
+    assert server.predict([[7.0, 0.0]]).json()["predictions"] == [7.0]

@@ -1,0 +1,50 @@
+"""Gunicorn hook helpers that run in the master: metrics directory handling."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from serving import hooks
+from serving.settings import Settings
+
+
+def test_on_starting_removes_only_prometheus_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "counter_123.db").write_bytes(b"stale")
+    (tmp_path / "histogram_9.db").write_bytes(b"stale")
+    (tmp_path / "IMPORTANT.txt").write_text("keep")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+
+    hooks.on_starting(SimpleNamespace(log=logging.getLogger("test")))
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["IMPORTANT.txt"]
+
+
+def test_prepare_metrics_dir_creates_and_exports_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    target = tmp_path / "a" / "b"
+
+    path = hooks.prepare_metrics_dir(Settings(metrics_dir=target))
+
+    assert path == target and target.is_dir()
+    import os
+
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(target)
+
+
+def test_prepare_metrics_dir_that_cannot_be_made_exits_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    with pytest.raises(SystemExit) as info:
+        hooks.prepare_metrics_dir(Settings(metrics_dir=Path("/proc/no/such/dir")))
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("serving: invalid setting SERVING_METRICS_DIR")
