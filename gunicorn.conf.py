@@ -28,6 +28,10 @@ def on_starting(server):
     hooks.on_starting(server)
 
 
+def pre_fork(server, worker):
+    hooks.pre_fork(server, worker)
+
+
 def post_fork(server, worker):
     hooks.post_fork(server, worker, settings)
 

@@ -109,6 +109,17 @@ class Server:
             start_new_session=True,
         )
         self._wait_ready()
+        if kind != "service":
+            self._pin_like_the_service()
+
+    def _pin_like_the_service(self) -> None:
+        """Pin worker k (all its threads) to CPU k, as SERVING_CPU_AFFINITY=auto does for the
+        service, so the comparison is on the same CPU layout."""
+        cpus = sorted(os.sched_getaffinity(0))
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        for slot, pid in enumerate(sorted(int(p) for p in children.split())):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                os.sched_setaffinity(int(task.name), {cpus[slot % len(cpus)]})
 
     def _wait_ready(self, timeout_s: float = 60) -> None:
         body = json.dumps({"instances": [real_rows()[0].tolist()]})

@@ -108,6 +108,11 @@ class Settings(BaseSettings):
     blas_threads: int = Field(
         1, ge=1, description="BLAS/OpenMP threads per worker, pinned with threadpoolctl."
     )
+    cpu_affinity: Literal["auto", "none"] = Field(
+        "auto",
+        description="auto: pin each worker to its own blas_threads CPUs (round-robin over the "
+        "CPUs the server may use); none: let the kernel move threads between CPUs.",
+    )
     switch_interval_ms: float | None = Field(
         None,
         gt=0,

@@ -48,3 +48,33 @@ def test_prepare_metrics_dir_that_cannot_be_made_exits_with_one_line(
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("serving: invalid setting SERVING_METRICS_DIR")
+
+
+def test_pre_fork_gives_each_new_worker_the_lowest_free_slot() -> None:
+    live = {101: SimpleNamespace(serving_slot=0), 102: SimpleNamespace(serving_slot=2)}
+    server = SimpleNamespace(WORKERS=live)
+    worker = SimpleNamespace()
+
+    hooks.pre_fork(server, worker)
+
+    assert worker.serving_slot == 1
+    live[103] = worker
+    another = SimpleNamespace()
+    hooks.pre_fork(server, another)
+    assert another.serving_slot == 3
+
+
+@pytest.mark.parametrize(
+    ("slot", "cpus", "per_worker", "expected"),
+    [
+        (0, [0, 1], 1, {0}),
+        (1, [0, 1], 1, {1}),
+        (2, [0, 1], 1, {0}),  # more workers than CPUs: round-robin
+        (1, [4, 5, 6, 7], 2, {6, 7}),  # a cpuset that does not start at 0
+        (0, [3], 4, {3}),  # never more CPUs than there are
+    ],
+)
+def test_cpus_for_slot_round_robins_over_the_allowed_cpus(
+    slot: int, cpus: list[int], per_worker: int, expected: set[int]
+) -> None:
+    assert hooks.cpus_for_slot(slot, cpus, per_worker) == expected

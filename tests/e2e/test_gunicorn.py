@@ -257,3 +257,28 @@ def test_a_hung_predict_answers_504_and_the_worker_is_recycled(
     assert "recycling it" in server.output()
     assert server.output().count("Booting worker") == first_worker + 1
     assert server.predict([[7.0, 0.0]]).json()["predictions"] == [7.0]
+
+
+def allowed_cpus(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no Cpus_allowed_list for {pid}")
+
+
+def test_each_worker_is_pinned_to_its_own_cpu(gunicorn: Start) -> None:
+    import os
+
+    server = gunicorn()
+    server.wait_ready()
+    assert server.proc is not None
+    children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text()
+    workers = [int(pid) for pid in children.split()]
+
+    pinned = [allowed_cpus(pid) for pid in workers]
+
+    assert len(workers) == 2
+    assert all("," not in cpus and "-" not in cpus for cpus in pinned), pinned
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert pinned[0] != pinned[1]
+    assert allowed_cpus(server.proc.pid) != pinned[0] or len(os.sched_getaffinity(0)) == 1
