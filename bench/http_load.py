@@ -61,14 +61,14 @@ class Server:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         path = str(model_path(model))
         bind = f"127.0.0.1:{self.port}"
-        common = ["--no-control-socket", "--log-level", "warning"]
+        common = ["--no-control-socket"]
         if kind == "service":
             env.update(
                 SERVING_MODEL_PATH=path,
                 SERVING_BIND=bind,
                 SERVING_WORKERS=str(WORKERS),
                 SERVING_METRICS_DIR=str(self.metrics_dir),
-                SERVING_LOG_LEVEL="warning",
+                SERVING_LOG_LEVEL="info",
             )
             env.update(extra_env or {})
             cmd = [str(GUNICORN), "wsgi:app", "-c", "gunicorn.conf.py", *common]
@@ -99,7 +99,9 @@ class Server:
                 bind,
                 *common,
             ]
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the server)
+        RESULTS.mkdir(exist_ok=True)
+        self.log_path = RESULTS / f"{kind}-{model}.log"
+        self.log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
@@ -125,6 +127,10 @@ class Server:
         body = json.dumps({"instances": [real_rows()[0].tolist()]})
         deadline = time.monotonic() + timeout_s
         ok = 0
+        while self.kind == "service" and time.monotonic() < deadline:  # every worker loaded
+            if self.log_path.read_text().count("ready to serve") >= WORKERS:
+                break
+            time.sleep(0.1)
         while time.monotonic() < deadline and ok < 20:  # 20 answers: both workers are up
             if self.proc.poll() is not None:
                 break
@@ -134,8 +140,7 @@ class Server:
             except OSError:
                 time.sleep(0.1)
         if ok < 20:
-            self.log.seek(0)
-            raise SystemExit(f"{self.kind} did not start:\n{self.log.read().decode()}")
+            raise SystemExit(f"{self.kind} did not start:\n{self.log_path.read_text()}")
 
     def batch_stats(self) -> tuple[float, float]:
         """(predict calls, instances) so far, from /metrics; zeros for servers without it."""

@@ -87,7 +87,7 @@ def create_app(
 
 
 def _serving_error(exc: ServingError) -> Response:
-    if exc.status >= 500:
+    if exc.status >= 500 and exc.status != 503:  # 503s are expected; metrics count them
         log.error("request %s failed: %s %s", g.get("request_id"), exc.code, exc.message)
     response = json_response(exc.to_dict(), exc.status)
     if exc.status == 503:

@@ -45,6 +45,11 @@ WORKER_BOOT_ERROR = 3
 # arbiter just reaps (waiting for its SIGTERM instead can take the whole graceful
 # timeout: a worker still booting loses a signal sent before its handlers exist).
 _boot_failed: Any = None
+# Set once any worker has its model ready. A worker forked after that (a respawn, a
+# max_requests recycle, a HUP reload) loads before it accepts a connection, so it never
+# answers 503 for traffic the ready workers could serve. The first workers load while
+# answering /livez 200 and /healthz 503: nobody can serve yet, and probes learn it.
+_some_worker_ready: Any = None
 
 
 def settings_or_exit() -> Settings:
@@ -83,8 +88,9 @@ def prepare_metrics_dir(settings: Settings) -> Path:
 def on_starting(server: Any) -> None:
     """Master, once: remove prometheus-client's ``*.db`` files so counters start at zero.
     Only those: the directory may be shared or hold other files."""
-    global _boot_failed
+    global _boot_failed, _some_worker_ready
     _boot_failed = multiprocessing.Value("b", 0)  # shared with the workers forked later
+    _some_worker_ready = multiprocessing.Value("b", 0)
     path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
     for stale in path.glob("*.db"):
         stale.unlink(missing_ok=True)
@@ -109,8 +115,9 @@ def cpus_for_slot(slot: int, cpus: list[int], per_worker: int) -> set[int]:
 
 
 def post_fork(server: Any, worker: Any, settings: Settings) -> None:
-    """Worker: pin its CPUs, start loading the model in the background (a load failure
-    halts the server) and a watchdog that recycles the worker if its batcher gets stuck."""
+    """Worker: pin its CPUs, load the model (in the background for the first workers, before
+    accepting for later ones; a load failure halts the server) and start a watchdog that
+    recycles the worker if its batcher gets stuck."""
     if settings.cpu_affinity == "auto" and hasattr(os, "sched_setaffinity"):
         # Before any thread starts: threads inherit the affinity of the thread creating them.
         cpus = sorted(os.sched_getaffinity(0))
@@ -148,9 +155,18 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         server.log.error("worker %s: %s; recycling it", worker.pid, reason)
         os.kill(os.getpid(), signal.SIGTERM)
 
+    def on_ready() -> None:
+        if _some_worker_ready is not None:
+            _some_worker_ready.value = 1
+
     runtime = ModelRuntime(settings, default_metrics())
     install_runtime(runtime)
-    runtime.start_loading(on_failure)
+    loading = runtime.start_loading(on_failure, on_ready)
+    if _some_worker_ready is not None and _some_worker_ready.value:
+        server.log.info("worker %s: loading before accepting (others are serving)", worker.pid)
+        while loading.is_alive():
+            worker.notify()  # the arbiter's --timeout counts from the fork: stay alive
+            loading.join(1.0)
     runtime.start_watchdog(on_problem)
 
 

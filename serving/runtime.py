@@ -139,9 +139,13 @@ class ModelRuntime:
             time.perf_counter() - started,
         )
 
-    def start_loading(self, on_failure: Callable[[BaseException], None] | None = None) -> None:
-        """Run ``load()`` in a daemon thread; if it fails, ``on_failure(exc)`` is called there
-        (default: log the error; the state stays ``failed``)."""
+    def start_loading(
+        self,
+        on_failure: Callable[[BaseException], None] | None = None,
+        on_ready: Callable[[], None] | None = None,
+    ) -> threading.Thread:
+        """Run ``load()`` in a daemon thread (returned, started); then ``on_ready()``, or if
+        it fails ``on_failure(exc)`` (default: log the error; the state stays ``failed``)."""
 
         def target() -> None:
             try:
@@ -151,8 +155,13 @@ class ModelRuntime:
                     log.error("model load failed: %s", exc)
                 else:
                     on_failure(exc)
+            else:
+                if on_ready is not None:
+                    on_ready()
 
-        threading.Thread(target=target, name="serving-model-load", daemon=True).start()
+        thread = threading.Thread(target=target, name="serving-model-load", daemon=True)
+        thread.start()
+        return thread
 
     def require_ready(self) -> tuple[ModelHandle, ThreadedBatcher]:
         """The handle and batcher.

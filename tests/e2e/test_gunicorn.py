@@ -282,3 +282,40 @@ def test_each_worker_is_pinned_to_its_own_cpu(gunicorn: Start) -> None:
     if len(os.sched_getaffinity(0)) >= 2:
         assert pinned[0] != pinned[1]
     assert allowed_cpus(server.proc.pid) != pinned[0] or len(os.sched_getaffinity(0)) == 1
+
+
+def test_a_killed_worker_comes_back_without_answering_503_while_it_loads(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    import os
+    import signal
+
+    model = pickled(SlowLoading(n_features=1, load_s=2.0), "slow.pkl")
+    server = gunicorn(model_path=model)
+    server.wait_ready()
+    assert server.proc is not None
+    children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text()
+    victim = int(children.split()[0])
+
+    statuses: list[int | str] = []
+    deadline = time.monotonic() + 6.0
+    killed = False
+    while time.monotonic() < deadline:
+        if not killed and len(statuses) >= 20:
+            os.kill(victim, signal.SIGKILL)
+            killed = True
+        try:
+            statuses.append(server.predict([[3.0]]).status_code)
+        except requests.ConnectionError:
+            statuses.append("connection error")
+
+    assert killed and len(statuses) > 40
+    # Only a request in flight on the killed worker may fail; none gets a 503 from the
+    # replacement worker while its model loads (2 s here).
+    assert statuses.count(503) == 0, statuses
+    assert sum(s != 200 for s in statuses) <= 1, statuses
+    deadline = time.monotonic() + 30
+    while server.output().count("ready to serve") < 3:
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.1)
+    assert "loading before accepting" in server.output()
