@@ -108,7 +108,7 @@ class Server:
             env=env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            process_group=0,  # same session as wrk: one CFS autogroup (see bench/README.md)
         )
         self._wait_ready()
         if kind != "service":

@@ -13,6 +13,7 @@ from werkzeug.exceptions import HTTPException
 from serving.api import health, predict
 from serving.api import metrics as metrics_api
 from serving.api.common import ServingContext, json_response
+from serving.auth import OPEN_ROUTES, check_api_key, load_api_keys
 from serving.errors import ServingError
 from serving.loaders import ModelHandle
 from serving.metrics import ServingMetrics, default_metrics
@@ -67,11 +68,16 @@ def create_app(
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected_error)
 
+    api_keys = load_api_keys(settings)
+    open_routes = OPEN_ROUTES - ({"/metrics"} if settings.metrics_require_auth else set())
+
     @app.before_request
     def _start() -> None:
         g.started = time.perf_counter()
         incoming = request.headers.get("X-Request-ID", "")
         g.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+        if api_keys and request.path not in open_routes:
+            check_api_key(request.headers, api_keys)
 
     @app.after_request
     def _finish(response: Response) -> Response:
@@ -92,6 +98,8 @@ def _serving_error(exc: ServingError) -> Response:
     response = json_response(exc.to_dict(), exc.status)
     if exc.status == 503:
         response.headers["Retry-After"] = "1"
+    elif exc.status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="serving"'
     return response
 
 

@@ -7,6 +7,7 @@
      │    └── MalformedJSON                      400 malformed_json
      ├── UnreadableBody                          400 unreadable_body
      ├── UnsupportedMediaType                    415 unsupported_media_type
+     ├── Unauthorized                            401 unauthorized
      ├── PayloadTooLarge                         413 payload_too_large
      ├── VersionConflict                         409 version_conflict
      ├── NotReady                                503 not_ready
@@ -37,6 +38,7 @@ __all__ = [
     "PayloadTooLarge",
     "ServingError",
     "SettingsError",
+    "Unauthorized",
     "UnreadableBody",
     "UnsupportedMediaType",
     "VersionConflict",
@@ -83,6 +85,13 @@ class UnreadableBody(ServingError):
 
     status = 400
     code = "unreadable_body"
+
+
+class Unauthorized(ServingError):
+    """No valid API key was presented for a protected route."""
+
+    status = 401
+    code = "unauthorized"
 
 
 class UnsupportedMediaType(ServingError):

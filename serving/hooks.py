@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from serving.auth import load_api_keys
 from serving.errors import SettingsError
 from serving.settings import Settings, load_settings, unknown_variables
 
@@ -56,6 +57,7 @@ def settings_or_exit() -> Settings:
     """``load_settings()``, or one line on stderr naming the bad variable and exit status 2."""
     try:
         settings = load_settings()
+        load_api_keys(settings)  # an unreadable keys file stops start-up here, not per worker
     except SettingsError as exc:
         print(f"serving: invalid setting {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -164,7 +166,7 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     loading = runtime.start_loading(on_failure, on_ready)
     if _some_worker_ready is not None and _some_worker_ready.value:
         server.log.info("worker %s: loading before accepting (others are serving)", worker.pid)
-        while loading.is_alive():
+        while loading.is_alive():  # bounded: the load timeout ends the process
             worker.notify()  # the arbiter's --timeout counts from the fork: stay alive
             loading.join(1.0)
     runtime.start_watchdog(on_problem)

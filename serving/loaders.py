@@ -13,9 +13,11 @@ load them only from sources you trust. ONNX files hold a graph, not code.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import pickle
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ __all__ = [
     "OnnxLoader",
     "PickleLoader",
     "Predictor",
+    "check_artifact",
     "estimator_handle",
     "format_from_path",
     "load_model",
@@ -59,6 +62,8 @@ class ModelHandle:
         rows (``predictions``, optionally ``probabilities``).
     :param n_features: features per instance when the model tells it, else ``None``.
     :param classes: class labels in the column order of ``probabilities``, if known.
+    :param input_dtype: the element type the model computes in (``np.float32`` for most
+        ONNX graphs); values outside its range are refused before they reach the model.
 
     Usage::
 
@@ -73,6 +78,8 @@ class ModelHandle:
     source: Path | None = None
     n_features: int | None = None
     classes: tuple[Any, ...] | None = None
+    #: The element type the model computes in; rows outside its range are refused (422).
+    input_dtype: npt.DTypeLike = np.float64
 
     @classmethod
     def from_callable(
@@ -263,7 +270,7 @@ class OnnxLoader(ModelLoader):
             probe = session.run([proba_name], {graph_input.name: np.zeros((1, n_features), dtype)})
             if isinstance(probe[0], list):  # ZipMap: one {class: probability} dict per row
                 classes = tuple(probe[0][0].keys())
-        return ModelHandle(name, version, "onnx", predict_batch, path, n_features, classes)
+        return ModelHandle(name, version, "onnx", predict_batch, path, n_features, classes, dtype)
 
 
 def _probabilities(value: Any, classes: tuple[Any, ...] | None) -> npt.NDArray[Any]:
@@ -271,6 +278,34 @@ def _probabilities(value: Any, classes: tuple[Any, ...] | None) -> npt.NDArray[A
         keys = classes if classes is not None else tuple(value[0].keys()) if value else ()
         return np.array([[row[key] for key in keys] for row in value], dtype=np.float64)
     return np.asarray(value)
+
+
+def check_artifact(
+    path: Path, sha256: str | None = None, allow_world_writable: bool = False
+) -> None:
+    """Refuse an artifact before anything in it runs.
+
+    :param sha256: expected hex digest of the file (``SERVING_MODEL_SHA256``), or None.
+    :param allow_world_writable: load a file any local user may rewrite (pickle and joblib
+        run code on load, so by default such a file is refused).
+    :raises ModelLoadError: when the file is world-writable (and not allowed) or its digest
+        differs, naming the path and both digests.
+    """
+    if not allow_world_writable and path.stat().st_mode & stat.S_IWOTH:
+        raise ModelLoadError(
+            path, "the file is world-writable; fix its mode or set "
+            "SERVING_ALLOW_WORLD_WRITABLE_MODEL=true",
+        )  # fmt: skip
+    if sha256 is not None:
+        digest = hashlib.sha256()
+        with path.open("rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != sha256.lower():
+            raise ModelLoadError(
+                path,
+                f"SHA-256 is {digest.hexdigest()}, SERVING_MODEL_SHA256 expects {sha256.lower()}",
+            )
 
 
 _EXTENSIONS = {".pkl": "pickle", ".pickle": "pickle", ".joblib": "joblib", ".onnx": "onnx"}

@@ -87,6 +87,11 @@ class ServingMetrics:
             "Predict calls that raised or returned the wrong number of rows.",
             registry=registry,
         )
+        self.rejected = Counter(
+            "inference_rejected_total",
+            "Requests refused at once with 503 overloaded: the batcher queue was full.",
+            registry=registry,
+        )
         self.queue_depth = Gauge(
             "inference_queue_depth",
             "Instances waiting in the batchers' queues, summed over live workers.",

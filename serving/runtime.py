@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Literal
 
 from serving.batching import ThreadedBatcher
-from serving.errors import NotReady
-from serving.loaders import ModelHandle, load_model
+from serving.errors import ModelLoadError, NotReady
+from serving.loaders import ModelHandle, check_artifact, load_model
 from serving.metrics import ServingMetrics
 from serving.settings import Settings
 
@@ -107,6 +107,11 @@ class ModelRuntime:
         started = time.perf_counter()
         try:
             if handle is None:
+                check_artifact(
+                    settings.resolved_model_path,
+                    settings.model_sha256,
+                    settings.allow_world_writable_model,
+                )
                 handle = load_model(
                     settings.resolved_model_path,
                     settings.resolved_model_format,
@@ -123,6 +128,7 @@ class ModelRuntime:
                 max_batch_size=settings.max_batch_size,
                 max_batch_latency_ms=settings.max_batch_latency_ms,
                 policy=settings.batch_policy,
+                max_queue_depth=settings.max_queue_depth,
                 on_flush=self.metrics.observe_flush,
             )
             self.handle = handle
@@ -145,22 +151,46 @@ class ModelRuntime:
         on_ready: Callable[[], None] | None = None,
     ) -> threading.Thread:
         """Run ``load()`` in a daemon thread (returned, started); then ``on_ready()``, or if
-        it fails ``on_failure(exc)`` (default: log the error; the state stays ``failed``)."""
+        it fails or takes longer than ``load_timeout_s`` ``on_failure(exc)`` (default: log
+        the error; the state stays ``failed``)."""
+
+        settings = self.settings
+        done = threading.Event()
+
+        def fail(exc: BaseException) -> None:
+            if on_failure is None:
+                log.error("model load failed: %s", exc)
+            else:
+                on_failure(exc)
 
         def target() -> None:
             try:
                 self.load()
             except BaseException as exc:
-                if on_failure is None:
-                    log.error("model load failed: %s", exc)
-                else:
-                    on_failure(exc)
+                if not done.is_set():
+                    done.set()
+                    fail(exc)
             else:
-                if on_ready is not None:
-                    on_ready()
+                if not done.is_set():
+                    done.set()
+                    if on_ready is not None:
+                        on_ready()
+
+        def overdue() -> None:  # a load that hangs (a stuck network mount) must not hang boot
+            if not done.is_set():
+                done.set()
+                limit = settings.load_timeout_s
+                self.error = ModelLoadError(
+                    settings.resolved_model_path,
+                    f"not loaded and warmed up within {limit:g} s (SERVING_LOAD_TIMEOUT_S)",
+                )
+                fail(self.error)
 
         thread = threading.Thread(target=target, name="serving-model-load", daemon=True)
         thread.start()
+        timer = threading.Timer(settings.load_timeout_s, overdue)
+        timer.daemon = True
+        timer.start()
         return thread
 
     def require_ready(self) -> tuple[ModelHandle, ThreadedBatcher]:

@@ -73,6 +73,7 @@ class HealthResponse(BaseModel):
     model_name: str
     model_version: str
     queue_depth: int = Field(description="Instances queued in this worker's batcher.")
+    max_queue_depth: int = Field(description="Queue limit; past it requests get 503 overloaded.")
 
 
 class ErrorBody(BaseModel):

@@ -14,7 +14,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, FilePath, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    FilePath,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from serving.errors import SettingsError
@@ -72,6 +79,19 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         2 * 1024 * 1024, ge=1024, description="Largest request body in bytes (413 above)."
     )
+    load_timeout_s: float = Field(
+        300,
+        gt=0,
+        allow_inf_nan=False,
+        description="Longest a worker may take to load and warm up the model, in seconds; "
+        "past it the server stops with an error naming the model.",
+    )
+    max_queue_depth: int = Field(
+        2048,
+        ge=1,
+        description="Most instances waiting in a worker's batcher; a request that would pass "
+        "it is answered 503 overloaded at once.",
+    )
     request_timeout_ms: float = Field(
         30_000,
         gt=0,
@@ -120,6 +140,27 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="Python's GIL switch interval per worker (sys.setswitchinterval), in "
         "milliseconds; unset keeps Python's 5 ms. See docs/batching.md.",
+    )
+    api_keys: SecretStr | None = Field(
+        None,
+        description="Comma-separated API keys (16+ characters each); when set (or "
+        "api_keys_file), prediction routes need Authorization: Bearer <key> or X-API-Key.",
+    )
+    api_keys_file: FilePath | None = Field(
+        None, description="File of API keys, one per line (# comments)."
+    )
+    metrics_require_auth: bool = Field(
+        False, description="Also require an API key for /metrics (probes stay open)."
+    )
+    model_sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-fA-F]{64}$",
+        description="Expected SHA-256 of the model file, checked before loading it.",
+    )
+    allow_world_writable_model: bool = Field(
+        False,
+        description="Load a model file anyone may write (refused by default: pickle and "
+        "joblib run code when loaded).",
     )
     metrics_dir: Path | None = Field(
         None,

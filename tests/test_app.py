@@ -159,6 +159,7 @@ def test_healthz_is_503_until_the_model_is_ready_then_200(settings: Settings) ->
         "model_name": "s",
         "model_version": "1",
         "queue_depth": 0,
+        "max_queue_depth": 2048,
     }
 
     runtime.stop(timeout_s=10)
@@ -261,3 +262,82 @@ def test_an_overflowing_request_fails_alone_and_co_batched_requests_succeed(
     for caller in range(16):
         assert responses[caller].status_code == 200, responses[caller].get_json()
         assert responses[caller].get_json()["predictions"] == [expected[caller]]
+
+
+def test_values_outside_a_float32_models_range_are_422(settings: Settings) -> None:
+    handle = ModelHandle.from_callable(lambda X: X[:, 0], name="f32", version="1", n_features=2)
+    handle = ModelHandle(**{**handle.__dict__, "input_dtype": np.float32})
+    app = create_app(settings, handle, metrics=ServingMetrics(CollectorRegistry()))
+    client = app.test_client()
+    try:
+        bad = client.post("/predict", json={"instances": [[1.0, 2.0], [3.0, -1e39]]})
+        fine = client.post("/predict", json={"instances": [[3.0e38, 1.0]]})
+    finally:
+        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+
+    assert bad.status_code == 422
+    assert error_of(bad)["message"].startswith(
+        "instances[1][1]: -1e+39 is outside the model's float32"
+    )
+    assert fine.status_code == 200
+
+
+def test_non_finite_model_outputs_become_null_in_valid_json(settings: Settings) -> None:
+    import json
+
+    def model(X: np.ndarray) -> dict[str, np.ndarray]:
+        out = X[:, 0].copy()
+        out[0] = np.nan
+        return {"predictions": out, "probabilities": np.array([[np.inf, -np.inf]] * len(X))}
+
+    handle = ModelHandle.from_callable(model, name="nan", version="1", n_features=1)
+    app = create_app(settings, handle, metrics=ServingMetrics(CollectorRegistry()))
+    try:
+        response = app.test_client().post("/predict", json={"instances": [[1.0], [2.0]]})
+    finally:
+        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+
+    body = json.loads(response.get_data(as_text=True))  # strict: NaN would not parse as JSON
+    assert response.status_code == 200
+    assert body["predictions"] == [None, 2.0]
+    assert body["probabilities"] == [[None, None], [None, None]]
+    assert "NaN" not in response.get_data(as_text=True)
+
+
+def test_overloaded_is_503_with_retry_after_and_counted(settings: Settings) -> None:
+    import threading
+
+    release = threading.Event()
+
+    def slow(X: np.ndarray) -> np.ndarray:
+        release.wait(10)
+        return X[:, 0]
+
+    small = Settings(**{**settings.model_dump(), "max_queue_depth": 1, "max_batch_size": 1})
+    metrics = ServingMetrics(CollectorRegistry())
+    handle = ModelHandle.from_callable(slow, name="slow", version="1", n_features=1)
+    app = create_app(small, handle, metrics=metrics)
+    runtime = app.extensions["serving"].get_runtime()
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(app.test_client().post, "/predict", json={"instances": [[1.0]]})
+            while not runtime.batcher.busy_for_s:
+                pass
+            second = pool.submit(app.test_client().post, "/predict", json={"instances": [[2.0]]})
+            while runtime.queue_depth < 1:
+                pass
+            third = app.test_client().post("/predict", json={"instances": [[3.0]]})
+            health = app.test_client().get("/healthz").get_json()
+            release.set()
+            assert first.result(10).status_code == 200 and second.result(10).status_code == 200
+    finally:
+        release.set()
+        runtime.stop(timeout_s=10)
+
+    assert third.status_code == 503
+    assert error_of(third)["code"] == "overloaded"
+    assert third.headers["Retry-After"] == "1"
+    assert metrics.registry.get_sample_value("inference_rejected_total") == 1.0
+    assert health["queue_depth"] == 1 and health["max_queue_depth"] == 1

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from serving.batching import FlushStats, ThreadedBatcher, split_outputs
-from serving.errors import InferenceError, InferenceTimeout, NotReady
+from serving.errors import InferenceError, InferenceTimeout, NotReady, Overloaded
 from tests.models import FailsOnNegative, RowEcho, WrongLength
 
 WAIT_S = 10.0
@@ -94,7 +94,7 @@ def test_batcher_flushes_a_partial_batch_when_the_first_instance_has_waited(
     assert model.batch_sizes == [2]
 
 
-def test_batcher_splits_a_request_larger_than_max_batch_size(stop_after: Any) -> None:
+def test_batcher_runs_a_request_larger_than_max_batch_size_in_one_call(stop_after: Any) -> None:
     model = RowEcho()
     batcher = ThreadedBatcher(outputs_of(model), max_batch_size=4, max_batch_latency_ms=1)
     stop_after(batcher.start())
@@ -102,7 +102,25 @@ def test_batcher_splits_a_request_larger_than_max_batch_size(stop_after: Any) ->
     result = batcher.submit_many(rows_for(1, 10), timeout_s=WAIT_S)
 
     np.testing.assert_array_equal(result["predictions"], 1000 + np.arange(10))
-    assert model.batch_sizes == [4, 4, 2]
+    assert model.batch_sizes == [10]
+
+
+def test_batcher_never_splits_a_request_that_does_not_fit(stop_after: Any) -> None:
+    model = RowEcho()
+    batcher = ThreadedBatcher(
+        outputs_of(model), max_batch_size=4, max_batch_latency_ms=200, policy="window"
+    )
+    stop_after(batcher.start())
+    with ThreadPoolExecutor(3) as pool:
+        small = pool.submit(batcher.submit_many, rows_for(1, 3), WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while batcher.queue_depth < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        large = pool.submit(batcher.submit_many, rows_for(2, 3), WAIT_S)
+
+        np.testing.assert_array_equal(small.result(WAIT_S)["predictions"], 1000 + np.arange(3))
+        np.testing.assert_array_equal(large.result(WAIT_S)["predictions"], 2000 + np.arange(3))
+    assert model.batch_sizes == [3, 3]
 
 
 def test_batcher_never_merges_rows_of_different_widths(stop_after: Any) -> None:
@@ -364,3 +382,29 @@ def test_batcher_drops_instances_whose_caller_gave_up_before_computing_them(
     assert batcher.submit_many(rows_for(3), timeout_s=WAIT_S)["predictions"][0] == 3000
     assert model.batch_sizes == [1, 1]
     assert batcher.queue_depth == 0
+
+
+def test_batcher_refuses_at_once_when_the_queue_would_overflow(stop_after: Any) -> None:
+    model = RowEcho(delay_s=0.3)
+    batcher = ThreadedBatcher(
+        outputs_of(model), max_batch_size=1, max_batch_latency_ms=0, max_queue_depth=3
+    )
+    stop_after(batcher.start())
+    with ThreadPoolExecutor(4) as pool:
+        running = pool.submit(batcher.submit_many, rows_for(0), WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while not model.batch_sizes and time.monotonic() < deadline:
+            time.sleep(0.001)
+        queued = pool.submit(batcher.submit_many, rows_for(1, 3), WAIT_S)
+        while batcher.queue_depth < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+        started = time.monotonic()
+        with pytest.raises(Overloaded, match="SERVING_MAX_QUEUE_DEPTH"):
+            batcher.submit_many(rows_for(2), timeout_s=WAIT_S)
+        assert time.monotonic() - started < 0.2  # refused at once, not after waiting
+
+        assert running.result(WAIT_S)["predictions"][0] == 0
+        np.testing.assert_array_equal(queued.result(WAIT_S)["predictions"], [1000, 1001, 1002])
+    # A request larger than the limit is still taken when the queue is empty.
+    assert len(batcher.submit_many(rows_for(3, 5), timeout_s=WAIT_S)["predictions"]) == 5

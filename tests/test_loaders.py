@@ -213,3 +213,36 @@ def test_estimator_handle_predictions_equal_the_estimators_own_predict(
     np.testing.assert_array_equal(outputs["predictions"], model.predict(X))
     np.testing.assert_allclose(outputs["probabilities"], model.predict_proba(X))
     assert handle.classes == tuple(model.classes_.tolist())
+
+
+def test_check_artifact_refuses_a_world_writable_file(tmp_path: Path) -> None:
+    from serving.loaders import check_artifact
+
+    path = tmp_path / "m.pkl"
+    path.write_bytes(pickle.dumps(RowEcho()))
+    path.chmod(0o666)
+
+    with pytest.raises(ModelLoadError, match="world-writable"):
+        check_artifact(path)
+    check_artifact(path, allow_world_writable=True)
+    path.chmod(0o644)
+    check_artifact(path)
+
+
+def test_check_artifact_compares_the_sha256(tmp_path: Path) -> None:
+    import hashlib
+
+    from serving.loaders import check_artifact
+
+    path = tmp_path / "m.pkl"
+    path.write_bytes(b"model bytes")
+    good = hashlib.sha256(b"model bytes").hexdigest()
+
+    check_artifact(path, sha256=good.upper())
+    with pytest.raises(ModelLoadError, match=r"SERVING_MODEL_SHA256 expects 0{64}"):
+        check_artifact(path, sha256="0" * 64)
+
+
+def test_onnx_handle_declares_float32_input() -> None:
+    assert np.dtype(load_model(DEMO_ONNX_PATH).input_dtype) == np.float32
+    assert np.dtype(load_model(DEMO_MODEL_PATH).input_dtype) == np.float64

@@ -35,5 +35,6 @@ def healthz() -> Response:
         "model_name": runtime.model_name,
         "model_version": runtime.model_version,
         "queue_depth": runtime.queue_depth,
+        "max_queue_depth": runtime.settings.max_queue_depth,
     }
     return json_response(body, 200 if state == "ready" else 503)

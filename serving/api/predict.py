@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 from flask import Blueprint, Response, g
 
 from serving.api.common import context, json_response, read_json_body
-from serving.errors import InvalidInput, PayloadTooLarge, VersionConflict
+from serving.errors import InvalidInput, Overloaded, PayloadTooLarge, VersionConflict
 from serving.schemas import PredictRequest, parse_body
 
-__all__ = ["bp", "to_matrix"]
+__all__ = ["bp", "check_range", "to_matrix"]
 
 bp = Blueprint("predict", __name__)
 
@@ -42,6 +42,24 @@ def to_matrix(instances: list[list[float]], n_features: int | None) -> npt.NDArr
     return np.array(instances, dtype=np.float64)
 
 
+def check_range(rows: npt.NDArray[np.float64], dtype: npt.DTypeLike) -> None:
+    """Refuse values the model's input type cannot hold (1e39 into a float32 graph would
+    become infinity inside the model).
+
+    :raises InvalidInput: (422) naming the first such value's instance and feature.
+    """
+    kind = np.dtype(dtype)
+    if kind.kind != "f" or kind.itemsize >= 8:
+        return
+    limit = float(np.finfo(cast(Any, kind)).max)
+    outside = np.abs(rows) > limit
+    if outside.any():
+        i, j = (int(k) for k in np.argwhere(outside)[0])
+        loc = f"instances[{i}][{j}]"
+        msg = f"{rows[i, j]:g} is outside the model's {kind.name} range (|x| <= {limit:.4g})"
+        raise InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": "out_of_range"}])
+
+
 @bp.post("/predict", provide_automatic_options=False)
 def predict() -> Response:
     ctx = context()
@@ -61,8 +79,13 @@ def predict() -> Response:
         raise VersionConflict(request.model_version, runtime.model_version)
     handle, batcher = runtime.require_ready()
     rows = to_matrix(request.instances, handle.n_features)
+    check_range(rows, handle.input_dtype)
     waited_s = time.perf_counter() - g.started
-    outputs = batcher.submit_many(rows, timeout_s=settings.request_timeout_ms / 1000 - waited_s)
+    try:
+        outputs = batcher.submit_many(rows, timeout_s=settings.request_timeout_ms / 1000 - waited_s)
+    except Overloaded:
+        ctx.metrics.rejected.inc()
+        raise
     body: dict[str, Any] = {"predictions": _jsonable(outputs["predictions"])}
     if "probabilities" in outputs:
         body["probabilities"] = _jsonable(outputs["probabilities"])

@@ -1,0 +1,68 @@
+"""API keys: ``Authorization: Bearer <key>`` or ``X-API-Key: <key>`` on prediction routes.
+
+Keys come from ``SERVING_API_KEYS`` (comma list) and/or ``SERVING_API_KEYS_FILE`` (one per
+line, ``#`` comments). A presented key is compared with every configured key in constant
+time (``hmac.compare_digest``), so neither the key nor which key matched leaks through
+timing. Keys never appear in logs, responses or the settings' repr (``SecretStr``).
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Protocol
+
+from serving.errors import SettingsError, Unauthorized
+from serving.settings import Settings
+
+__all__ = ["OPEN_ROUTES", "check_api_key", "load_api_keys"]
+
+#: Routes probes and scrapers reach without a key (``/metrics`` unless
+#: ``SERVING_METRICS_REQUIRE_AUTH`` is set).
+OPEN_ROUTES = frozenset({"/livez", "/healthz", "/metrics"})
+
+
+def load_api_keys(settings: Settings) -> tuple[bytes, ...]:
+    """Every configured key, as bytes; empty when authentication is off.
+
+    :raises SettingsError: when the keys file cannot be read or a key is shorter than 16
+        characters (too easy to guess).
+    """
+    keys: list[str] = []
+    if settings.api_keys is not None:
+        keys += settings.api_keys.get_secret_value().split(",")
+    if settings.api_keys_file is not None:
+        try:
+            lines = settings.api_keys_file.read_text().splitlines()
+        except OSError as exc:
+            raise SettingsError(
+                "SERVING_API_KEYS_FILE", f"cannot read it: {exc.strerror}"
+            ) from None
+        keys += [line for line in lines if not line.lstrip().startswith("#")]
+    keys = [key.strip() for key in keys if key.strip()]
+    for key in keys:
+        if len(key) < 16:
+            raise SettingsError("SERVING_API_KEYS", "every key must be at least 16 characters")
+    return tuple(key.encode() for key in keys)
+
+
+class Headers(Protocol):
+    def get(self, key: str, default: str) -> str: ...
+
+
+def check_api_key(headers: Headers, keys: tuple[bytes, ...]) -> None:
+    """Accept the request if it presents one of ``keys``.
+
+    :raises Unauthorized: (401) when no key or a wrong key is presented.
+    """
+    presented = headers.get("X-API-Key", "")
+    authorization = headers.get("Authorization", "")
+    if not presented and authorization[:7].lower() == "bearer ":
+        presented = authorization[7:].strip()
+    if not presented:
+        raise Unauthorized("an API key is required: Authorization: Bearer <key> or X-API-Key")
+    candidate = presented.encode()
+    matched = False
+    for key in keys:  # no early exit: the time taken does not depend on which key matched
+        matched |= hmac.compare_digest(candidate, key)
+    if not matched:
+        raise Unauthorized("the API key is not valid")

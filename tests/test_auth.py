@@ -1,0 +1,98 @@
+"""API keys on prediction routes; probes and (by default) metrics stay open."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from serving.app import create_app
+from serving.errors import SettingsError
+from serving.loaders import ModelHandle
+from serving.metrics import ServingMetrics
+from serving.settings import Settings
+
+KEY = "k" * 20
+OTHER = "o" * 24
+ROW = {"instances": [[1.0, 2.0, 3.0]]}
+
+
+def make_client(settings: Settings, model_handle: ModelHandle, **overrides: object):  # type: ignore[no-untyped-def]
+    configured = Settings(**{**settings.model_dump(), **overrides})
+    app = create_app(configured, model_handle, metrics=ServingMetrics(CollectorRegistry()))
+    return app, app.test_client()
+
+
+@pytest.fixture
+def secured(settings: Settings, model_handle: ModelHandle):  # type: ignore[no-untyped-def]
+    app, client = make_client(settings, model_handle, api_keys=f"{KEY}, {OTHER}")
+    yield client
+    app.extensions["serving"].get_runtime().stop(timeout_s=10)
+
+
+def test_prediction_needs_a_key(secured) -> None:  # type: ignore[no-untyped-def]
+    response = secured.post("/predict", json=ROW)
+    assert response.status_code == 401
+    assert response.get_json()["error"]["code"] == "unauthorized"
+    assert response.headers["WWW-Authenticate"] == 'Bearer realm="serving"'
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"Authorization": f"Bearer {KEY}"}, {"Authorization": f"bearer {OTHER}"}, {"X-API-Key": KEY}],
+)
+def test_a_configured_key_is_accepted_either_way(secured, headers: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    assert secured.post("/predict", json=ROW, headers=headers).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"Authorization": "Bearer " + "x" * 20}, {"X-API-Key": KEY[:-1]}, {"Authorization": KEY}],
+)
+def test_a_wrong_key_is_refused_and_never_echoed(secured, headers: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    response = secured.post("/predict", json=ROW, headers=headers)
+    assert response.status_code == 401
+    assert KEY not in response.get_data(as_text=True)
+    assert "x" * 20 not in response.get_data(as_text=True)
+
+
+def test_probes_and_metrics_stay_open(secured) -> None:  # type: ignore[no-untyped-def]
+    assert secured.get("/livez").status_code == 200
+    assert secured.get("/healthz").status_code == 200
+    assert secured.get("/metrics").status_code == 200
+
+
+def test_metrics_can_require_the_key(settings: Settings, model_handle: ModelHandle) -> None:
+    app, client = make_client(settings, model_handle, api_keys=KEY, metrics_require_auth=True)
+    try:
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers={"X-API-Key": KEY}).status_code == 200
+        assert client.get("/healthz").status_code == 200
+    finally:
+        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+
+
+def test_keys_file_is_read_and_comments_skipped(
+    settings: Settings, model_handle: ModelHandle, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"# team a\n{KEY}\n\n")
+    app, client = make_client(settings, model_handle, api_keys_file=keys)
+    try:
+        assert client.post("/predict", json=ROW, headers={"X-API-Key": KEY}).status_code == 200
+        assert (
+            client.post("/predict", json=ROW, headers={"X-API-Key": "# team a"}).status_code == 401
+        )
+    finally:
+        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+
+
+def test_short_keys_are_refused_at_start_up(settings: Settings, model_handle: ModelHandle) -> None:
+    with pytest.raises(SettingsError, match="SERVING_API_KEYS: every key must be at least 16"):
+        make_client(settings, model_handle, api_keys="short")
+
+
+def test_keys_do_not_appear_in_the_settings_repr(settings: Settings) -> None:
+    configured = Settings(**{**settings.model_dump(), "api_keys": KEY})
+    assert KEY not in repr(configured) and KEY not in str(configured.model_dump())

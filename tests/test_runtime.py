@@ -1,0 +1,48 @@
+"""ModelRuntime: load in the background, bounded load time, readiness states."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from serving.errors import ModelLoadError
+from serving.metrics import ServingMetrics
+from serving.runtime import ModelRuntime
+from serving.settings import Settings
+from tests.models import SlowLoading
+
+
+def test_a_load_slower_than_load_timeout_fails_with_the_setting_named(
+    settings: Settings, tmp_path: Path
+) -> None:
+    path = tmp_path / "slow.pkl"
+    path.write_bytes(pickle.dumps(SlowLoading(n_features=1, load_s=3.0)))
+    configured = Settings(**{**settings.model_dump(), "model_path": path, "load_timeout_s": 0.3})
+    runtime = ModelRuntime(configured, ServingMetrics(CollectorRegistry()))
+    failures: list[BaseException] = []
+    failed = threading.Event()
+
+    runtime.start_loading(on_failure=lambda exc: (failures.append(exc), failed.set()))
+
+    assert failed.wait(10)
+    assert isinstance(failures[0], ModelLoadError)
+    assert "SERVING_LOAD_TIMEOUT_S" in str(failures[0]) and str(path) in str(failures[0])
+    assert runtime.state == "failed"
+
+
+def test_a_model_that_loads_in_time_calls_on_ready(settings: Settings, tmp_path: Path) -> None:
+    path = tmp_path / "quick.pkl"
+    path.write_bytes(pickle.dumps(SlowLoading(n_features=1, load_s=0.0)))
+    configured = Settings(**{**settings.model_dump(), "model_path": path, "load_timeout_s": 30})
+    runtime = ModelRuntime(configured, ServingMetrics(CollectorRegistry()))
+    ready = threading.Event()
+
+    runtime.start_loading(on_failure=lambda exc: None, on_ready=ready.set)
+
+    assert ready.wait(10)
+    assert runtime.state == "ready"
+    runtime.stop(timeout_s=10)
+    assert runtime.state == "stopping"
