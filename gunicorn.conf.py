@@ -14,7 +14,9 @@ worker_class = "gthread"
 workers = settings.workers
 threads = settings.worker_threads
 timeout = settings.timeout_s
-graceful_timeout = settings.graceful_timeout_s
+graceful_timeout = settings.drain_timeout_s
+max_requests = settings.max_requests
+max_requests_jitter = settings.max_requests_jitter
 keepalive = 5
 loglevel = settings.log_level
 # Never preload: the model is loaded in each worker after fork (see serving/hooks.py),

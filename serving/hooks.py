@@ -177,7 +177,7 @@ def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
     from serving.runtime import _current
 
     if _current is not None:  # None in the master, which also calls this hook
-        _current.stop(timeout_s=settings.graceful_timeout_s)
+        _current.stop(timeout_s=settings.drain_timeout_s)
 
 
 def child_exit(server: Any, worker: Any) -> None:

@@ -122,8 +122,20 @@ class Settings(BaseSettings):
     timeout_s: int = Field(
         30, ge=1, description="Gunicorn worker timeout (silent worker is killed), in seconds."
     )
-    graceful_timeout_s: int = Field(
-        30, ge=1, description="Time a stopping worker has to drain, in seconds."
+    graceful_timeout_s: int | None = Field(
+        None,
+        ge=1,
+        description="Time a stopping worker has to drain, in seconds; unset means "
+        "request_timeout_ms plus 5 s, so every accepted request can finish.",
+    )
+    max_requests: int = Field(
+        0,
+        ge=0,
+        description="Recycle a worker after this many requests (0: never), with up to "
+        "max_requests_jitter more so workers do not recycle together.",
+    )
+    max_requests_jitter: int = Field(
+        0, ge=0, description="Random extra requests before a recycle (Gunicorn's jitter)."
     )
     blas_threads: int = Field(
         1, ge=1, description="BLAS/OpenMP threads per worker, pinned with threadpoolctl."
@@ -213,6 +225,13 @@ class Settings(BaseSettings):
     def resolved_model_name(self) -> str:
         """``model_name``, or the model file's stem (``breast_cancer`` for the demo)."""
         return self.model_name or self.resolved_model_path.stem
+
+    @property
+    def drain_timeout_s(self) -> int:
+        """Gunicorn's graceful timeout: ``graceful_timeout_s``, or the request deadline + 5 s."""
+        if self.graceful_timeout_s is not None:
+            return self.graceful_timeout_s
+        return int(self.request_timeout_ms / 1000) + 5
 
     @property
     def worker_threads(self) -> int:

@@ -81,3 +81,20 @@ class HangsOn42(RowEcho):
         if (X[:, 0] == 42).any():
             time.sleep(60)
         return super().predict(X)
+
+
+class RowOffset(RowEcho):
+    """Predicts each row's first feature plus ``offset``: tells two model versions apart."""
+
+    def __init__(self, n_features: int = 1, offset: float = 0.0) -> None:
+        super().__init__(n_features)
+        self.offset = offset
+
+    def predict(self, X: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return super().predict(X) + self.offset
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "offset": self.offset}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["n_features_in_"], state["offset"])  # type: ignore[misc]

@@ -1,0 +1,99 @@
+"""Worker lifecycle under traffic: HUP reload onto a new model file, max_requests recycling."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tests.e2e.server import GunicornServer
+from tests.models import RowOffset
+
+Start = Callable[..., GunicornServer]
+Pickled = Callable[[Any, str], Path]
+
+
+def keep_sending(server: GunicornServer, stop: threading.Event, n_threads: int = 4) -> list[Any]:
+    """Send single-instance requests from ``n_threads`` sessions until ``stop``; every
+    outcome (status and the model's offset, or the exception), thread after thread."""
+
+    def loop(caller: int) -> list[Any]:
+        session = requests.Session()
+        outcomes: list[Any] = []
+        while not stop.is_set():
+            try:
+                response = session.post(
+                    f"{server.url}/predict", json={"instances": [[float(caller)]]}, timeout=30
+                )
+                body = response.json()
+                offset = body["predictions"][0] - caller if response.status_code == 200 else body
+                outcomes.append((response.status_code, offset))
+            except requests.RequestException as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    with ThreadPoolExecutor(n_threads) as pool:
+        futures = [pool.submit(loop, c) for c in range(n_threads)]
+        return [outcome for future in futures for outcome in future.result(120)]
+
+
+def test_hup_reloads_workers_onto_a_new_model_file_without_a_failed_request(
+    gunicorn: Start, pickled: Pickled, tmp_path: Path
+) -> None:
+    old = pickled(RowOffset(offset=0.0), "v1.pkl")
+    new = pickled(RowOffset(offset=1000.0), "v2.pkl")
+    current = tmp_path / "current.pkl"
+    current.symlink_to(old)
+    server = gunicorn(model_path=current)
+    server.wait_ready()
+    stop = threading.Event()
+
+    with ThreadPoolExecutor(1) as pool:
+        traffic = pool.submit(keep_sending, server, stop)
+        time.sleep(1.0)
+        current.unlink()
+        current.symlink_to(new)
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while server.output().count("ready to serve") < 4:  # two new workers loaded
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.1)
+        time.sleep(1.0)
+        stop.set()
+        outcomes = traffic.result(120)
+
+    failures = [o for o in outcomes if not (isinstance(o, tuple) and o[0] == 200)]
+    assert failures == []
+    offsets = [offset for _, offset in outcomes]
+    assert set(offsets) == {0.0, 1000.0}, "the new model never answered"
+    assert offsets[-1] == 1000.0
+
+
+def test_max_requests_recycles_workers_without_a_failed_request(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, max_requests=60, max_requests_jitter=10)
+    server.wait_ready()
+    stop = threading.Event()
+
+    with ThreadPoolExecutor(1) as pool:
+        traffic = pool.submit(keep_sending, server, stop)
+        deadline = time.monotonic() + 60
+        while server.output().count("ready to serve") < 5:  # 3 replacements ready
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.1)
+        stop.set()
+        outcomes = traffic.result(120)
+
+    failures = [o for o in outcomes if not (isinstance(o, tuple) and o[0] == 200)]
+    assert failures == []
+    assert len(outcomes) > 150
+    assert "loading before accepting" in server.output()
