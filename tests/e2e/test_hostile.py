@@ -1,0 +1,106 @@
+"""Hostile and faulty input against a real Gunicorn: always a 4xx JSON answer, never a 500,
+never a dead worker; a failing instance fails only its own request."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tests.e2e.server import GunicornServer
+from tests.models import FailsOnNegative
+
+Start = Callable[..., GunicornServer]
+Pickled = Callable[[Any, str], Path]
+
+ROW = "[1.0, 2.0, 3.0]"
+CORPUS: list[tuple[str, bytes]] = [
+    ("deep nesting", b'{"instances": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"),
+    ("huge integer", b'{"instances": [[1' + b"0" * 5000 + b", 2, 3]]}"),
+    ("1e999", b'{"instances": [[1e999, 2, 3]]}'),
+    ("megabyte string", b'{"instances": [["' + b"x" * 1_000_000 + b'", 2, 3]]}'),
+    ("duplicate keys", b'{"instances": [[1, 2, 3]], "instances": "no"}'),
+    ("wrong top-level type", b'"instances"'),
+    ("null instances", b'{"instances": null}'),
+    ("object instance", b'{"instances": [{"a": 1}]}'),
+    ("numeric strings", b'{"instances": [["1_000", "NaN", "inf"]]}'),
+    ("booleans", b'{"instances": [[true, false, true]]}'),
+    ("typo field", ('{"instance": [' + ROW + "]}").encode()),
+    ("extra field", ('{"instances": [' + ROW + '], "debug": true}').encode()),
+    ("invalid utf-8", b'{"instances": [[1, 2, 3]], "model_version": "\xff\xfe"}'),
+    ("lone surrogate", b'{"instances": [[1, 2, 3]], "model_version": "\\ud800"}'),
+    ("trailing garbage", ('{"instances": [' + ROW + "]} xyz").encode()),
+    ("empty body", b""),
+    ("too many instances", ('{"instances": [' + ",".join([ROW] * 2000) + "]}").encode()),
+]
+
+
+def test_hostile_bodies_get_4xx_json_and_the_workers_survive(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    model = pickled(FailsOnNegative(n_features=3), "m.pkl")
+    server = gunicorn(model_path=model, max_body_bytes=8 * 1024 * 1024)
+    server.wait_ready()
+    assert server.proc is not None
+    workers_before = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text()
+
+    for name, body in CORPUS:
+        response = requests.post(
+            f"{server.url}/predict",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            timeout=30,
+        )
+        assert 400 <= response.status_code < 500, (name, response.status_code, response.text[:300])
+        error = response.json()["error"]
+        assert error["code"] and error["message"], name
+        assert "Traceback" not in response.text, name
+
+    # A bad chunk size is the server's to parse; it must still be a 4xx, not a 500.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
+        )
+        status_line = sock.recv(200).split(b"\r\n", 1)[0]
+    assert status_line.split()[1].startswith(b"4"), status_line
+
+    after = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text()
+    assert after == workers_before, "a worker died"
+    assert server.predict([[5.0, 0.0, 0.0]]).json()["predictions"] == [5.0]
+    assert "Traceback" not in server.output()
+
+
+def test_a_failing_instance_fails_only_its_own_request_in_a_burst(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    model = pickled(FailsOnNegative(n_features=1, delay_s=0.02), "m.pkl")
+    server = gunicorn(model_path=model)
+    server.wait_ready()
+    barrier = threading.Barrier(48)
+
+    def call(caller: int) -> requests.Response:
+        barrier.wait(30)
+        value = -1.0 if caller % 12 == 5 else float(caller)
+        return server.predict([[value]])
+
+    with ThreadPoolExecutor(48) as pool:
+        responses = list(pool.map(call, range(48)))
+
+    for caller, response in enumerate(responses):
+        if caller % 12 == 5:
+            assert response.status_code == 500
+            assert response.json()["error"]["code"] == "inference_error"
+            assert "negative first feature" in response.json()["error"]["message"]
+        else:
+            assert response.status_code == 200, (caller, response.text)
+            assert response.json()["predictions"] == [float(caller)]
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    calls = server.metric("inference_batch_size_count", text)
+    assert server.metric('inference_batch_size_bucket{le="1.0"}', text) < calls, "no batching"
+    assert server.metric("inference_errors_total", text) >= 4  # each failing call counted
