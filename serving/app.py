@@ -23,6 +23,8 @@ from serving.settings import Settings, load_settings
 __all__ = ["create_app"]
 
 log = logging.getLogger("serving")
+#: One JSON line per request (serving.hooks gives it a JSON formatter under Gunicorn).
+access_log = logging.getLogger("serving.access")
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -74,6 +76,7 @@ def create_app(
     @app.before_request
     def _start() -> None:
         g.started = time.perf_counter()
+        g.log_fields = {}
         incoming = request.headers.get("X-Request-ID", "")
         g.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
         if api_keys and request.path not in open_routes:
@@ -83,10 +86,23 @@ def create_app(
     def _finish(response: Response) -> Response:
         response.headers["X-Request-ID"] = g.get("request_id", "")
         route = request.url_rule.rule if request.url_rule is not None else "<unmatched>"
-        started = g.get("started", time.perf_counter())
-        metrics.observe_request(
-            request.method, route, response.status_code, time.perf_counter() - started
-        )
+        duration_s = time.perf_counter() - g.get("started", time.perf_counter())
+        metrics.observe_request(request.method, route, response.status_code, duration_s)
+        if settings.access_log:
+            runtime = get_runtime()
+            access_log.info(
+                "request",
+                extra={
+                    "request_id": g.get("request_id"),
+                    "method": request.method[:16],
+                    "route": route,
+                    "status": response.status_code,
+                    "latency_ms": round(duration_s * 1000, 3),
+                    "model": runtime.model_name,
+                    "model_version": runtime.model_version,
+                    **g.get("log_fields", {}),
+                },
+            )
         return response
 
     return app

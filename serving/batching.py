@@ -85,8 +85,8 @@ class _Request:
     """One caller's rows and the output parts answered so far."""
 
     __slots__ = (
-        "_done", "cause", "deadline", "enqueued_at", "error", "finished", "parts", "remaining",
-        "rows",
+        "_done", "batch_size", "cause", "deadline", "enqueued_at", "error", "finished", "parts",
+        "remaining", "rows",
     )  # fmt: skip
 
     def __init__(self, rows: npt.NDArray[Any], timeout_s: float | None = None) -> None:
@@ -100,6 +100,7 @@ class _Request:
         self._done = threading.Lock()
         self._done.acquire()
         self.finished = False
+        self.batch_size = 0  # the largest predict call that answered some of these rows
         self.enqueued_at = time.monotonic()
         self.deadline = self.enqueued_at + timeout_s if timeout_s is not None else float("inf")
 
@@ -243,7 +244,10 @@ class ThreadedBatcher:
         return self
 
     def submit_many(
-        self, instances: npt.NDArray[Any], timeout_s: float | None = None
+        self,
+        instances: npt.NDArray[Any],
+        timeout_s: float | None = None,
+        stats: dict[str, int] | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
         """Queue ``instances`` and block until all of them are answered.
 
@@ -251,6 +255,8 @@ class ThreadedBatcher:
         :param timeout_s: longest to wait for the answer, in seconds; ``None`` waits until
             the batcher answers (it always does: every queued instance is answered or failed).
             Instances still queued when it has passed are dropped, not computed.
+        :param stats: if given, ``stats["batch_size"]`` is set to the size of the predict call
+            that answered these instances (for the access log).
         :returns: the named outputs for exactly these instances, in order.
         :raises ValueError: when ``instances`` is not a non-empty 2-D array.
         :raises NotReady: when the batcher is not started or is stopping.
@@ -279,6 +285,8 @@ class ThreadedBatcher:
         if not request.wait(timeout_s):
             assert timeout_s is not None
             raise InferenceTimeout(f"no prediction within {timeout_s * 1000:.0f} ms")
+        if stats is not None:
+            stats["batch_size"] = request.batch_size
         return request.result()
 
     def stop(self, timeout_s: float | None = None) -> None:
@@ -409,6 +417,7 @@ class ThreadedBatcher:
         self._busy_since = None
         if error is None:
             for (request, start, stop), outputs in zip(batch, parts, strict=True):
+                request.batch_size = max(request.batch_size, len(rows))
                 request.answer(start, stop - start, outputs)
         if self._on_flush is not None:
             stats = FlushStats(len(rows), len(batch), duration_s, self._depth, error)

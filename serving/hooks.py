@@ -28,6 +28,7 @@ from serving.settings import Settings, load_settings, unknown_variables
 
 __all__ = [
     "child_exit",
+    "configure_access_log",
     "cpus_for_slot",
     "on_starting",
     "post_fork",
@@ -99,6 +100,25 @@ def on_starting(server: Any) -> None:
     server.log.info("metrics directory %s", path)
 
 
+def configure_access_log(settings: Settings) -> None:
+    """One JSON object per line on stdout for ``serving.access`` (python-json-logger):
+    time, request id, route template, status, latency, instances, batch size, model."""
+    from pythonjsonlogger.json import JsonFormatter
+
+    access = logging.getLogger("serving.access")
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(
+        JsonFormatter(
+            "{asctime}{levelname}{message}",
+            style="{",
+            rename_fields={"asctime": "time", "levelname": "level"},
+        )
+    )
+    access.handlers = [handler]
+    access.setLevel(logging.INFO if settings.access_log else logging.WARNING)
+    access.propagate = False
+
+
 def pre_fork(server: Any, worker: Any) -> None:
     """Master: give the new worker the lowest CPU slot no live worker holds."""
     taken = {getattr(w, "serving_slot", None) for w in server.WORKERS.values()}
@@ -135,6 +155,7 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     service_log.handlers = list(server.log.error_log.handlers)
     service_log.setLevel(server.log.error_log.level)
     service_log.propagate = False
+    configure_access_log(settings)
 
     def on_failure(exc: BaseException) -> None:
         with _boot_failed.get_lock():

@@ -179,6 +179,11 @@ class Settings(BaseSettings):
         description="prometheus-client multiprocess directory, wiped at start; unset means "
         "PROMETHEUS_MULTIPROC_DIR or a new temporary directory.",
     )
+    access_log: bool = Field(
+        True,
+        description="One JSON line per request on stdout: request id, route, status, "
+        "latency, instances, batch size, model version.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Gunicorn and service log level."
     )

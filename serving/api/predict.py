@@ -78,11 +78,14 @@ def predict() -> Response:
     if request.model_version is not None and request.model_version != runtime.model_version:
         raise VersionConflict(request.model_version, runtime.model_version)
     handle, batcher = runtime.require_ready()
+    g.log_fields["instances"] = n
     rows = to_matrix(request.instances, handle.n_features)
     check_range(rows, handle.input_dtype)
     waited_s = time.perf_counter() - g.started
     try:
-        outputs = batcher.submit_many(rows, timeout_s=settings.request_timeout_ms / 1000 - waited_s)
+        outputs = batcher.submit_many(
+            rows, timeout_s=settings.request_timeout_ms / 1000 - waited_s, stats=g.log_fields
+        )
     except Overloaded:
         ctx.metrics.rejected.inc()
         raise

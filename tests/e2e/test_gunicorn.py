@@ -319,3 +319,30 @@ def test_a_killed_worker_comes_back_without_answering_503_while_it_loads(
         assert time.monotonic() < deadline, server.output()
         time.sleep(0.1)
     assert "loading before accepting" in server.output()
+
+
+def test_access_log_is_one_json_line_per_request(gunicorn: Start, pickled: Pickled) -> None:
+    import json
+
+    model = pickled(RowEcho(n_features=1, delay_s=0.01), "echo.pkl")
+    key = "secret-key-0123456789"
+    server = gunicorn(model_path=model, api_keys=key)
+    server.wait_ready()
+    headers = {"X-Request-ID": "trace-7", "Authorization": f"Bearer {key}"}
+
+    assert server.predict([[1.0], [2.0]], headers=headers).status_code == 200
+    assert server.predict([[1.0]]).status_code == 401
+    requests.get(f"{server.url}/healthz", timeout=5)
+
+    deadline = time.monotonic() + 10
+    while server.output().count('"message": "request"') < 3:
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.05)
+    lines = [json.loads(line) for line in server.output().splitlines() if line.startswith("{")]
+    traced = next(line for line in lines if line.get("request_id") == "trace-7")
+    assert traced["route"] == "/predict" and traced["status"] == 200
+    assert traced["instances"] == 2 and traced["batch_size"] >= 2
+    assert traced["model_version"] == "1" and traced["latency_ms"] > 0
+    statuses = [line["status"] for line in lines]  # wait_ready's /healthz is logged too
+    assert statuses.count(401) == 1 and statuses.count(200) >= 2
+    assert key not in server.output()
