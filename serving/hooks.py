@@ -103,12 +103,12 @@ def on_starting(server: Any) -> None:
 def configure_access_log(settings: Settings) -> None:
     """One JSON object per line on stdout for ``serving.access`` (python-json-logger):
     time, request id, route template, status, latency, instances, batch size, model."""
-    from pythonjsonlogger.json import JsonFormatter
+    from pythonjsonlogger.orjson import OrjsonFormatter
 
     access = logging.getLogger("serving.access")
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(
-        JsonFormatter(
+        OrjsonFormatter(
             "{asctime}{levelname}{message}",
             style="{",
             rename_fields={"asctime": "time", "levelname": "level"},
