@@ -35,7 +35,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -43,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InferenceError, InferenceTimeout, NotReady, Overloaded
+from serving.pending import BatchOutputs, PendingRequest, split_outputs
 
 __all__ = [
     "BatchOutputs",
@@ -55,8 +56,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Named model outputs for a batch; every array's first axis has one entry per instance.
-BatchOutputs = Mapping[str, npt.NDArray[Any]]
 #: ``predict_batch(rows)``: rows ``(n_instances, n_features)`` -> outputs of ``n_instances`` rows.
 PredictBatch = Callable[[npt.NDArray[Any]], BatchOutputs]
 
@@ -81,89 +80,8 @@ class FlushStats:
     error: BaseException | None
 
 
-class _Request:
-    """One caller's rows and the output parts answered so far."""
-
-    __slots__ = (
-        "_done", "batch_size", "cause", "deadline", "enqueued_at", "error", "finished", "parts",
-        "remaining", "rows",
-    )  # fmt: skip
-
-    def __init__(self, rows: npt.NDArray[Any], timeout_s: float | None = None) -> None:
-        self.rows = rows
-        self.remaining = len(rows)
-        self.parts: list[tuple[int, dict[str, npt.NDArray[Any]]]] = []
-        self.error: str | None = None
-        self.cause: BaseException | None = None
-        # A lock held until the answer is complete: cheaper than threading.Event (no
-        # Condition, no per-wait lock allocation), which shows at tens of µs per instance.
-        self._done = threading.Lock()
-        self._done.acquire()
-        self.finished = False
-        self.batch_size = 0  # the largest predict call that answered some of these rows
-        self.enqueued_at = time.monotonic()
-        self.deadline = self.enqueued_at + timeout_s if timeout_s is not None else float("inf")
-
-    def dead(self) -> bool:
-        """Failed already, or past its deadline: its queued rows need not be computed."""
-        return self.error is not None or time.monotonic() > self.deadline
-
-    def answer(self, start: int, n: int, outputs: dict[str, npt.NDArray[Any]]) -> None:
-        self.parts.append((start, outputs))
-        self.remaining -= n
-        if self.remaining == 0:
-            self._finish()
-
-    def fail(self, message: str, cause: BaseException | None) -> None:
-        if self.error is None:
-            self.error, self.cause = message, cause
-        self._finish()
-
-    def _finish(self) -> None:  # batcher thread only, so the flag needs no lock
-        if not self.finished:
-            self.finished = True
-            self._done.release()
-
-    def wait(self, timeout_s: float | None) -> bool:
-        return self._done.acquire(timeout=-1 if timeout_s is None else max(timeout_s, 0.0))
-
-    def result(self) -> dict[str, npt.NDArray[Any]]:
-        if self.error is not None:
-            # A fresh exception per caller: one instance raised in many threads would
-            # share (and mangle) a single traceback.
-            raise InferenceError(self.error) from self.cause
-        if len(self.parts) == 1:
-            return self.parts[0][1]
-        self.parts.sort(key=lambda part: part[0])
-        return {
-            name: np.concatenate([outputs[name] for _, outputs in self.parts])
-            for name in self.parts[0][1]
-        }
-
-
 # A run of one request's rows waiting in the queue: (request, start, stop).
-_Chunk = tuple[_Request, int, int]
-
-
-def split_outputs(outputs: BatchOutputs, sizes: list[int]) -> list[dict[str, npt.NDArray[Any]]]:
-    """Cut a batch's outputs into consecutive parts of ``sizes`` rows (views, no copies).
-
-    :raises InferenceError: when an output is not an array with ``sum(sizes)`` rows, so that
-        nobody is ever handed another caller's rows.
-    """
-    n = sum(sizes)
-    arrays: dict[str, npt.NDArray[Any]] = {}
-    for name, value in outputs.items():
-        array = np.asarray(value)
-        if array.ndim == 0 or len(array) != n:
-            got = "a scalar" if array.ndim == 0 else f"{len(array)} rows"
-            raise InferenceError(f"model output {name!r} has {got} for a batch of {n} instances")
-        arrays[name] = array
-    parts, offset = [], 0
-    for size in sizes:
-        parts.append({name: array[offset : offset + size] for name, array in arrays.items()})
-        offset += size
-    return parts
+_Chunk = tuple[PendingRequest, int, int]
 
 
 class ThreadedBatcher:
@@ -270,7 +188,7 @@ class ThreadedBatcher:
             raise ValueError(
                 f"instances must be (n_instances >= 1, n_features), got {instances.shape}"
             )
-        request = _Request(instances, timeout_s)
+        request = PendingRequest(instances, timeout_s)
         with self._lock:
             if not self._accepting:
                 raise NotReady("the batcher is not running (starting up or shutting down)")

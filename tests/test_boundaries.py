@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = ("flask", "werkzeug", "pydantic", "prometheus_client", "gunicorn")
 
 
-@pytest.mark.parametrize("module", ["serving.batching", "serving.loaders", "serving.errors"])
+@pytest.mark.parametrize(
+    "module", ["serving.batching", "serving.pending", "serving.loaders", "serving.errors"]
+)
 def test_core_module_imports_no_web_stack(module: str) -> None:
     code = (
         f"import sys, {module}\n"

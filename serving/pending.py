@@ -1,0 +1,111 @@
+"""The caller's side of a batch: a pending request and the split of a batch's outputs.
+
+``PendingRequest`` holds one caller's rows, the output parts answered so far and a lock
+the caller blocks on until every row is answered or the request failed. ``split_outputs``
+cuts a merged call's outputs back into per-request parts and refuses outputs whose row
+count does not match, so nobody is ever handed another caller's rows.
+
+Boundary: standard library, numpy and ``serving.errors`` only, like ``serving.batching``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from serving.errors import InferenceError
+
+__all__ = ["BatchOutputs", "PendingRequest", "split_outputs"]
+
+#: Named model outputs for a batch; every array's first axis has one entry per instance.
+BatchOutputs = Mapping[str, npt.NDArray[Any]]
+
+
+class PendingRequest:
+    """One caller's rows ``(n_instances, n_features)`` and the outputs answered so far.
+
+    Written by the batcher thread only (``answer``, ``fail``); read by the caller after
+    ``wait`` returns True.
+    """
+
+    __slots__ = (
+        "_done", "batch_size", "cause", "deadline", "enqueued_at", "error", "finished", "parts",
+        "remaining", "rows",
+    )  # fmt: skip
+
+    def __init__(self, rows: npt.NDArray[Any], timeout_s: float | None = None) -> None:
+        self.rows = rows
+        self.remaining = len(rows)
+        self.parts: list[tuple[int, dict[str, npt.NDArray[Any]]]] = []
+        self.error: str | None = None
+        self.cause: BaseException | None = None
+        # A lock held until the answer is complete: cheaper than threading.Event (no
+        # Condition, no per-wait lock allocation), which shows at tens of µs per instance.
+        self._done = threading.Lock()
+        self._done.acquire()
+        self.finished = False
+        self.batch_size = 0  # the largest predict call that answered some of these rows
+        self.enqueued_at = time.monotonic()
+        self.deadline = self.enqueued_at + timeout_s if timeout_s is not None else float("inf")
+
+    def dead(self) -> bool:
+        """Failed already, or past its deadline: its queued rows need not be computed."""
+        return self.error is not None or time.monotonic() > self.deadline
+
+    def answer(self, start: int, n: int, outputs: dict[str, npt.NDArray[Any]]) -> None:
+        self.parts.append((start, outputs))
+        self.remaining -= n
+        if self.remaining == 0:
+            self._finish()
+
+    def fail(self, message: str, cause: BaseException | None) -> None:
+        if self.error is None:
+            self.error, self.cause = message, cause
+        self._finish()
+
+    def _finish(self) -> None:  # batcher thread only, so the flag needs no lock
+        if not self.finished:
+            self.finished = True
+            self._done.release()
+
+    def wait(self, timeout_s: float | None) -> bool:
+        return self._done.acquire(timeout=-1 if timeout_s is None else max(timeout_s, 0.0))
+
+    def result(self) -> dict[str, npt.NDArray[Any]]:
+        if self.error is not None:
+            # A fresh exception per caller: one instance raised in many threads would
+            # share (and mangle) a single traceback.
+            raise InferenceError(self.error) from self.cause
+        if len(self.parts) == 1:
+            return self.parts[0][1]
+        self.parts.sort(key=lambda part: part[0])
+        return {
+            name: np.concatenate([outputs[name] for _, outputs in self.parts])
+            for name in self.parts[0][1]
+        }
+
+
+def split_outputs(outputs: BatchOutputs, sizes: list[int]) -> list[dict[str, npt.NDArray[Any]]]:
+    """Cut a batch's outputs into consecutive parts of ``sizes`` rows (views, no copies).
+
+    :raises InferenceError: when an output is not an array with ``sum(sizes)`` rows, so that
+        nobody is ever handed another caller's rows.
+    """
+    n = sum(sizes)
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    for name, value in outputs.items():
+        array = np.asarray(value)
+        if array.ndim == 0 or len(array) != n:
+            got = "a scalar" if array.ndim == 0 else f"{len(array)} rows"
+            raise InferenceError(f"model output {name!r} has {got} for a batch of {n} instances")
+        arrays[name] = array
+    parts, offset = [], 0
+    for size in sizes:
+        parts.append({name: array[offset : offset + size] for name, array in arrays.items()})
+        offset += size
+    return parts
