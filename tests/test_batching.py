@@ -17,6 +17,14 @@ from tests.models import FailsOnNegative, RowEcho, WrongLength
 WAIT_S = 10.0
 
 
+def wait_while(condition: Any) -> None:
+    """Poll ``condition()`` until it is false; fail the test after WAIT_S seconds."""
+    deadline = time.monotonic() + WAIT_S
+    while condition():
+        assert time.monotonic() < deadline, "waited too long"
+        time.sleep(0.001)
+
+
 def outputs_of(model: Any) -> Any:
     return lambda rows: {"predictions": model.predict(rows)}
 
@@ -113,9 +121,7 @@ def test_batcher_never_splits_a_request_that_does_not_fit(stop_after: Any) -> No
     stop_after(batcher.start())
     with ThreadPoolExecutor(3) as pool:
         small = pool.submit(batcher.submit_many, rows_for(1, 3), WAIT_S)
-        deadline = time.monotonic() + WAIT_S
-        while batcher.queue_depth < 3 and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_while(lambda: batcher.queue_depth < 3)
         large = pool.submit(batcher.submit_many, rows_for(2, 3), WAIT_S)
 
         np.testing.assert_array_equal(small.result(WAIT_S)["predictions"], 1000 + np.arange(3))
@@ -234,9 +240,7 @@ def test_batcher_reports_how_long_the_model_has_been_busy(stop_after: Any) -> No
     assert batcher.busy_for_s == 0.0
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(batcher.submit_many, rows_for(1), WAIT_S)
-        deadline = time.monotonic() + WAIT_S
-        while not model.batch_sizes and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_while(lambda: not model.batch_sizes)
         time.sleep(0.1)
         assert 0.05 < batcher.busy_for_s < 0.3
         future.result(WAIT_S)
@@ -258,9 +262,7 @@ def test_batcher_stop_answers_everything_queued_then_refuses(stop_after: Any) ->
     batcher = ThreadedBatcher(outputs_of(model), max_batch_size=2, max_batch_latency_ms=0).start()
     with ThreadPoolExecutor(20) as pool:
         futures = [pool.submit(batcher.submit_many, rows_for(c), WAIT_S) for c in range(20)]
-        deadline = time.monotonic() + WAIT_S
-        while batcher.queue_depth < 10 and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_while(lambda: batcher.queue_depth < 10)
         assert batcher.queue_depth >= 10, "callers never queued up behind the slow model"
 
         batcher.stop(timeout_s=WAIT_S)
@@ -345,12 +347,9 @@ def test_adaptive_policy_batches_what_arrives_while_the_model_is_busy(stop_after
     stop_after(batcher.start())
     with ThreadPoolExecutor(11) as pool:
         first = pool.submit(batcher.submit_many, rows_for(0), WAIT_S)
-        deadline = time.monotonic() + WAIT_S
-        while not model.batch_sizes and time.monotonic() < deadline:
-            time.sleep(0.001)  # the first call is running now
+        wait_while(lambda: not model.batch_sizes)  # the first call is running now
         rest = [pool.submit(batcher.submit_many, rows_for(c), WAIT_S) for c in range(1, 11)]
-        while batcher.queue_depth < 10 and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_while(lambda: batcher.queue_depth < 10)
 
         results = [first.result(WAIT_S)] + [f.result(WAIT_S) for f in rest]
 
@@ -371,9 +370,7 @@ def test_batcher_drops_instances_whose_caller_gave_up_before_computing_them(
     stop_after(batcher.start())
     with ThreadPoolExecutor(2) as pool:
         first = pool.submit(batcher.submit_many, rows_for(1), WAIT_S)
-        deadline = time.monotonic() + WAIT_S
-        while not model.batch_sizes and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_while(lambda: not model.batch_sizes)
         impatient = pool.submit(batcher.submit_many, rows_for(2), 0.05)
         with pytest.raises(InferenceTimeout):
             impatient.result(WAIT_S)
@@ -392,12 +389,9 @@ def test_batcher_refuses_at_once_when_the_queue_would_overflow(stop_after: Any) 
     stop_after(batcher.start())
     with ThreadPoolExecutor(4) as pool:
         running = pool.submit(batcher.submit_many, rows_for(0), WAIT_S)
-        deadline = time.monotonic() + WAIT_S
-        while not model.batch_sizes and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_while(lambda: not model.batch_sizes)
         queued = pool.submit(batcher.submit_many, rows_for(1, 3), WAIT_S)
-        while batcher.queue_depth < 3 and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_while(lambda: batcher.queue_depth < 3)
 
         started = time.monotonic()
         with pytest.raises(Overloaded, match="SERVING_MAX_QUEUE_DEPTH"):

@@ -12,6 +12,15 @@ ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = ("flask", "werkzeug", "pydantic", "prometheus_client", "gunicorn")
 
 
+def fresh_python(code: str) -> str:
+    """Run ``code`` in a new interpreter (nothing imported yet) and return what it printed."""
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        check=True,
+    )  # fmt: skip
+    return result.stdout.strip()
+
+
 @pytest.mark.parametrize(
     "module", ["serving.batching", "serving.pending", "serving.loaders", "serving.errors"]
 )
@@ -20,15 +29,7 @@ def test_core_module_imports_no_web_stack(module: str) -> None:
         f"import sys, {module}\n"
         f"print(','.join(sorted(m for m in {FORBIDDEN!r} if m in sys.modules)))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert result.stdout.strip() == ""
+    assert fresh_python(code) == ""
 
 
 def test_gunicorn_config_does_not_import_prometheus_in_the_master() -> None:
@@ -37,12 +38,4 @@ def test_gunicorn_config_does_not_import_prometheus_in_the_master() -> None:
         "runpy.run_path('gunicorn.conf.py')\n"
         "print('prometheus_client' in sys.modules, 'flask' in sys.modules)"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert result.stdout.strip() == "False False"
+    assert fresh_python(code) == "False False"

@@ -77,6 +77,12 @@ class GunicornServer:
             time.sleep(0.05)
         raise AssertionError(f"gunicorn not ready after {timeout_s}s:\n{self.output()}")
 
+    def worker_pids(self) -> list[int]:
+        """The master's live children (its workers), from /proc."""
+        assert self.proc is not None
+        pid = self.proc.pid
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
     def wait_exit(self, timeout_s: float = 60.0) -> int:
         assert self.proc is not None
         try:

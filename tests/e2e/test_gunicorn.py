@@ -272,8 +272,7 @@ def test_each_worker_is_pinned_to_its_own_cpu(gunicorn: Start) -> None:
     server = gunicorn()
     server.wait_ready()
     assert server.proc is not None
-    children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text()
-    workers = [int(pid) for pid in children.split()]
+    workers = server.worker_pids()
 
     pinned = [allowed_cpus(pid) for pid in workers]
 
@@ -294,8 +293,7 @@ def test_a_killed_worker_comes_back_without_answering_503_while_it_loads(
     server = gunicorn(model_path=model)
     server.wait_ready()
     assert server.proc is not None
-    children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text()
-    victim = int(children.split()[0])
+    victim = server.worker_pids()[0]
 
     statuses: list[int | str] = []
     deadline = time.monotonic() + 6.0
