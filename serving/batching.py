@@ -1,7 +1,8 @@
 """Dynamic micro-batching: one thread per worker merges instances of concurrent requests.
 
 Request threads call ``ThreadedBatcher.submit_many(rows)`` and block; the batcher's one
-background thread takes queued instances off a ``queue.Queue`` and makes one
+background thread takes queued instances off a ``queue.SimpleQueue`` (the ``queue``
+module's C-implemented FIFO: no Python-level locking per put/get) and makes one
 ``predict_batch`` call per batch on a single ``(n_instances, n_features)`` array built from
 instances of different requests, then hands each caller exactly its own output rows.
 
@@ -22,10 +23,14 @@ A request is never split: one that does not fit in the room left opens the next 
 and one larger than ``max_batch_size`` runs alone in one call (its size is bounded by
 ``max_instances_per_request``; splitting it would only add calls: 125 instances through
 a 300-tree forest cost 4 calls of 19 ms at 32 per call, or one of 21 ms).
-Rows of a different width never share a batch.
+Rows of a different width never share a batch. A failing call is retried in halves by
+request, so only the requests that make the model fail get its error. The queue is
+bounded (``max_queue_depth``, refused at once) and a caller's deadline drops its queued
+instances.
 
-Boundary: this module imports only the standard library, numpy and ``serving.errors`` (no
-Flask, no pydantic, no prometheus); observers get plain ``FlushStats`` through a callback.
+Boundary: this module imports only the standard library, numpy, ``serving.errors`` and
+``serving.pending`` (no Flask, no pydantic, no prometheus); observers get plain
+``FlushStats`` through a callback.
 Durations are measured with ``time.perf_counter()``, deadlines with ``time.monotonic()``.
 """
 
