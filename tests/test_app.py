@@ -341,3 +341,26 @@ def test_overloaded_is_503_with_retry_after_and_counted(settings: Settings) -> N
     assert third.headers["Retry-After"] == "1"
     assert metrics.registry.get_sample_value("inference_rejected_total") == 1.0
     assert health["queue_depth"] == 1 and health["max_queue_depth"] == 1
+
+
+def test_string_labels_and_numpy_outputs_serialize_as_json(settings: Settings) -> None:
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    from serving.loaders import estimator_handle
+
+    X, y = load_iris(return_X_y=True)
+    names = np.array(["setosa", "versicolor", "virginica"])[y]
+    model = LogisticRegression(max_iter=1000).fit(X, names)
+    handle = estimator_handle(model, name="iris", version="1", format="joblib")
+    app = create_app(settings, handle, metrics=ServingMetrics(CollectorRegistry()))
+    try:
+        response = app.test_client().post("/predict", json={"instances": X[[0, 60, 120]].tolist()})
+    finally:
+        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+
+    body = response.get_json()
+    assert response.status_code == 200
+    assert body["predictions"] == model.predict(X[[0, 60, 120]]).tolist()
+    assert all(isinstance(p, str) for p in body["predictions"])
+    assert body["classes"] == ["setosa", "versicolor", "virginica"]

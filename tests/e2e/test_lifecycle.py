@@ -97,3 +97,36 @@ def test_max_requests_recycles_workers_without_a_failed_request(
     assert failures == []
     assert len(outcomes) > 150
     assert "loading before accepting" in server.output()
+
+
+def test_sigkill_of_a_worker_under_load_fails_only_its_in_flight_requests(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    import os
+
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model)
+    server.wait_ready()
+    victim = server.worker_pids()[0]
+    stop = threading.Event()
+    n_threads = 12
+
+    with ThreadPoolExecutor(1) as pool:
+        traffic = pool.submit(keep_sending, server, stop, n_threads)
+        time.sleep(1.0)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while server.output().count("ready to serve") < 3:  # the replacement is ready
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.1)
+        time.sleep(1.0)
+        stop.set()
+        outcomes = traffic.result(120)
+
+    answered = [o for o in outcomes if isinstance(o, tuple)]
+    dropped = [o for o in outcomes if not isinstance(o, tuple)]
+    assert all(status == 200 for status, _ in answered), [o for o in answered if o[0] != 200]
+    # At most one request per client thread was in flight on the killed worker.
+    assert len(dropped) <= n_threads, dropped
+    assert all(isinstance(o, requests.ConnectionError) for o in dropped)
+    assert len(answered) > 100
