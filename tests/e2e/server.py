@@ -77,6 +77,13 @@ class GunicornServer:
             time.sleep(0.05)
         raise AssertionError(f"gunicorn not ready after {timeout_s}s:\n{self.output()}")
 
+    def wait_for_log(self, text: str, count: int, timeout_s: float = 30.0) -> None:
+        """Wait until ``text`` has appeared ``count`` times in the server's output."""
+        deadline = time.monotonic() + timeout_s
+        while self.output().count(text) < count:
+            assert time.monotonic() < deadline, f"{text!r} x{count} not seen:\n{self.output()}"
+            time.sleep(0.1)
+
     def worker_pids(self) -> list[int]:
         """The master's live children (its workers), from /proc."""
         assert self.proc is not None

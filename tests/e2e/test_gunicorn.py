@@ -252,10 +252,7 @@ def test_a_hung_predict_answers_504_and_the_worker_is_recycled(
     assert hung.status_code == 504, hung.text
     assert hung.json()["error"]["code"] == "timeout"
 
-    deadline = time.monotonic() + 30
-    while server.output().count("ready to serve") < 2:  # a fresh worker replaced it
-        assert time.monotonic() < deadline, server.output()
-        time.sleep(0.1)
+    server.wait_for_log("ready to serve", 2, timeout_s=30)  # a fresh worker replaced it
     assert "recycling it" in server.output()
     assert server.output().count("Booting worker") == first_worker + 1
     assert server.predict([[7.0, 0.0]]).json()["predictions"] == [7.0]
@@ -314,10 +311,7 @@ def test_a_killed_worker_comes_back_without_answering_503_while_it_loads(
     # replacement worker while its model loads (2 s here).
     assert statuses.count(503) == 0, statuses
     assert sum(s != 200 for s in statuses) <= 1, statuses
-    deadline = time.monotonic() + 30
-    while server.output().count("ready to serve") < 3:
-        assert time.monotonic() < deadline, server.output()
-        time.sleep(0.1)
+    server.wait_for_log("ready to serve", 3, timeout_s=30)
     assert "loading before accepting" in server.output()
 
 

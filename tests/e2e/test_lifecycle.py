@@ -61,10 +61,7 @@ def test_hup_reloads_workers_onto_a_new_model_file_without_a_failed_request(
         current.symlink_to(new)
         assert server.proc is not None
         server.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 30
-        while server.output().count("ready to serve") < 4:  # two new workers loaded
-            assert time.monotonic() < deadline, server.output()
-            time.sleep(0.1)
+        server.wait_for_log("ready to serve", 4, timeout_s=30)  # two new workers loaded
         time.sleep(1.0)
         stop.set()
         outcomes = traffic.result(120)
@@ -86,10 +83,7 @@ def test_max_requests_recycles_workers_without_a_failed_request(
 
     with ThreadPoolExecutor(1) as pool:
         traffic = pool.submit(keep_sending, server, stop)
-        deadline = time.monotonic() + 60
-        while server.output().count("ready to serve") < 5:  # 3 replacements ready
-            assert time.monotonic() < deadline, server.output()
-            time.sleep(0.1)
+        server.wait_for_log("ready to serve", 5, timeout_s=60)  # 3 replacements ready
         stop.set()
         outcomes = traffic.result(120)
 
@@ -115,10 +109,7 @@ def test_sigkill_of_a_worker_under_load_fails_only_its_in_flight_requests(
         traffic = pool.submit(keep_sending, server, stop, n_threads)
         time.sleep(1.0)
         os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while server.output().count("ready to serve") < 3:  # the replacement is ready
-            assert time.monotonic() < deadline, server.output()
-            time.sleep(0.1)
+        server.wait_for_log("ready to serve", 3, timeout_s=30)  # the replacement is ready
         time.sleep(1.0)
         stop.set()
         outcomes = traffic.result(120)
