@@ -60,7 +60,6 @@ def create_app(
 
     app = Flask("serving")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["serving"] = ServingContext(settings, metrics, get_runtime)
 
     for blueprint in (predict.bp, health.bp, metrics_api.bp):

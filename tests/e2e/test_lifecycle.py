@@ -119,5 +119,8 @@ def test_sigkill_of_a_worker_under_load_fails_only_its_in_flight_requests(
     assert all(status == 200 for status, _ in answered), [o for o in answered if o[0] != 200]
     # At most one request per client thread was in flight on the killed worker.
     assert len(dropped) <= n_threads, dropped
-    assert all(isinstance(o, requests.ConnectionError) for o in dropped)
+    # A connection dropped mid-request surfaces as ConnectionError, or as
+    # ChunkedEncodingError when the worker died while sending the response.
+    dropped_kinds = (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)
+    assert all(isinstance(o, dropped_kinds) for o in dropped), [type(o) for o in dropped]
     assert len(answered) > 100
