@@ -182,7 +182,7 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         if _some_worker_ready is not None:
             _some_worker_ready.value = 1
 
-    runtime = ModelRuntime(settings, default_metrics())
+    runtime = ModelRuntime(settings, default_metrics(), getattr(worker, "serving_slot", 0))
     install_runtime(runtime)
     loading = runtime.start_loading(on_failure, on_ready)
     if _some_worker_ready is not None and _some_worker_ready.value:

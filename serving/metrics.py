@@ -28,6 +28,7 @@ from prometheus_client import (
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from serving.batching import FlushStats
+from serving.handle import ModelHandle
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics", "default_metrics"]
 
@@ -92,6 +93,13 @@ class ServingMetrics:
             "Requests refused at once with 503 overloaded: the batcher queue was full.",
             registry=registry,
         )
+        self.model_info = Gauge(
+            "serving_model_info",
+            "1 for each model a live worker serves, labelled with where it runs.",
+            ["model", "version", "format", "execution_provider", "device"],
+            multiprocess_mode="livemax",
+            registry=registry,
+        )
         self.queue_depth = Gauge(
             "inference_queue_depth",
             "Instances waiting in the batchers' queues, summed over live workers.",
@@ -125,6 +133,13 @@ class ServingMetrics:
         self.queue_depth.set(stats.queue_depth)
         if stats.error is not None:
             self.inference_errors.inc()
+
+    def model_loaded(self, handle: ModelHandle) -> None:
+        """Set ``serving_model_info`` for a model this worker now serves; ``device`` is
+        ``cuda:N`` on a GPU, else ``cpu``."""
+        device = f"cuda:{handle.device_id}" if handle.device_id is not None else "cpu"
+        labels = (handle.name, handle.version, handle.format, handle.execution_provider, device)
+        self.model_info.labels(*labels).set(1)
 
     def render(self) -> bytes:
         """The text exposition of all workers (multiprocess mode) or of ``registry``."""

@@ -7,7 +7,7 @@ warmed up and its batcher runs. ``worker_exit`` stops it, draining the batcher.
 
 Load order matters: the model is loaded first (importing the libraries it needs), then
 BLAS/OpenMP pools are pinned with threadpoolctl (pinning only reaches libraries already
-loaded), then a warmup batch of ``max_batch_size`` rows runs, then the batcher starts.
+loaded), then warmup batches of 1 and ``max_batch_size`` rows run, then the batcher starts.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from serving.batching import ThreadedBatcher
 from serving.errors import ModelLoadError, NotReady
 from serving.loaders import ModelHandle, check_artifact, load_model
 from serving.metrics import ServingMetrics
+from serving.onnx_loader import OnnxLoader
 from serving.settings import Settings
 
 __all__ = ["ModelRuntime", "State", "current_runtime", "install_runtime"]
@@ -41,9 +42,11 @@ class ModelRuntime:
         handle, batcher = runtime.require_ready()
     """
 
-    def __init__(self, settings: Settings, metrics: ServingMetrics) -> None:
+    def __init__(self, settings: Settings, metrics: ServingMetrics, worker_slot: int = 0) -> None:
         self.settings = settings
         self.metrics = metrics
+        #: This worker's index among the live workers (0, 1, ...): picks its CUDA device.
+        self.worker_slot = worker_slot
         self.handle: ModelHandle | None = None
         self.batcher: ThreadedBatcher | None = None
         self.error: BaseException | None = None
@@ -112,17 +115,20 @@ class ModelRuntime:
                     settings.model_sha256,
                     settings.allow_world_writable_model,
                 )
+                fmt = settings.resolved_model_format
                 handle = load_model(
                     settings.resolved_model_path,
-                    settings.resolved_model_format,
+                    fmt,
                     name=settings.resolved_model_name,
                     version=settings.model_version,
                     threads=settings.blas_threads,
+                    loader=self._onnx_loader() if fmt == "onnx" else None,
                 )
                 from threadpoolctl import threadpool_limits
 
                 threadpool_limits(limits=settings.blas_threads)
-            handle.warmup(settings.max_batch_size)
+            # 1 and max_batch_size: the shapes a GPU provider selects kernels for first.
+            handle.warmup(1, settings.max_batch_size)
             batcher = ThreadedBatcher(
                 handle.predict_batch,
                 max_batch_size=settings.max_batch_size,
@@ -133,16 +139,28 @@ class ModelRuntime:
             )
             self.handle = handle
             self.batcher = batcher.start()
+            self.metrics.model_loaded(handle)
         except BaseException as exc:
             self.error = exc
             raise
         log.info(
-            "model %r version %r ready to serve (%s, %s features, %.2f s to load and warm up)",
+            "model %r version %r ready to serve (%s on %s, %s features, %.2f s to load and "
+            "warm up)",
             handle.name,
             handle.version,
             handle.format,
+            handle.execution_provider,
             handle.n_features,
             time.perf_counter() - started,
+        )
+
+    def _onnx_loader(self) -> OnnxLoader:
+        settings = self.settings
+        return OnnxLoader(
+            settings.onnx_providers,
+            cuda_device=settings.cuda_device,
+            worker_slot=self.worker_slot,
+            optimized_model_path=settings.onnx_optimized_model_path,
         )
 
     def start_loading(

@@ -74,6 +74,10 @@ class HealthResponse(BaseModel):
     model_version: str
     queue_depth: int = Field(description="Instances queued in this worker's batcher.")
     max_queue_depth: int = Field(description="Queue limit; past it requests get 503 overloaded.")
+    execution_provider: str | None = Field(
+        description="Where the model runs once loaded: ONNX Runtime's provider "
+        "(CUDAExecutionProvider, CPUExecutionProvider) or cpu for Python models."
+    )
 
 
 class ErrorBody(BaseModel):

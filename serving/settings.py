@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from serving.errors import SettingsError
 from serving.loaders import format_from_path
+from serving.providers import parse_providers
 
 __all__ = ["DEMO_MODEL_PATH", "ModelFormat", "Settings", "load_settings"]
 
@@ -174,6 +175,23 @@ class Settings(BaseSettings):
         description="Load a model file anyone may write (refused by default: pickle and "
         "joblib run code when loaded).",
     )
+    onnx_providers: str = Field(
+        "auto",
+        description="ONNX Runtime execution providers: auto (CUDA when a GPU is usable, else "
+        "CPU) or a comma list in order of preference such as cuda,cpu or tensorrt,cuda,cpu; "
+        "a GPU provider this host cannot run stops start-up.",
+    )
+    cuda_device: int | None = Field(
+        None,
+        ge=0,
+        description="CUDA device for every worker; unset means worker k uses device "
+        "k mod the number of GPUs.",
+    )
+    onnx_optimized_model_path: Path | None = Field(
+        None,
+        description="Where to save the optimized ONNX graph and reuse it from on later "
+        "starts (same source file, providers and onnxruntime), so workers start faster.",
+    )
     metrics_dir: Path | None = Field(
         None,
         description="prometheus-client multiprocess directory, wiped at start; unset means "
@@ -201,6 +219,12 @@ class Settings(BaseSettings):
             and not 0 < int(value.rsplit(":", 1)[1]) < 65536
         ):
             raise ValueError("port must be 1..65535")
+        return value
+
+    @field_validator("onnx_providers")
+    @classmethod
+    def _check_providers(cls, value: str) -> str:
+        parse_providers(value)  # raises ValueError naming the unknown entry
         return value
 
     @field_validator("metrics_dir")

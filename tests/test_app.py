@@ -160,7 +160,10 @@ def test_healthz_is_503_until_the_model_is_ready_then_200(settings: Settings) ->
         "model_version": "1",
         "queue_depth": 0,
         "max_queue_depth": 2048,
+        "execution_provider": "cpu",
     }
+    info = {"model": "s", "version": "1", "format": "callable", "execution_provider": "cpu"}
+    assert metrics.registry.get_sample_value("serving_model_info", {**info, "device": "cpu"}) == 1
 
     runtime.stop(timeout_s=10)
     assert client.get("/healthz").get_json()["status"] == "stopping"

@@ -36,5 +36,6 @@ def healthz() -> Response:
         "model_version": runtime.model_version,
         "queue_depth": runtime.queue_depth,
         "max_queue_depth": runtime.settings.max_queue_depth,
+        "execution_provider": runtime.handle.execution_provider if runtime.handle else None,
     }
     return json_response(body, 200 if state == "ready" else 503)

@@ -42,22 +42,38 @@ def to_matrix(instances: list[list[float]], n_features: int | None) -> npt.NDArr
     return np.array(instances, dtype=np.float64)
 
 
-def check_range(rows: npt.NDArray[np.float64], dtype: npt.DTypeLike) -> None:
-    """Refuse values the model's input type cannot hold (1e39 into a float32 graph would
-    become infinity inside the model).
+def check_range(
+    rows: npt.NDArray[np.float64],
+    dtype: npt.DTypeLike,
+    column_dtypes: tuple[np.dtype[Any], ...] | None = None,
+) -> None:
+    """Refuse values the model's input types cannot hold: 1e39 into a float32 graph would
+    become infinity inside the model, 2.5 into an int64 input would be truncated.
 
+    :param dtype: the element type of every column, unless ``column_dtypes`` gives one per
+        column (a multi-input ONNX graph).
     :raises InvalidInput: (422) naming the first such value's instance and feature.
     """
-    kind = np.dtype(dtype)
-    if kind.kind != "f" or kind.itemsize >= 8:
-        return
-    limit = float(np.finfo(cast(Any, kind)).max)
-    outside = np.abs(rows) > limit
-    if outside.any():
-        i, j = (int(k) for k in np.argwhere(outside)[0])
-        loc = f"instances[{i}][{j}]"
-        msg = f"{rows[i, j]:g} is outside the model's {kind.name} range (|x| <= {limit:.4g})"
-        raise InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": "out_of_range"}])
+    kinds = column_dtypes if column_dtypes is not None else (np.dtype(dtype),)
+    for kind in dict.fromkeys(kinds):
+        columns = rows if column_dtypes is None else rows[:, [k == kind for k in kinds]]
+        if kind.kind == "f" and kind.itemsize < 8:
+            limit = float(np.finfo(cast(Any, kind)).max)
+            bad, why = np.abs(columns) > limit, f"outside the model's {kind.name} range"
+            why += f" (|x| <= {limit:.4g})"
+        elif kind.kind in "iu":
+            info = np.iinfo(cast(Any, kind))
+            bad = (columns != np.round(columns)) | (columns < info.min) | (columns > info.max)
+            why = f"not an integer the model's {kind.name} input can hold"
+        else:
+            continue
+        if bad.any():
+            i, j = (int(k) for k in np.argwhere(bad)[0])
+            if column_dtypes is not None:
+                j = [c for c, k in enumerate(kinds) if k == kind][j]
+            loc = f"instances[{i}][{j}]"
+            msg = f"{rows[i, j]:g} is {why}"
+            raise InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": "out_of_range"}])
 
 
 @bp.post("/predict", provide_automatic_options=False)
@@ -80,7 +96,7 @@ def predict() -> Response:
     handle, batcher = runtime.require_ready()
     g.log_fields["instances"] = n
     rows = to_matrix(request.instances, handle.n_features)
-    check_range(rows, handle.input_dtype)
+    check_range(rows, handle.input_dtype, handle.column_dtypes)
     waited_s = time.perf_counter() - g.started
     try:
         outputs = batcher.submit_many(

@@ -1,0 +1,115 @@
+"""What the batcher calls: ``ModelHandle``, and the ``ModelLoader`` interface that makes one.
+
+Boundary: imports only the standard library and numpy (no Flask, no pydantic, no
+prometheus, no model libraries).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["ModelHandle", "ModelLoader", "Outputs", "Predictor"]
+
+Outputs = dict[str, npt.NDArray[Any]]
+
+
+class Predictor(Protocol):
+    """Anything with a scikit-learn style ``predict(X)``; ``predict_proba`` is optional."""
+
+    def predict(self, X: npt.NDArray[Any], /) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ModelHandle:
+    """A loaded model, ready to be called by the batcher.
+
+    :param predict_batch: ``(n_instances, n_features)`` float64 -> outputs of ``n_instances``
+        rows (``predictions``, optionally ``probabilities`` and other named outputs).
+    :param n_features: features per instance when the model tells it, else ``None``.
+    :param classes: class labels in the column order of ``probabilities``, if known.
+    :param input_dtype: the element type the model computes in (``np.float32`` for most
+        ONNX graphs); values outside its range are refused before they reach the model.
+    :param feature_names: the name of each feature column, in order, when the model knows
+        them (scikit-learn's ``feature_names_in_``, an ONNX graph's input names).
+    :param column_dtypes: per-column element types when they differ (a multi-input ONNX
+        graph with an ``int64`` input); ``None`` means ``input_dtype`` for every column.
+    :param output_names: the keys ``predict_batch`` returns, when known.
+    :param execution_provider: where it runs: ONNX Runtime's provider name
+        (``CUDAExecutionProvider``, ``CPUExecutionProvider``) or ``cpu`` for Python models.
+    :param device_id: the CUDA device index, when it runs on one.
+
+    Usage::
+
+        handle = ModelHandle.from_callable(lambda X: X.sum(axis=1), name="sum", version="1")
+        handle.predict_batch(np.ones((2, 3)))        # {"predictions": array([3., 3.])}
+    """
+
+    name: str
+    version: str
+    format: str
+    predict_batch: Callable[[npt.NDArray[Any]], Outputs]
+    source: Path | None = None
+    n_features: int | None = None
+    classes: tuple[Any, ...] | None = None
+    input_dtype: npt.DTypeLike = np.float64
+    feature_names: tuple[str, ...] | None = None
+    column_dtypes: tuple[np.dtype[Any], ...] | None = None
+    output_names: tuple[str, ...] | None = None
+    execution_provider: str = "cpu"
+    device_id: int | None = None
+
+    @classmethod
+    def from_callable(
+        cls,
+        fn: Callable[[npt.NDArray[Any]], Any],
+        *,
+        name: str,
+        version: str,
+        n_features: int | None = None,
+        classes: tuple[Any, ...] | None = None,
+        feature_names: tuple[str, ...] | None = None,
+    ) -> ModelHandle:
+        """Wrap an in-memory function: ``fn(rows)`` returns an array of predictions (one per
+        row) or a mapping of named outputs."""
+
+        def predict_batch(rows: npt.NDArray[Any]) -> Outputs:
+            result = fn(rows)
+            if isinstance(result, Mapping):
+                return {key: np.asarray(value) for key, value in result.items()}
+            return {"predictions": np.asarray(result)}
+
+        if feature_names is not None and n_features is None:
+            n_features = len(feature_names)
+        return cls(
+            name, version, "callable", predict_batch, None, n_features, classes,
+            feature_names=feature_names,
+        )  # fmt: skip
+
+    def warmup(self, *n_instances: int) -> bool:
+        """Run one batch of zero rows for each size in ``n_instances``, so the first real
+        request does not pay for lazy initialisation (on CUDA: context creation and kernel
+        selection, which are per input shape). Returns False (and does nothing) when
+        ``n_features`` is unknown. Exceptions from the model propagate."""
+        if self.n_features is None:
+            return False
+        for size in sorted(set(n_instances)):
+            self.predict_batch(np.zeros((size, self.n_features)))
+        return True
+
+
+class ModelLoader(ABC):
+    """Loads one artifact format. Subclass it and ``register_loader`` it for a new format."""
+
+    @abstractmethod
+    def load(self, path: Path, *, name: str, version: str, threads: int = 1) -> ModelHandle:
+        """Load ``path`` into a handle; ``threads`` is the intra-op thread budget.
+
+        :raises ModelLoadError: when the file cannot be read or is not a usable model.
+        """

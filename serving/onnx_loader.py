@@ -1,0 +1,309 @@
+"""ONNX graphs through an onnxruntime session on the best execution provider the host has.
+
+Inputs: every graph input is ``(batch,)`` or ``(batch, k)``; their columns are laid side
+by side, in graph order, into the one ``(n_instances, n_features)`` matrix the batcher
+merges, and each batch is cut back into the inputs and cast to each input's element
+type once per batch (float64 JSON numbers into a float32 graph is the common case). A
+graph with several ``(batch, 1)`` inputs (skl2onnx's export of a DataFrame pipeline) thus
+takes named features: its feature names are its input names. A fixed batch dimension
+``N`` is served for any batch size by running chunks of ``N`` rows, padding the last.
+
+Outputs: skl2onnx classifiers (``label`` and ``probabilities``/``output_probability``,
+ZipMap on or off) give ``predictions`` and ``probabilities``, like a joblib classifier.
+Other graphs give their first output as ``predictions`` (a ``(batch, 1)`` output
+flattened to one value per instance) and every other tensor output under its own name.
+
+Boundary: standard library, numpy and ``serving`` core modules; onnxruntime is imported
+when a graph is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from serving.errors import ModelLoadError
+from serving.handle import ModelHandle, ModelLoader, Outputs
+from serving.providers import CPU, ProviderError, ProviderSelection, select_providers
+
+__all__ = ["OnnxLoader"]
+
+log = logging.getLogger(__name__)
+
+_ONNX_DTYPES: dict[str, type[np.generic]] = {
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+}
+_PROBABILITY_OUTPUTS = ("probabilities", "output_probability")
+_DYNAMIC_HINT = (
+    "re-export it with a dynamic batch axis (skl2onnx: initial_types=[('X', "
+    "FloatTensorType([None, n_features]))]; torch.onnx.export: dynamic_axes={'X': {0: 'batch'}})"
+)
+
+
+@dataclass(frozen=True)
+class _Input:
+    name: str
+    dtype: type[np.generic]
+    start: int  # first column in the merged matrix
+    width: int  # columns; a (batch,) input has width 1 and is fed flat
+    flat: bool
+
+
+class OnnxLoader(ModelLoader):
+    """Loads ``.onnx`` files into a session on the providers ``providers`` selects.
+
+    :param providers: ``auto`` or a comma list (``cuda,cpu``), as ``SERVING_ONNX_PROVIDERS``.
+    :param cuda_device: CUDA device index (``SERVING_CUDA_DEVICE``); default
+        ``worker_slot mod n_devices``.
+    :param optimized_model_path: where to save the optimized graph, and to reuse it from on
+        the next start while the source file, providers and onnxruntime version are the
+        same (``SERVING_ONNX_OPTIMIZED_MODEL_PATH``).
+
+    Usage::
+
+        loader = OnnxLoader("auto", worker_slot=0)
+        handle = loader.load(Path("model.onnx"), name="m", version="1", threads=1)
+        handle.execution_provider        # "CUDAExecutionProvider" or "CPUExecutionProvider"
+    """
+
+    def __init__(
+        self,
+        providers: str = "auto",
+        *,
+        cuda_device: int | None = None,
+        worker_slot: int = 0,
+        optimized_model_path: Path | None = None,
+    ) -> None:
+        self.providers = providers
+        self.cuda_device = cuda_device
+        self.worker_slot = worker_slot
+        self.optimized_model_path = optimized_model_path
+
+    def load(self, path: Path, *, name: str, version: str, threads: int = 1) -> ModelHandle:
+        """Create the session (intra-op ``threads``, inter-op 1, all graph optimizations).
+
+        :raises ModelLoadError: when the providers asked for cannot run here, the session
+            fell back from the GPU, or the graph's inputs are not ``(batch, k)`` tensors.
+        """
+        try:
+            selection = select_providers(
+                self.providers, cuda_device=self.cuda_device, worker_slot=self.worker_slot
+            )
+        except (ProviderError, ValueError) as exc:
+            raise ModelLoadError(path, str(exc)) from None
+        session = self._session(path, threads, selection)
+        used = tuple(session.get_providers())
+        wanted = [p if isinstance(p, str) else p[0] for p in selection.providers]
+        if wanted[0] not in used:
+            raise ModelLoadError(
+                path, f"asked for {wanted[0]} but the session runs on {', '.join(used)}"
+            )
+        on_gpu = selection.device_id is not None and used[0] != CPU
+        on_device = f" (CUDA device {selection.device_id})" if on_gpu else ""
+        log.info("model %r runs on %s%s", name, ", ".join(used), on_device)
+        device_id = selection.device_id if used[0] != CPU else None
+        return _handle(session, path, name, version, provider=used[0], device_id=device_id)
+
+    def _session(self, path: Path, threads: int, selection: ProviderSelection) -> Any:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        cached = self.optimized_model_path
+        if cached is None:
+            return ort.InferenceSession(str(path), options, providers=selection.providers)
+        stat = path.stat()
+        key = {
+            "source": str(path.resolve()),
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+            "providers": [p if isinstance(p, str) else p[0] for p in selection.providers],
+            "onnxruntime": ort.__version__,
+            "machine": platform.machine(),
+        }
+        sidecar = cached.with_name(cached.name + ".json")
+        if cached.is_file() and _read_json(sidecar) == key:
+            # Already optimized: skipping the optimizers is what keeps start-up fast
+            # (onnxruntime docs, "Graph Optimizations": offline mode).
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            log.info("reusing the optimized graph %s", cached)
+            return ort.InferenceSession(str(cached), options, providers=selection.providers)
+        if not os.access(cached.parent, os.W_OK):
+            raise ModelLoadError(
+                path, f"cannot write the optimized graph to {cached} (its folder is not "
+                "writable); fix SERVING_ONNX_OPTIMIZED_MODEL_PATH",
+            )  # fmt: skip
+        temporary = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+        options.optimized_model_filepath = str(temporary)
+        session = ort.InferenceSession(str(path), options, providers=selection.providers)
+        os.replace(temporary, cached)  # workers racing here write the same graph
+        temporary.write_text(json.dumps(key))
+        os.replace(temporary, sidecar)
+        log.info("saved the optimized graph to %s", cached)
+        return session
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _inputs(session: Any, path: Path) -> tuple[list[_Input], int | None, int | None]:
+    """The graph inputs as column ranges, ``n_features`` (None when unknown) and the batch
+    dimension (an int when fixed)."""
+    specs, start, batch_dims = [], 0, set()
+    graph_inputs = session.get_inputs()
+    for graph_input in graph_inputs:
+        dtype = _ONNX_DTYPES.get(graph_input.type)
+        if dtype is None:
+            raise ModelLoadError(
+                path, f"input {graph_input.name!r} has type {graph_input.type}; "
+                f"supported: {', '.join(_ONNX_DTYPES)}",
+            )  # fmt: skip
+        shape = list(graph_input.shape)
+        if len(shape) not in (1, 2):
+            raise ModelLoadError(
+                path, f"input {graph_input.name!r} has shape {shape}; inputs must be "
+                "(batch,) or (batch, n_features)",
+            )  # fmt: skip
+        width = shape[1] if len(shape) == 2 else 1
+        if not isinstance(width, int):
+            if len(graph_inputs) > 1:
+                raise ModelLoadError(
+                    path, f"input {graph_input.name!r} has a dynamic feature axis; with "
+                    "several inputs each needs a fixed width",
+                )  # fmt: skip
+            width = -1
+        batch_dims.add(shape[0] if isinstance(shape[0], int) else None)
+        specs.append(_Input(graph_input.name, dtype, start, width, len(shape) == 1))
+        start += width
+    if len(batch_dims) > 1:
+        raise ModelLoadError(path, f"inputs disagree on the batch dimension: {batch_dims}")
+    batch = batch_dims.pop()
+    if batch is not None and batch <= 0:
+        raise ModelLoadError(path, f"batch dimension {batch} cannot be served; {_DYNAMIC_HINT}")
+    n_features = None if specs[0].width == -1 else start
+    return specs, n_features, batch
+
+
+def _handle(
+    session: Any, path: Path, name: str, version: str, *, provider: str, device_id: int | None
+) -> ModelHandle:
+    specs, n_features, fixed_batch = _inputs(session, path)
+    outputs = session.get_outputs()
+    output_names = [o.name for o in outputs]
+    meta = session.get_modelmeta().custom_metadata_map
+    classes = tuple(json.loads(meta["classes"])) if "classes" in meta else None
+    proba_name = next((n for n in _PROBABILITY_OUTPUTS if n in output_names), None)
+    label_name = "label" if "label" in output_names else output_names[0]
+    keys = {label_name: "predictions"}
+    if proba_name is not None:
+        keys[proba_name] = "probabilities"
+    for output in outputs:  # other tensor outputs, under their own names
+        reserved = output.name in keys or output.name in ("predictions", "probabilities")
+        if not reserved and output.type.startswith("tensor") and len(output.shape) >= 1:
+            keys[output.name] = output.name
+    fetch = list(keys)
+
+    def feeds(rows: npt.NDArray[Any]) -> dict[str, npt.NDArray[Any]]:
+        if len(specs) == 1 and not specs[0].flat:
+            return {specs[0].name: rows.astype(specs[0].dtype, copy=False)}
+        out = {}
+        for spec in specs:
+            end = spec.start + spec.width
+            part = rows[:, spec.start] if spec.flat else rows[:, spec.start : end]
+            out[spec.name] = np.ascontiguousarray(part, dtype=spec.dtype)
+        return out
+
+    def run(rows: npt.NDArray[Any]) -> list[Any]:
+        return list(session.run(fetch, feeds(rows)))
+
+    def run_fixed(rows: npt.NDArray[Any]) -> list[Any]:
+        assert isinstance(fixed_batch, int)
+        n, parts = len(rows), []
+        for begin in range(0, n, fixed_batch):
+            chunk = rows[begin : begin + fixed_batch]
+            if len(chunk) < fixed_batch:  # pad with copies of the last row: a valid input
+                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], fixed_batch - len(chunk), 0)])
+            parts.append(run(chunk))
+        return [_concatenate([part[i] for part in parts])[:n] for i in range(len(fetch))]
+
+    runner = run if fixed_batch is None else run_fixed
+
+    def predict_batch(rows: npt.NDArray[Any]) -> Outputs:
+        results = runner(rows)
+        out: Outputs = {}
+        for key, value in zip(keys.values(), results, strict=True):
+            if key == "probabilities":
+                out[key] = _probabilities(value, classes)
+            else:
+                out[key] = np.asarray(value)
+        predictions = out["predictions"]
+        if predictions.ndim == 2 and predictions.shape[1] == 1:
+            out["predictions"] = predictions.reshape(-1)
+        return out
+
+    if classes is None and proba_name is not None and n_features is not None:
+        probe = session.run([proba_name], feeds(np.zeros((fixed_batch or 1, n_features))))
+        if isinstance(probe[0], list):  # ZipMap: one {class: probability} dict per row
+            classes = tuple(probe[0][0].keys())
+    dtypes = [np.dtype(spec.dtype) for spec in specs for _ in range(max(spec.width, 1))]
+    floats = [d for d in dtypes if d.kind == "f"]
+    input_dtype = min(floats, key=lambda d: d.itemsize) if floats else dtypes[0]
+    return ModelHandle(
+        name=name,
+        version=version,
+        format="onnx",
+        predict_batch=predict_batch,
+        source=path,
+        n_features=n_features,
+        classes=classes,
+        input_dtype=input_dtype,
+        feature_names=_feature_names(specs, meta),
+        column_dtypes=tuple(dtypes) if len(set(dtypes)) > 1 else None,
+        output_names=tuple(keys.values()),
+        execution_provider=provider,
+        device_id=device_id,
+    )
+
+
+def _feature_names(specs: list[_Input], meta: dict[str, str]) -> tuple[str, ...] | None:
+    """Input names for multi-input graphs; the ``feature_names`` metadata entry (a JSON
+    list) for single-input ones."""
+    if len(specs) > 1:
+        return tuple(
+            spec.name if spec.width == 1 else f"{spec.name}[{j}]"
+            for spec in specs
+            for j in range(spec.width)
+        )
+    if "feature_names" in meta:
+        return tuple(str(n) for n in json.loads(meta["feature_names"]))
+    return None
+
+
+def _concatenate(values: list[Any]) -> Any:
+    if isinstance(values[0], list):  # ZipMap rows
+        return [row for value in values for row in value]
+    return np.concatenate([np.asarray(v) for v in values])
+
+
+def _probabilities(value: Any, classes: tuple[Any, ...] | None) -> npt.NDArray[Any]:
+    if isinstance(value, list):  # ZipMap output
+        keys = classes if classes is not None else tuple(value[0].keys()) if value else ()
+        return np.array([[row[key] for key in keys] for row in value], dtype=np.float64)
+    return np.asarray(value)
