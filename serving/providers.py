@@ -28,6 +28,7 @@ __all__ = [
     "ProviderError",
     "ProviderSelection",
     "cuda_device_count",
+    "device_for_worker",
     "parse_providers",
     "provider_problem",
     "select_providers",
@@ -107,11 +108,29 @@ def provider_problem(provider: str) -> str | None:
     try:
         ctypes.CDLL(str(Path(ort.__file__).parent / "capi" / library))
     except OSError as exc:
+        from onnxruntime.capi import build_and_package_info
+
+        cuda = getattr(build_and_package_info, "cuda_version", "?")
         return (
-            f"{library} cannot be loaded ({exc}); install the CUDA 12 and cuDNN 9 "
-            "libraries, e.g. pip install 'onnxruntime-gpu[cuda,cudnn]'"
+            f"{library} cannot be loaded ({exc}); this onnxruntime needs CUDA {cuda} and "
+            "cuDNN 9 libraries: pip install 'onnxruntime-gpu[cuda,cudnn]'"
         )
     return None
+
+
+def device_for_worker(worker_slot: int, n_devices: int, cuda_device: int | None = None) -> int:
+    """The CUDA device of worker ``worker_slot``: ``cuda_device`` when set, else
+    ``worker_slot mod n_devices``, so workers spread evenly over the GPUs.
+
+    :raises ProviderError: when ``cuda_device`` is not one of the ``n_devices`` devices.
+    """
+    if cuda_device is None:
+        return worker_slot % n_devices
+    if not 0 <= cuda_device < n_devices:
+        raise ProviderError(
+            f"SERVING_CUDA_DEVICE={cuda_device}, but only {n_devices} CUDA device(s) are visible"
+        )
+    return cuda_device
 
 
 @dataclass(frozen=True)
@@ -149,12 +168,7 @@ def select_providers(
         problem = provider_problem(name)
         if problem is not None:
             raise ProviderError(f"SERVING_ONNX_PROVIDERS={spec} asks for {name}, but {problem}")
-    count = cuda_device_count()
-    device = cuda_device if cuda_device is not None else worker_slot % count
-    if device >= count:
-        raise ProviderError(
-            f"SERVING_CUDA_DEVICE={device}, but only {count} CUDA device(s) are visible"
-        )
+    device = device_for_worker(worker_slot, cuda_device_count(), cuda_device)
     return ProviderSelection(
         [(name, {"device_id": device}) if name in gpu else name for name in requested], device
     )

@@ -47,6 +47,13 @@ class PredictRequest(_Strict):
         max_length=128,
         description="Pin the model version; a replica serving another answers 409.",
     )
+    outputs: list[str] | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="Also return these named model outputs (an ONNX graph's other outputs) "
+        "under outputs, one row per instance.",
+    )
 
 
 class PredictResponse(BaseModel):
@@ -59,6 +66,9 @@ class PredictResponse(BaseModel):
         None, description="(n_instances, n_classes), columns in the order of classes."
     )
     classes: list[Any] | None = Field(None, description="Class labels, probability column order.")
+    outputs: dict[str, list[Any]] | None = Field(
+        None, description="The named outputs the request asked for, one row per instance."
+    )
     model_name: str
     model_version: str
     latency_ms: float = Field(description="Server-side time from request to answer, in ms.")

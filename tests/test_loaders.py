@@ -52,9 +52,9 @@ def test_demo_onnx_agrees_with_joblib(breast_cancer: tuple[np.ndarray, np.ndarra
     onnx_out = onnx_handle.predict_batch(X)
 
     assert (onnx_handle.format, onnx_handle.n_features, onnx_handle.classes) == ("onnx", 30, (0, 1))
-    agreement = float((onnx_out["predictions"] == joblib_out["predictions"]).mean())
-    assert agreement > 0.99, agreement  # float32 graph vs float64 estimator
-    np.testing.assert_allclose(onnx_out["probabilities"], joblib_out["probabilities"], atol=1e-4)
+    # float64 rows into a float32 graph: cast once per batch, labels still agree on all 569
+    np.testing.assert_array_equal(onnx_out["predictions"], joblib_out["predictions"])
+    np.testing.assert_allclose(onnx_out["probabilities"], joblib_out["probabilities"], atol=1e-5)
 
 
 def test_onnx_zipmap_classifier_gives_probabilities_in_class_order(tmp_path: Path) -> None:

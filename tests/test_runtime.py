@@ -6,9 +6,11 @@ import pickle
 import threading
 from pathlib import Path
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 
 from serving.errors import ModelLoadError
+from serving.handle import ModelHandle
 from serving.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
@@ -46,3 +48,17 @@ def test_a_model_that_loads_in_time_calls_on_ready(settings: Settings, tmp_path:
     assert runtime.state == "ready"
     runtime.stop(timeout_s=10)
     assert runtime.state == "stopping"
+
+
+def test_load_warms_up_batches_of_one_and_of_max_batch_size(settings: Settings) -> None:
+    sizes: list[int] = []
+
+    def record(rows: np.ndarray) -> np.ndarray:
+        sizes.append(len(rows))
+        return rows[:, 0]
+
+    runtime = ModelRuntime(settings, ServingMetrics(CollectorRegistry()))
+    runtime.load(ModelHandle.from_callable(record, name="r", version="1", n_features=2))
+    runtime.stop(timeout_s=10)
+
+    assert sizes == [1, settings.max_batch_size]

@@ -65,6 +65,8 @@ def test_settings_read_environment_variables(
         ("SERVING_BIND", "127.0.0.1:99999", "port must be 1..65535"),
         ("SERVING_METRICS_DIR", "/etc/hostname", "exists and is not a directory"),
         ("SERVING_REQUEST_TIMEOUT_MS", "0", "greater than 0"),
+        ("SERVING_ONNX_PROVIDERS", "cuda,gpu", "unknown execution provider 'gpu'"),
+        ("SERVING_CUDA_DEVICE", "-1", "greater than or equal to 0"),
     ],
 )
 def test_bad_setting_names_the_variable_its_value_and_what_it_accepts(

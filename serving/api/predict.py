@@ -13,7 +13,7 @@ from serving.api.common import context, json_response, read_json_body
 from serving.errors import InvalidInput, Overloaded, PayloadTooLarge, VersionConflict
 from serving.schemas import PredictRequest, parse_body
 
-__all__ = ["bp", "check_range", "to_matrix"]
+__all__ = ["bp", "check_outputs", "check_range", "to_matrix"]
 
 bp = Blueprint("predict", __name__)
 
@@ -76,6 +76,16 @@ def check_range(
             raise InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": "out_of_range"}])
 
 
+def check_outputs(wanted: list[str] | None, available: tuple[str, ...] | None) -> None:
+    """:raises InvalidInput: (422) naming the first output in ``wanted`` the model does not
+    have (nothing to check while ``available`` is unknown)."""
+    for index, name in enumerate(wanted or ()):
+        if available is not None and name not in available:
+            loc, msg = f"outputs[{index}]", f"the model has no output {name!r}"
+            msg += f" (it has {', '.join(available)})"
+            raise InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": "output"}])
+
+
 @bp.post("/predict", provide_automatic_options=False)
 def predict() -> Response:
     ctx = context()
@@ -94,6 +104,7 @@ def predict() -> Response:
     if request.model_version is not None and request.model_version != runtime.model_version:
         raise VersionConflict(request.model_version, runtime.model_version)
     handle, batcher = runtime.require_ready()
+    check_outputs(request.outputs, handle.output_names)
     g.log_fields["instances"] = n
     rows = to_matrix(request.instances, handle.n_features)
     check_range(rows, handle.input_dtype, handle.column_dtypes)
@@ -110,6 +121,9 @@ def predict() -> Response:
         body["probabilities"] = _jsonable(outputs["probabilities"])
         if handle.classes is not None:
             body["classes"] = handle.classes
+    if request.outputs is not None:
+        check_outputs(request.outputs, tuple(outputs))
+        body["outputs"] = {name: _jsonable(outputs[name]) for name in request.outputs}
     body["model_name"] = handle.name
     body["model_version"] = handle.version
     body["latency_ms"] = (time.perf_counter() - g.started) * 1000.0
