@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from skl2onnx import to_onnx
 from flask.testing import FlaskClient
+from skl2onnx import to_onnx
 from skl2onnx.common.data_types import FloatTensorType
 
 from serving.errors import ModelLoadError
