@@ -4,11 +4,15 @@
   predict call at any batch size up to a few hundred.
 - ``heavy``: StandardScaler + RandomForestClassifier(300 trees, n_jobs=1), about 17 ms per
   call whatever the batch size: the case where batching pays most.
+- ``mlp``: StandardScaler + MLPClassifier(512, 512) from ``examples/build_demo_model.py``,
+  as joblib (``mlp``) and ONNX (``mlp-onnx``): the ONNX and GPU path.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import joblib
@@ -25,8 +29,15 @@ def model_path(name: str) -> Path:
     """Path of the ``light`` or ``heavy`` model, building ``heavy`` on first use."""
     if name == "light":
         return DEMO_MODEL_PATH
+    if name in ("mlp", "mlp-onnx"):
+        path = MODELS / "breast_cancer_mlp.joblib"
+        if not path.exists():
+            script = Path(__file__).resolve().parent.parent / "examples" / "build_demo_model.py"
+            command = [sys.executable, str(script), "--model", "mlp", "--out-dir", str(MODELS)]
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        return path.with_suffix(".onnx") if name == "mlp-onnx" else path
     if name != "heavy":
-        raise ValueError(f"unknown model {name!r}: light or heavy")
+        raise ValueError(f"unknown model {name!r}: light, heavy, mlp or mlp-onnx")
     path = MODELS / "heavy_forest.joblib"
     if not path.exists():
         from sklearn.ensemble import RandomForestClassifier

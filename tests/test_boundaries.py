@@ -22,7 +22,16 @@ def fresh_python(code: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "module", ["serving.batching", "serving.pending", "serving.loaders", "serving.errors"]
+    "module",
+    [
+        "serving.batching",
+        "serving.pending",
+        "serving.handle",
+        "serving.loaders",
+        "serving.onnx_loader",
+        "serving.providers",
+        "serving.errors",
+    ],
 )
 def test_core_module_imports_no_web_stack(module: str) -> None:
     code = (
