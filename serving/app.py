@@ -14,10 +14,11 @@ from serving.api import health, predict
 from serving.api import metrics as metrics_api
 from serving.api.common import ServingContext, json_response
 from serving.auth import OPEN_ROUTES, check_api_key, load_api_keys
+from serving.cache import ModelCache, current_cache
 from serving.errors import ServingError
 from serving.loaders import ModelHandle
 from serving.metrics import ServingMetrics, default_metrics
-from serving.runtime import ModelRuntime, current_runtime
+from serving.runtime import ModelRuntime
 from serving.settings import Settings, load_settings
 
 __all__ = ["create_app"]
@@ -39,9 +40,10 @@ def create_app(
 
     :param settings: defaults to ``load_settings()`` (the ``SERVING_*`` environment).
     :param model_handle: serve this in-memory model, loaded and batched at once (tests,
-        embedding). Without it the app serves this process's ``ModelRuntime``, which the
-        Gunicorn ``post_fork`` hook builds; under another WSGI server the first request
-        builds it and starts loading in the background.
+        embedding). Without it the app serves this process's ``ModelCache`` (the models of
+        ``SERVING_MODELS``, or the one model), which the Gunicorn ``post_fork`` hook
+        builds; under another WSGI server the first request builds it and starts loading
+        in the background.
     :param metrics: defaults to the process's metrics in prometheus-client's default registry.
     :raises SettingsError: when ``settings`` is None and the environment has a bad value.
     """
@@ -50,17 +52,18 @@ def create_app(
     if model_handle is not None:
         runtime = ModelRuntime(settings, metrics)
         runtime.load(model_handle)
+        cache = ModelCache(settings, metrics, runtimes=[runtime])
 
-        def get_runtime() -> ModelRuntime:
-            return runtime
+        def get_models() -> ModelCache:
+            return cache
     else:
 
-        def get_runtime() -> ModelRuntime:
-            return current_runtime(lambda: ModelRuntime(settings, metrics))
+        def get_models() -> ModelCache:
+            return current_cache(lambda: ModelCache(settings, metrics))
 
     app = Flask("serving")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    app.extensions["serving"] = ServingContext(settings, metrics, get_runtime)
+    app.extensions["serving"] = ServingContext(settings, metrics, get_models)
 
     for blueprint in (predict.bp, health.bp, metrics_api.bp):
         app.register_blueprint(blueprint)
@@ -88,7 +91,7 @@ def create_app(
         duration_s = time.perf_counter() - g.get("started", time.perf_counter())
         metrics.observe_request(request.method, route, response.status_code, duration_s)
         if settings.access_log:
-            runtime = get_runtime()
+            models = get_models()
             access_log.info(
                 "request",
                 extra={
@@ -97,8 +100,8 @@ def create_app(
                     "route": route,
                     "status": response.status_code,
                     "latency_ms": round(duration_s * 1000, 3),
-                    "model": runtime.model_name,
-                    "model_version": runtime.model_version,
+                    "model": models.model_name,
+                    "model_version": models.model_version,
                     **g.get("log_fields", {}),
                 },
             )

@@ -9,6 +9,7 @@
      ├── UnsupportedMediaType                    415 unsupported_media_type
      ├── Unauthorized                            401 unauthorized
      ├── PayloadTooLarge                         413 payload_too_large
+     ├── ModelNotFound                           404 model_not_found
      ├── VersionConflict                         409 version_conflict
      ├── NotReady                                503 not_ready
      ├── Overloaded                              503 overloaded
@@ -33,6 +34,7 @@ __all__ = [
     "InvalidInput",
     "MalformedJSON",
     "ModelLoadError",
+    "ModelNotFound",
     "NotReady",
     "Overloaded",
     "PayloadTooLarge",
@@ -119,16 +121,30 @@ class PayloadTooLarge(ServingError):
         super().__init__(f"{what}{got} is over the limit of {limit} {unit} ({setting})")
 
 
+class ModelNotFound(ServingError):
+    """The request named a model this replica does not serve at all."""
+
+    status = 404
+    code = "model_not_found"
+
+    def __init__(self, name: str, served: list[str]) -> None:
+        self.name, self.served = name, served
+        super().__init__(
+            f"model {name!r} is not served here (this replica serves {', '.join(served)})"
+        )
+
+
 class VersionConflict(ServingError):
     """The request pinned a model version this replica does not serve."""
 
     status = 409
     code = "version_conflict"
 
-    def __init__(self, requested: str, served: str) -> None:
-        self.requested, self.served = requested, served
+    def __init__(self, requested: str, served: str, name: str | None = None) -> None:
+        self.requested, self.served, self.name = requested, served, name
+        model = f" of model {name!r}" if name is not None else ""
         super().__init__(
-            f"model_version {requested!r} was requested but this replica serves {served!r}"
+            f"model_version {requested!r}{model} was requested but this replica serves {served!r}"
         )
 
 

@@ -148,8 +148,8 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         server.log.info(
             "worker %s pinned to CPU %s", worker.pid, ",".join(map(str, sorted(chosen)))
         )
+    from serving.cache import ModelCache, install_cache
     from serving.metrics import default_metrics
-    from serving.runtime import ModelRuntime, install_runtime
 
     service_log = logging.getLogger("serving")
     service_log.handlers = list(server.log.error_log.handlers)
@@ -182,23 +182,24 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         if _some_worker_ready is not None:
             _some_worker_ready.value = 1
 
-    runtime = ModelRuntime(settings, default_metrics(), getattr(worker, "serving_slot", 0))
-    install_runtime(runtime)
-    loading = runtime.start_loading(on_failure, on_ready)
+    cache = ModelCache(settings, default_metrics(), getattr(worker, "serving_slot", 0))
+    install_cache(cache)
+    loading = cache.start_loading(on_failure, on_ready)
     if _some_worker_ready is not None and _some_worker_ready.value:
         server.log.info("worker %s: loading before accepting (others are serving)", worker.pid)
         while loading.is_alive():  # bounded: the load timeout ends the process
             worker.notify()  # the arbiter's --timeout counts from the fork: stay alive
             loading.join(1.0)
-    runtime.start_watchdog(on_problem)
+    cache.start_watchdog(on_problem)
 
 
 def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
     """Worker (after its last connection closed): stop the batcher, answering what is queued."""
-    from serving.runtime import _current
+    from serving.cache import installed_cache
 
-    if _current is not None:  # None in the master, which also calls this hook
-        _current.stop(timeout_s=settings.drain_timeout_s)
+    cache = installed_cache()
+    if cache is not None:  # None in the master, which also calls this hook
+        cache.stop(timeout_s=settings.drain_timeout_s)
 
 
 def child_exit(server: Any, worker: Any) -> None:

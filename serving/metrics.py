@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import (
@@ -36,6 +37,8 @@ __all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics", "default_metrics"]
 DURATION_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
+#: Labels of every inference metric: which model version of the replica it is about.
+MODEL_LABELS = ("model", "version")
 #: Powers of two up to the largest max_batch_size worth running (see docs/batching.md).
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -74,23 +77,27 @@ class ServingMetrics:
         self.batch_size = Histogram(
             "inference_batch_size",
             "Instances per predict call.",
+            MODEL_LABELS,
             buckets=BATCH_SIZE_BUCKETS,
             registry=registry,
         )
         self.inference_duration = Histogram(
             "inference_duration_seconds",
             "Wall time of one predict call on a batch, in seconds.",
+            MODEL_LABELS,
             buckets=DURATION_BUCKETS_S,
             registry=registry,
         )
         self.inference_errors = Counter(
             "inference_errors_total",
             "Predict calls that raised or returned the wrong number of rows.",
+            MODEL_LABELS,
             registry=registry,
         )
         self.rejected = Counter(
             "inference_rejected_total",
             "Requests refused at once with 503 overloaded: the batcher queue was full.",
+            MODEL_LABELS,
             registry=registry,
         )
         self.model_info = Gauge(
@@ -103,6 +110,7 @@ class ServingMetrics:
         self.queue_depth = Gauge(
             "inference_queue_depth",
             "Instances waiting in the batchers' queues, summed over live workers.",
+            MODEL_LABELS,
             multiprocess_mode="livesum",
             registry=registry,
         )
@@ -126,13 +134,23 @@ class ServingMetrics:
         children[0].inc()
         children[1].observe(duration_s)
 
-    def observe_flush(self, stats: FlushStats) -> None:
-        """``ThreadedBatcher`` observer: one predict call happened."""
-        self.batch_size.observe(stats.batch_size)
-        self.inference_duration.observe(stats.duration_s)
-        self.queue_depth.set(stats.queue_depth)
-        if stats.error is not None:
-            self.inference_errors.inc()
+    def flush_observer(self, model: str, version: str) -> Callable[[FlushStats], None]:
+        """The ``ThreadedBatcher`` ``on_flush`` observer of one model version: each predict
+        call sets its batch size, duration, queue depth and (when it failed) error count."""
+        batch_size = self.batch_size.labels(model, version)
+        duration = self.inference_duration.labels(model, version)
+        depth = self.queue_depth.labels(model, version)
+        errors = self.inference_errors.labels(model, version)
+        depth.set(0)
+
+        def observe(stats: FlushStats) -> None:
+            batch_size.observe(stats.batch_size)
+            duration.observe(stats.duration_s)
+            depth.set(stats.queue_depth)
+            if stats.error is not None:
+                errors.inc()
+
+        return observe
 
     def model_loaded(self, handle: ModelHandle) -> None:
         """Set ``serving_model_info`` for a model this worker now serves; ``device`` is

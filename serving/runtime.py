@@ -1,7 +1,8 @@
 """One worker's model and batcher, and the readiness they imply.
 
-Under Gunicorn, ``serving.hooks.post_fork`` builds the process's ``ModelRuntime`` and
-starts loading in a background thread, so the worker answers ``/livez`` (200) and
+Under Gunicorn, ``serving.hooks.post_fork`` builds the process's ``ModelCache`` (one
+``ModelRuntime`` per model version, ``serving.cache``) and starts loading in a background
+thread, so the worker answers ``/livez`` (200) and
 ``/healthz`` (503, ``loading``) while the model loads, then ``ready`` once it is loaded,
 warmed up and its batcher runs. ``worker_exit`` stops it, draining the batcher.
 
@@ -25,7 +26,7 @@ from serving.metrics import ServingMetrics
 from serving.onnx_loader import OnnxLoader
 from serving.settings import Settings
 
-__all__ = ["ModelRuntime", "State", "current_runtime", "install_runtime"]
+__all__ = ["ModelRuntime", "State"]
 
 log = logging.getLogger(__name__)
 
@@ -82,20 +83,6 @@ class ModelRuntime:
             return f"a predict call has run {batcher.busy_for_s:.1f} s (limit {limit_s:g} s)"
         return None
 
-    def start_watchdog(self, on_problem: Callable[[str], None], interval_s: float = 0.5) -> None:
-        """Check ``problem()`` every ``interval_s`` seconds in a daemon thread; call
-        ``on_problem(reason)`` once when one appears (the Gunicorn hook recycles the worker)."""
-
-        def watch() -> None:
-            while True:
-                time.sleep(interval_s)
-                reason = self.problem()
-                if reason is not None:
-                    on_problem(reason)
-                    return
-
-        threading.Thread(target=watch, name="serving-watchdog", daemon=True).start()
-
     @property
     def queue_depth(self) -> int:
         return self.batcher.queue_depth if self.batcher else 0
@@ -135,7 +122,7 @@ class ModelRuntime:
                 max_batch_latency_ms=settings.max_batch_latency_ms,
                 policy=settings.batch_policy,
                 max_queue_depth=settings.max_queue_depth,
-                on_flush=self.metrics.observe_flush,
+                on_flush=self.metrics.flush_observer(handle.name, handle.version),
             )
             self.handle = handle
             self.batcher = batcher.start()
@@ -228,25 +215,3 @@ class ModelRuntime:
         self._stopping = True
         if self.batcher is not None:
             self.batcher.stop(0 if broken else timeout_s)
-
-
-_current: ModelRuntime | None = None
-_current_lock = threading.Lock()
-
-
-def install_runtime(runtime: ModelRuntime) -> None:
-    """Make ``runtime`` this process's runtime (``post_fork`` does it in each worker)."""
-    global _current
-    with _current_lock:
-        _current = runtime
-
-
-def current_runtime(factory: Callable[[], ModelRuntime]) -> ModelRuntime:
-    """This process's runtime; the first call without one builds it with ``factory`` and
-    starts loading it in the background (any WSGI server without our Gunicorn hooks)."""
-    global _current
-    with _current_lock:
-        if _current is None:
-            _current = factory()
-            _current.start_loading()
-        return _current

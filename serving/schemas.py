@@ -74,6 +74,16 @@ class PredictResponse(BaseModel):
     latency_ms: float = Field(description="Server-side time from request to answer, in ms.")
 
 
+class ModelHealth(BaseModel):
+    """One model version of the worker, in ``/healthz``."""
+
+    name: str
+    version: str
+    status: Literal["loading", "ready", "failed", "stopping"]
+    queue_depth: int
+    execution_provider: str | None
+
+
 class HealthResponse(BaseModel):
     """``GET /healthz``: 200 only when ``status`` is ``ready``, 503 otherwise."""
 
@@ -88,6 +98,7 @@ class HealthResponse(BaseModel):
         description="Where the model runs once loaded: ONNX Runtime's provider "
         "(CUDAExecutionProvider, CPUExecutionProvider) or cpu for Python models."
     )
+    models: list[ModelHealth] = Field(description="Every model version this worker serves.")
 
 
 class ErrorBody(BaseModel):

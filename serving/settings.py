@@ -8,33 +8,62 @@ README's settings table lists exactly the fields below (a test checks it).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
+    BaseModel,
+    ConfigDict,
     Field,
     FilePath,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from serving.errors import SettingsError
 from serving.loaders import format_from_path
 from serving.providers import parse_providers
 
-__all__ = ["DEMO_MODEL_PATH", "ModelFormat", "Settings", "load_settings"]
+__all__ = ["DEMO_MODEL_PATH", "ModelFormat", "ModelSpec", "Settings", "load_settings"]
 
 ModelFormat = Literal["pickle", "joblib", "onnx"]
 
 #: The bundled demo: StandardScaler + LogisticRegression on scikit-learn's breast-cancer
 #: data (30 features), rebuilt by ``examples/build_demo_model.py``.
 DEMO_MODEL_PATH = Path(__file__).parent / "demo" / "breast_cancer.joblib"
+
+
+class ModelSpec(BaseModel):
+    """One entry of ``SERVING_MODELS``: a model version to keep warm, with its own batcher.
+
+    Batching fields left out take the server-wide ``SERVING_*`` value.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$", description="Name in URLs and metrics.")
+    version: str = Field("1", pattern=r"^[A-Za-z0-9_.:-]{1,128}$", description="Version served.")
+    path: FilePath = Field(description="The model artifact.")
+    format: ModelFormat | None = Field(None, description="pickle, joblib or onnx.")
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+    max_batch_size: int | None = Field(None, ge=1, le=4096)
+    max_batch_latency_ms: float | None = Field(None, ge=0, le=10_000, allow_inf_nan=False)
+    batch_policy: Literal["adaptive", "window"] | None = None
+    max_queue_depth: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _check_format(self) -> ModelSpec:
+        if self.format is None:
+            format_from_path(self.path)  # raises ValueError naming the extension
+        return self
 
 
 class Settings(BaseSettings):
@@ -58,6 +87,16 @@ class Settings(BaseSettings):
         None, min_length=1, description="Name reported in responses; unset means the file stem."
     )
     model_version: str = Field("1", min_length=1, description="Version reported and pinned.")
+    max_models: int = Field(
+        8, ge=1, description="Most entries SERVING_MODELS may have (each costs a model copy)."
+    )
+    models: Annotated[list[ModelSpec] | None, NoDecode] = Field(
+        None,
+        description="Several models/versions to keep warm in each worker: a JSON list of "
+        "{name, version, path, format, sha256, max_batch_size, max_batch_latency_ms, "
+        "batch_policy, max_queue_depth}, or the path of a JSON file holding one. The first "
+        "entry is what /predict serves; replaces SERVING_MODEL_PATH and friends.",
+    )
     max_batch_size: int = Field(
         32, ge=1, le=4096, description="Most instances merged into one predict call."
     )
@@ -221,6 +260,35 @@ class Settings(BaseSettings):
             raise ValueError("port must be 1..65535")
         return value
 
+    @field_validator("models", mode="before")
+    @classmethod
+    def _read_models(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value if value.lstrip().startswith("[") else Path(value).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"neither a JSON list nor a readable JSON file: {exc}") from None
+
+    @field_validator("models")
+    @classmethod
+    def _check_models(
+        cls, models: list[ModelSpec] | None, info: ValidationInfo
+    ) -> list[ModelSpec] | None:
+        if models is None:
+            return None
+        limit = info.data.get("max_models", 8)
+        if not models:
+            raise ValueError("is an empty list")
+        if len(models) > limit:
+            raise ValueError(f"lists {len(models)} models, more than SERVING_MAX_MODELS={limit}")
+        seen = set()
+        for spec in models:
+            if (spec.name, spec.version) in seen:
+                raise ValueError(f"lists {spec.name} version {spec.version} twice")
+            seen.add((spec.name, spec.version))
+        return models
+
     @field_validator("onnx_providers")
     @classmethod
     def _check_providers(cls, value: str) -> str:
@@ -239,6 +307,36 @@ class Settings(BaseSettings):
         if self.model_path is not None and self.model_format is None:
             format_from_path(self.model_path)  # raises ValueError naming the extension
         return self
+
+    @property
+    def model_specs(self) -> list[ModelSpec]:
+        """``models``, or the one model of ``model_path``/``model_name``/``model_version``."""
+        if self.models is not None:
+            return list(self.models)
+        return [
+            ModelSpec(
+                name=self.resolved_model_name,
+                version=self.model_version,
+                path=self.resolved_model_path,
+                format=self.model_format,
+                sha256=self.model_sha256,
+            )
+        ]
+
+    def for_model(self, spec: ModelSpec) -> Settings:
+        """These settings narrowed to one model: its path, name, version and batching."""
+        update: dict[str, object] = {
+            "model_path": spec.path,
+            "model_format": spec.format,
+            "model_name": spec.name,
+            "model_version": spec.version,
+            "model_sha256": spec.sha256,
+            "models": None,
+        }
+        for name in ("max_batch_size", "max_batch_latency_ms", "batch_policy", "max_queue_depth"):
+            if getattr(spec, name) is not None:
+                update[name] = getattr(spec, name)
+        return self.model_copy(update=update)
 
     @property
     def resolved_model_path(self) -> Path:
@@ -298,5 +396,8 @@ def load_settings() -> Settings:
         info = Settings.model_fields.get(field)
         accepts = f" ({info.description})" if info is not None and info.description else ""
         value = os.environ.get(f"SERVING_{field.upper()}")
-        got = f"got {value!r}: " if value is not None else ""
-        raise SettingsError(f"SERVING_{field.upper()}", f"{got}{err['msg']}{accepts}") from None
+        got = f"got {value!r}: " if value is not None and len(loc) < 2 else ""
+        inner = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:])
+        where = f"{inner.lstrip('.')}: " if inner else ""
+        message = f"{where}{got}{err['msg']}{accepts if not inner else ''}"
+        raise SettingsError(f"SERVING_{field.upper()}", message) from None

@@ -61,7 +61,7 @@ def model_handle() -> ModelHandle:
 def app(settings: Settings, model_handle: ModelHandle, metrics: ServingMetrics) -> Iterator[Flask]:
     app = create_app(settings, model_handle, metrics=metrics)
     yield app
-    app.extensions["serving"].get_runtime().stop(timeout_s=10)
+    app.extensions["serving"].get_models().stop(timeout_s=10)
 
 
 @pytest.fixture

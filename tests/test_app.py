@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from serving.api.common import ServingContext
 from serving.app import create_app
+from serving.cache import ModelCache
 from serving.loaders import ModelHandle
 from serving.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
@@ -127,20 +128,22 @@ def test_model_failure_is_500_inference_error_and_counted(settings: Settings) ->
     try:
         response = app.test_client().post("/predict", json={"instances": [[-1, 0, 0]]})
     finally:
-        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+        app.extensions["serving"].get_models().stop(timeout_s=10)
 
     assert response.status_code == 500
     error = error_of(response)
     assert error["code"] == "inference_error"
     assert "negative first feature" in error["message"]
-    assert metrics.registry.get_sample_value("inference_errors_total") == 1.0
+    labels = {"model": "f", "version": "1"}
+    assert metrics.registry.get_sample_value("inference_errors_total", labels) == 1.0
 
 
 def test_healthz_is_503_until_the_model_is_ready_then_200(settings: Settings) -> None:
     metrics = ServingMetrics(CollectorRegistry())
     runtime = ModelRuntime(settings, metrics)
     app = create_app(settings, metrics=metrics)
-    app.extensions["serving"] = ServingContext(settings, metrics, lambda: runtime)
+    models = ModelCache(settings, metrics, runtimes=[runtime])
+    app.extensions["serving"] = ServingContext(settings, metrics, lambda: models)
     client = app.test_client()
 
     loading = client.get("/healthz")
@@ -161,6 +164,15 @@ def test_healthz_is_503_until_the_model_is_ready_then_200(settings: Settings) ->
         "queue_depth": 0,
         "max_queue_depth": 2048,
         "execution_provider": "cpu",
+        "models": [
+            {
+                "name": "s",
+                "version": "1",
+                "status": "ready",
+                "queue_depth": 0,
+                "execution_provider": "cpu",
+            }
+        ],
     }
     info = {"model": "s", "version": "1", "format": "callable", "execution_provider": "cpu"}
     assert metrics.registry.get_sample_value("serving_model_info", {**info, "device": "cpu"}) == 1
@@ -192,7 +204,7 @@ def test_metrics_count_requests_by_route_template(
     assert metrics.registry.get_sample_value("http_requests_total", brew) == 1.0
     text = client.get("/metrics").get_data(as_text=True)
     assert 'http_requests_total{method="POST",route="/predict",status="200"} 1.0' in text
-    assert "inference_batch_size_count 1.0" in text
+    assert 'inference_batch_size_count{model="echo",version="7"} 1.0' in text
 
 
 @pytest.mark.parametrize("estimator", ["GaussianNB", "OneVsRestClassifier"])
@@ -214,7 +226,7 @@ def test_predict_serializes_non_contiguous_model_outputs(
     try:
         response = app.test_client().post("/predict", json={"instances": X[:3].tolist()})
     finally:
-        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+        app.extensions["serving"].get_models().stop(timeout_s=10)
 
     assert response.status_code == 200, response.get_json()
     body = response.get_json()
@@ -258,7 +270,7 @@ def test_an_overflowing_request_fails_alone_and_co_batched_requests_succeed(
         with ThreadPoolExecutor(17) as pool:
             responses = list(pool.map(call, range(17)))
     finally:
-        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+        app.extensions["serving"].get_models().stop(timeout_s=10)
 
     assert responses[16].status_code == 500
     assert error_of(responses[16])["code"] == "inference_error"
@@ -276,7 +288,7 @@ def test_values_outside_a_float32_models_range_are_422(settings: Settings) -> No
         bad = client.post("/predict", json={"instances": [[1.0, 2.0], [3.0, -1e39]]})
         fine = client.post("/predict", json={"instances": [[3.0e38, 1.0]]})
     finally:
-        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+        app.extensions["serving"].get_models().stop(timeout_s=10)
 
     assert bad.status_code == 422
     assert error_of(bad)["message"].startswith(
@@ -298,7 +310,7 @@ def test_non_finite_model_outputs_become_null_in_valid_json(settings: Settings) 
     try:
         response = app.test_client().post("/predict", json={"instances": [[1.0], [2.0]]})
     finally:
-        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+        app.extensions["serving"].get_models().stop(timeout_s=10)
 
     body = json.loads(response.get_data(as_text=True))  # strict: NaN would not parse as JSON
     assert response.status_code == 200
@@ -320,7 +332,7 @@ def test_overloaded_is_503_with_retry_after_and_counted(settings: Settings) -> N
     metrics = ServingMetrics(CollectorRegistry())
     handle = ModelHandle.from_callable(slow, name="slow", version="1", n_features=1)
     app = create_app(small, handle, metrics=metrics)
-    runtime = app.extensions["serving"].get_runtime()
+    runtime = app.extensions["serving"].get_models().default
     from concurrent.futures import ThreadPoolExecutor
 
     try:
@@ -342,7 +354,8 @@ def test_overloaded_is_503_with_retry_after_and_counted(settings: Settings) -> N
     assert third.status_code == 503
     assert error_of(third)["code"] == "overloaded"
     assert third.headers["Retry-After"] == "1"
-    assert metrics.registry.get_sample_value("inference_rejected_total") == 1.0
+    labels = {"model": "slow", "version": "1"}
+    assert metrics.registry.get_sample_value("inference_rejected_total", labels) == 1.0
     assert health["queue_depth"] == 1 and health["max_queue_depth"] == 1
 
 
@@ -360,7 +373,7 @@ def test_string_labels_and_numpy_outputs_serialize_as_json(settings: Settings) -
     try:
         response = app.test_client().post("/predict", json={"instances": X[[0, 60, 120]].tolist()})
     finally:
-        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+        app.extensions["serving"].get_models().stop(timeout_s=10)
 
     body = response.get_json()
     assert response.status_code == 200

@@ -28,7 +28,7 @@ def make_client(settings: Settings, model_handle: ModelHandle, **overrides: obje
 def secured(settings: Settings, model_handle: ModelHandle):  # type: ignore[no-untyped-def]
     app, client = make_client(settings, model_handle, api_keys=f"{KEY}, {OTHER}")
     yield client
-    app.extensions["serving"].get_runtime().stop(timeout_s=10)
+    app.extensions["serving"].get_models().stop(timeout_s=10)
 
 
 def test_prediction_needs_a_key(secured) -> None:  # type: ignore[no-untyped-def]
@@ -70,7 +70,7 @@ def test_metrics_can_require_the_key(settings: Settings, model_handle: ModelHand
         assert client.get("/metrics", headers={"X-API-Key": KEY}).status_code == 200
         assert client.get("/healthz").status_code == 200
     finally:
-        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+        app.extensions["serving"].get_models().stop(timeout_s=10)
 
 
 def test_keys_file_is_read_and_comments_skipped(
@@ -85,7 +85,7 @@ def test_keys_file_is_read_and_comments_skipped(
             client.post("/predict", json=ROW, headers={"X-API-Key": "# team a"}).status_code == 401
         )
     finally:
-        app.extensions["serving"].get_runtime().stop(timeout_s=10)
+        app.extensions["serving"].get_models().stop(timeout_s=10)
 
 
 def test_short_keys_are_refused_at_start_up(settings: Settings, model_handle: ModelHandle) -> None:

@@ -158,7 +158,7 @@ def multi_input_client(settings: Settings, tmp_path: Path) -> Iterator[FlaskClie
     handle = load_model(multi_input_graph(tmp_path / "multi.onnx"), name="multi")
     app = create_app(settings, handle, metrics=ServingMetrics(CollectorRegistry()))
     yield app.test_client()
-    app.extensions["serving"].get_runtime().stop(timeout_s=10)
+    app.extensions["serving"].get_models().stop(timeout_s=10)
 
 
 def test_predict_returns_named_outputs_when_asked(multi_input_client: FlaskClient) -> None:

@@ -10,9 +10,9 @@ import orjson
 from flask import Response, current_app, request
 from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
+from serving.cache import ModelCache
 from serving.errors import PayloadTooLarge, UnreadableBody, UnsupportedMediaType
 from serving.metrics import ServingMetrics
-from serving.runtime import ModelRuntime
 from serving.settings import Settings
 
 __all__ = ["ServingContext", "context", "json_response", "read_json_body"]
@@ -26,7 +26,8 @@ class ServingContext:
 
     settings: Settings
     metrics: ServingMetrics
-    get_runtime: Callable[[], ModelRuntime]
+    #: This process's models (built lazily: under Gunicorn, after the fork).
+    get_models: Callable[[], ModelCache]
 
 
 def context() -> ServingContext:

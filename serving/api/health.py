@@ -18,24 +18,35 @@ bp = Blueprint("health", __name__)
 
 @bp.get("/livez")
 def livez() -> Response:
-    """200 while the process can serve or may still; 503 once its runtime has failed (model
-    load failed, batcher thread dead, predict call stuck), when only a restart helps."""
-    state = context().get_runtime().state
-    if state == "failed":
+    """200 while the process can serve or may still; 503 once a model's runtime has failed
+    (load failed, batcher thread dead, predict call stuck), when only a restart helps."""
+    if context().get_models().state == "failed":
         return json_response({"status": "failed"}, 503)
     return json_response({"status": "alive"})
 
 
 @bp.get("/healthz")
 def healthz() -> Response:
-    runtime = context().get_runtime()
-    state = runtime.state
+    """Readiness of this worker: 200 only when every model it serves is ready."""
+    models = context().get_models()
+    state = models.state
+    default = models.default
     body = {
         "status": state,
-        "model_name": runtime.model_name,
-        "model_version": runtime.model_version,
-        "queue_depth": runtime.queue_depth,
-        "max_queue_depth": runtime.settings.max_queue_depth,
-        "execution_provider": runtime.handle.execution_provider if runtime.handle else None,
+        "model_name": models.model_name,
+        "model_version": models.model_version,
+        "queue_depth": models.queue_depth,
+        "max_queue_depth": models.max_queue_depth,
+        "execution_provider": default.handle.execution_provider if default.handle else None,
+        "models": [
+            {
+                "name": runtime.model_name,
+                "version": runtime.model_version,
+                "status": runtime.state,
+                "queue_depth": runtime.queue_depth,
+                "execution_provider": runtime.handle.execution_provider if runtime.handle else None,
+            }
+            for runtime in models.runtimes
+        ],
     }
     return json_response(body, 200 if state == "ready" else 503)

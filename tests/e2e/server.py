@@ -118,9 +118,18 @@ class GunicornServer:
         )
 
     def metric(self, name: str, text: str | None = None) -> float:
-        """The value of one unlabelled sample in a /metrics scrape."""
+        """The sum of the samples of ``name`` over its model and version labels in a
+        /metrics scrape: ``metric('inference_batch_size_bucket{le="1.0"}')`` matches
+        ``inference_batch_size_bucket{le="1.0",model="m",version="1"}``."""
         text = text if text is not None else requests.get(f"{self.url}/metrics", timeout=10).text
+        base, _, wanted = name.partition("{")
+        wanted_labels = set(wanted.rstrip("}").split(",")) - {""}
+        values = []
         for line in text.splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        raise AssertionError(f"{name} not in /metrics:\n{text}")
+            sample, _, value = line.rpartition(" ")
+            metric, _, labels = sample.partition("{")
+            if metric == base and wanted_labels <= set(labels.rstrip("}").split(",")):
+                values.append(float(value))
+        if not values:
+            raise AssertionError(f"{name} not in /metrics:\n{text}")
+        return sum(values)

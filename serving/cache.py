@@ -1,0 +1,193 @@
+"""``ModelCache``: every model version one worker keeps warm, each with its own batcher.
+
+``SERVING_MODELS`` lists them (the single-model settings are the one-entry case). Each
+entry becomes a ``ModelRuntime`` with the server settings narrowed to it
+(``Settings.for_model``): its own handle, batcher, batching settings and metric labels,
+so two versions served side by side are never mixed in one predict call. Requests pick
+one by name and version (``resolve``); the first entry is the default model, and the
+first entry of a name is that name's default version.
+
+Readiness is all-or-nothing: the worker is ready when every model is, so a load balancer
+never sends a replica traffic for a version it cannot answer yet.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from serving.errors import ModelNotFound, VersionConflict
+from serving.metrics import ServingMetrics
+from serving.runtime import ModelRuntime, State
+from serving.settings import Settings
+
+__all__ = ["ModelCache", "current_cache", "installed_cache", "install_cache"]
+
+
+class ModelCache:
+    """The model runtimes of one worker, loaded in ``settings.model_specs`` order.
+
+    Usage::
+
+        cache = ModelCache(settings, metrics)
+        cache.start_loading().join()
+        runtime = cache.resolve("breast_cancer", "2")   # 404 / 409 when not served
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: ServingMetrics,
+        worker_slot: int = 0,
+        runtimes: list[ModelRuntime] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.runtimes = runtimes or [
+            ModelRuntime(settings.for_model(spec), metrics, worker_slot)
+            for spec in settings.model_specs
+        ]
+        self.default = self.runtimes[0]
+
+    @property
+    def model_name(self) -> str:
+        return self.default.model_name
+
+    @property
+    def model_version(self) -> str:
+        return self.default.model_version
+
+    @property
+    def state(self) -> State:
+        """``ready`` when every model is; otherwise the first model's state that is not."""
+        states = [runtime.state for runtime in self.runtimes]
+        for state in ("stopping", "failed", "loading"):
+            if state in states:
+                return state
+        return "ready"
+
+    def problem(self) -> str | None:
+        for runtime in self.runtimes:
+            reason = runtime.problem()
+            if reason is not None:
+                return f"model {runtime.model_name!r} version {runtime.model_version!r}: {reason}"
+        return None
+
+    @property
+    def queue_depth(self) -> int:
+        """Instances queued in all of this worker's batchers."""
+        return sum(runtime.queue_depth for runtime in self.runtimes)
+
+    @property
+    def max_queue_depth(self) -> int:
+        return sum(runtime.settings.max_queue_depth for runtime in self.runtimes)
+
+    def names(self) -> list[str]:
+        """The model names served, each once, in configuration order."""
+        return list(dict.fromkeys(runtime.model_name for runtime in self.runtimes))
+
+    def versions(self, name: str) -> list[str]:
+        return [r.model_version for r in self.runtimes if r.model_name == name]
+
+    def resolve(self, name: str | None = None, version: str | None = None) -> ModelRuntime:
+        """The runtime of model ``name`` (default: the first model) at ``version`` (default:
+        the first version listed for that name).
+
+        :raises ModelNotFound: (404) when no model is called ``name``.
+        :raises VersionConflict: (409) when ``name`` is served but not at ``version``.
+        """
+        name = self.default.model_name if name is None else name
+        candidates = [r for r in self.runtimes if r.model_name == name]
+        if not candidates:
+            raise ModelNotFound(name, self.names())
+        if version is None:
+            return candidates[0]
+        for runtime in candidates:
+            if runtime.model_version == version:
+                return runtime
+        served = ", ".join(r.model_version for r in candidates)
+        raise VersionConflict(version, served, name if len(self.names()) > 1 else None)
+
+    def start_loading(
+        self,
+        on_failure: Callable[[BaseException], None] | None = None,
+        on_ready: Callable[[], None] | None = None,
+    ) -> threading.Thread:
+        """Load the models one after another in a daemon thread (returned, started), each
+        under its own ``load_timeout_s``; ``on_ready()`` after the last, or
+        ``on_failure(exc)`` at the first failure (the others are not loaded)."""
+
+        def target() -> None:
+            for runtime in self.runtimes:
+                outcome: list[BaseException | None] = []
+                done = threading.Event()
+
+                def failed(exc: BaseException, outcome: list[BaseException | None] = outcome,
+                           done: threading.Event = done) -> None:  # fmt: skip
+                    outcome.append(exc)
+                    done.set()
+
+                def ready(outcome: list[BaseException | None] = outcome,
+                          done: threading.Event = done) -> None:  # fmt: skip
+                    outcome.append(None)
+                    done.set()
+
+                runtime.start_loading(failed, ready)
+                done.wait()
+                if outcome[0] is not None:
+                    if on_failure is not None:
+                        on_failure(outcome[0])
+                    return
+            if on_ready is not None:
+                on_ready()
+
+        thread = threading.Thread(target=target, name="serving-model-cache", daemon=True)
+        thread.start()
+        return thread
+
+    def start_watchdog(self, on_problem: Callable[[str], None], interval_s: float = 0.5) -> None:
+        """Check ``problem()`` every ``interval_s`` seconds; ``on_problem(reason)`` once."""
+
+        def watch() -> None:
+            while True:
+                time.sleep(interval_s)
+                reason = self.problem()
+                if reason is not None:
+                    on_problem(reason)
+                    return
+
+        threading.Thread(target=watch, name="serving-watchdog", daemon=True).start()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop every batcher, answering what is queued (``timeout_s`` for all together)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for runtime in self.runtimes:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            runtime.stop(left)
+
+
+_current: ModelCache | None = None
+_current_lock = threading.Lock()
+
+
+def install_cache(cache: ModelCache) -> None:
+    """Make ``cache`` this process's models (``post_fork`` does it in each worker)."""
+    global _current
+    with _current_lock:
+        _current = cache
+
+
+def installed_cache() -> ModelCache | None:
+    """This process's models, or None (the Gunicorn master, which also runs worker hooks)."""
+    return _current
+
+
+def current_cache(factory: Callable[[], ModelCache]) -> ModelCache:
+    """This process's models; the first call without them builds them with ``factory`` and
+    starts loading in the background (any WSGI server without our Gunicorn hooks)."""
+    global _current
+    with _current_lock:
+        if _current is None:
+            _current = factory()
+            _current.start_loading()
+        return _current
