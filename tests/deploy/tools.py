@@ -1,4 +1,4 @@
-"""Finding the Debian tools the deploy tests run (nginx, promtool, envsubst).
+"""Finding and running the Debian tools the deploy tests use (nginx, promtool, envsubst).
 
 Locally a missing tool skips its tests, naming the package to install; in CI (``CI`` set,
 as ``.ci/run`` does) it fails them, because ``.ci/run`` installs every one of them.
@@ -6,13 +6,15 @@ as ``.ci/run`` does) it fails them, because ``.ci/run`` installs every one of th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
-__all__ = ["PACKAGES", "require", "run"]
+__all__ = ["PACKAGES", "check_promql", "require", "run"]
 
 #: Debian package of each tool (``.ci/run`` installs them before the tests).
 PACKAGES = {"nginx": "nginx-light", "promtool": "prometheus", "envsubst": "gettext-base"}
@@ -32,10 +34,13 @@ def require(tool: str) -> str:
     pytest.skip(f"{hint}; CI fails here instead of skipping")
 
 
-def run(args: list[str], stdin: str | None = None, timeout_s: float = 60.0) -> str:
+def run(
+    args: list[str], stdin: str | None = None, timeout_s: float = 60.0, check: bool = True
+) -> str:
     """Run a tool to completion; its combined output.
 
-    :raises AssertionError: when it exits non-zero, with the command and its output.
+    :raises AssertionError: when it exits non-zero and ``check`` is true, with the command
+        and its output.
     """
     done = subprocess.run(
         args,
@@ -46,5 +51,18 @@ def run(args: list[str], stdin: str | None = None, timeout_s: float = 60.0) -> s
         check=False,
     )
     output = done.stdout + done.stderr
-    assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}:\n{output}"
+    assert done.returncode == 0 or not check, (
+        f"{' '.join(args)} exited {done.returncode}:\n{output}"
+    )
     return output
+
+
+def check_promql(exprs: list[str], directory: Path) -> None:
+    """Parse each PromQL expression with ``promtool check rules`` (as recording rules).
+
+    :raises AssertionError: naming promtool's complaint when one does not parse.
+    """
+    rules = [{"record": f"check:expr_{i}", "expr": expr} for i, expr in enumerate(exprs)]
+    path = directory / "promql-check.yml"
+    path.write_text(json.dumps({"groups": [{"name": "check", "rules": rules}]}))  # JSON is YAML
+    run([require("promtool"), "check", "rules", str(path)])
