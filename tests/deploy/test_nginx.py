@@ -147,7 +147,7 @@ def test_request_pinned_to_the_other_version_gets_409_through_nginx(
 ) -> None:
     rid = routed_id(deployment, row, routed_to)
     url = f"{deployment.proxy.url}/predict"
-    body = {"instances": [row], "model_version": pinned}
+    body: dict[str, Any] = {"instances": [row], "model_version": pinned}
 
     response = requests.post(url, json=body, headers={"X-Request-ID": rid}, timeout=30)
 
