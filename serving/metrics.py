@@ -141,6 +141,7 @@ class ServingMetrics:
         duration = self.inference_duration.labels(model, version)
         depth = self.queue_depth.labels(model, version)
         errors = self.inference_errors.labels(model, version)
+        self.rejected.labels(model, version)  # exposed at 0 from the start, so rate() works
         depth.set(0)
 
         def observe(stats: FlushStats) -> None:
