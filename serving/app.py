@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
 import uuid
 
+import orjson
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
-from serving.api import health, predict
+from serving import __version__
+from serving.api import docs, health, predict
 from serving.api import metrics as metrics_api
-from serving.api.common import ServingContext, json_response
+from serving.api.common import ServingContext, error_body, json_response
 from serving.auth import OPEN_ROUTES, check_api_key, load_api_keys
 from serving.cache import ModelCache, current_cache
 from serving.errors import ServingError
 from serving.loaders import ModelHandle
 from serving.metrics import ServingMetrics, default_metrics
+from serving.openapi import build_document
 from serving.runtime import ModelRuntime
 from serving.settings import Settings, load_settings
 
@@ -65,8 +69,19 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["serving"] = ServingContext(settings, metrics, get_models)
 
-    for blueprint in (predict.bp, health.bp, metrics_api.bp):
-        app.register_blueprint(blueprint)
+    modules = (predict, health, metrics_api, docs)
+    for module in modules:
+        app.register_blueprint(module.bp)
+
+    @functools.cache
+    def openapi_document() -> bytes:
+        operations = [op for module in modules for op in module.OPERATIONS]
+        document = build_document(
+            operations, title="serving", version=__version__, api_keys=bool(api_keys)
+        )
+        return orjson.dumps(document)
+
+    app.extensions["serving_openapi"] = openapi_document
 
     app.register_error_handler(ServingError, _serving_error)
     app.register_error_handler(HTTPException, _http_error)
@@ -113,7 +128,7 @@ def create_app(
 def _serving_error(exc: ServingError) -> Response:
     if exc.status >= 500 and exc.status != 503:  # 503s are expected; metrics count them
         log.error("request %s failed: %s %s", g.get("request_id"), exc.code, exc.message)
-    response = json_response(exc.to_dict(), exc.status)
+    response = json_response(error_body(exc.status, exc.code, exc.message, exc.details), exc.status)
     if exc.status == 503:
         response.headers["Retry-After"] = "1"
     elif exc.status == 401:
@@ -132,8 +147,7 @@ def _http_error(exc: HTTPException) -> Response:
         message = f"{target}: method not allowed; allowed: {', '.join(allow)}"
     else:
         message = exc.description or exc.name
-    body = {"error": {"code": code, "message": message, "details": []}}
-    response = json_response(body, status)
+    response = json_response(error_body(status, code, message, []), status)
     if allow:
         response.headers["Allow"] = ", ".join(allow)
     return response
@@ -141,5 +155,4 @@ def _http_error(exc: HTTPException) -> Response:
 
 def _unexpected_error(exc: Exception) -> Response:
     log.exception("request %s failed with an unexpected error", g.get("request_id"))
-    body = {"error": {"code": "internal_error", "message": "internal server error", "details": []}}
-    return json_response(body, 500)
+    return json_response(error_body(500, "internal_error", "internal server error", []), 500)

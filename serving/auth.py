@@ -18,7 +18,7 @@ __all__ = ["OPEN_ROUTES", "check_api_key", "load_api_keys"]
 
 #: Routes probes and scrapers reach without a key (``/metrics`` unless
 #: ``SERVING_METRICS_REQUIRE_AUTH`` is set).
-OPEN_ROUTES = frozenset({"/livez", "/healthz", "/metrics"})
+OPEN_ROUTES = frozenset({"/livez", "/healthz", "/metrics", "/openapi.json"})
 
 
 def load_api_keys(settings: Settings) -> tuple[bytes, ...]:

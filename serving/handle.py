@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ModelHandle", "ModelLoader", "Outputs", "Predictor"]
+__all__ = ["ModelHandle", "ModelLoader", "Outputs", "Predictor", "TensorSpec"]
 
 Outputs = dict[str, npt.NDArray[Any]]
 
@@ -24,6 +24,22 @@ class Predictor(Protocol):
     """Anything with a scikit-learn style ``predict(X)``; ``predict_proba`` is optional."""
 
     def predict(self, X: npt.NDArray[Any], /) -> Any: ...
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A named model input or output: element type and shape, ``-1`` for the batch axis
+    (and any axis the model leaves open). Inputs take ``shape[1]`` columns of the
+    ``(n_instances, n_features)`` matrix each (one when ``shape`` is ``(-1,)``), in order."""
+
+    name: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+
+    @property
+    def width(self) -> int:
+        """Columns of the instance matrix this input takes (-1 when open)."""
+        return self.shape[1] if len(self.shape) > 1 else 1
 
 
 @dataclass(frozen=True)
@@ -41,6 +57,8 @@ class ModelHandle:
     :param column_dtypes: per-column element types when they differ (a multi-input ONNX
         graph with an ``int64`` input); ``None`` means ``input_dtype`` for every column.
     :param output_names: the keys ``predict_batch`` returns, when known.
+    :param inputs: the model's named inputs, laid side by side as the feature columns
+        (one ``input-0`` for Python estimators; an ONNX graph's own inputs), when known.
     :param execution_provider: where it runs: ONNX Runtime's provider name
         (``CUDAExecutionProvider``, ``CPUExecutionProvider``) or ``cpu`` for Python models.
     :param device_id: the CUDA device index, when it runs on one.
@@ -64,6 +82,24 @@ class ModelHandle:
     output_names: tuple[str, ...] | None = None
     execution_provider: str = "cpu"
     device_id: int | None = None
+    inputs: tuple[TensorSpec, ...] | None = None
+
+    def input_specs(self) -> tuple[TensorSpec, ...]:
+        """``inputs``, or one ``input-0`` of ``(-1, n_features)`` in ``input_dtype``."""
+        if self.inputs is not None:
+            return self.inputs
+        return (TensorSpec("input-0", np.dtype(self.input_dtype), (-1, self.n_features or -1)),)
+
+    def output_specs(self) -> tuple[TensorSpec, ...]:
+        """The outputs of one zero instance, as specs (one ``predict_batch`` call); empty
+        when ``n_features`` is unknown. Used for metadata, computed once per load."""
+        if self.n_features is None:
+            return ()
+        outputs = self.predict_batch(np.zeros((1, self.n_features)))
+        return tuple(
+            TensorSpec(name, np.asarray(value).dtype, (-1, *np.asarray(value).shape[1:]))
+            for name, value in outputs.items()
+        )
 
     @classmethod
     def from_callable(

@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import ModelLoadError
-from serving.handle import ModelHandle, ModelLoader, Outputs
+from serving.handle import ModelHandle, ModelLoader, Outputs, TensorSpec
 from serving.providers import CPU, ProviderError, ProviderSelection, select_providers
 
 __all__ = ["OnnxLoader"]
@@ -279,6 +279,10 @@ def _handle(
         output_names=tuple(keys.values()),
         execution_provider=provider,
         device_id=device_id,
+        inputs=tuple(
+            TensorSpec(spec.name, np.dtype(spec.dtype), (-1,) if spec.flat else (-1, spec.width))
+            for spec in specs
+        ),
     )
 
 

@@ -21,6 +21,7 @@ from typing import Literal
 
 from serving.batching import ThreadedBatcher
 from serving.errors import ModelLoadError, NotReady
+from serving.handle import TensorSpec
 from serving.loaders import ModelHandle, check_artifact, load_model
 from serving.metrics import ServingMetrics
 from serving.onnx_loader import OnnxLoader
@@ -49,6 +50,8 @@ class ModelRuntime:
         #: This worker's index among the live workers (0, 1, ...): picks its CUDA device.
         self.worker_slot = worker_slot
         self.handle: ModelHandle | None = None
+        #: The model's outputs (name, dtype, shape), from one instance at load time.
+        self.outputs: tuple[TensorSpec, ...] = ()
         self.batcher: ThreadedBatcher | None = None
         self.error: BaseException | None = None
         self._stopping = False
@@ -116,6 +119,7 @@ class ModelRuntime:
                 threadpool_limits(limits=settings.blas_threads)
             # 1 and max_batch_size: the shapes a GPU provider selects kernels for first.
             handle.warmup(1, settings.max_batch_size)
+            self.outputs = handle.output_specs()
             batcher = ThreadedBatcher(
                 handle.predict_batch,
                 max_batch_size=settings.max_batch_size,

@@ -20,6 +20,8 @@ __all__ = [
     "ErrorBody",
     "ErrorResponse",
     "HealthResponse",
+    "LivenessResponse",
+    "OpenAPIDocument",
     "PredictRequest",
     "PredictResponse",
     "parse_body",
@@ -38,8 +40,10 @@ class _Strict(BaseModel):
 class PredictRequest(_Strict):
     """``POST /predict``: ``instances`` is ``(n_instances, n_features)`` numbers, row-major."""
 
-    instances: list[list[float]] = Field(
-        min_length=1, description="One row of feature values per instance."
+    instances: list[list[float]] | list[dict[str, float]] = Field(
+        min_length=1,
+        description="One instance per entry: a list of feature values in the model's "
+        "order, or an object keyed by feature name (models that know their feature names).",
     )
     model_version: str | None = Field(
         None,
@@ -72,6 +76,22 @@ class PredictResponse(BaseModel):
     model_name: str
     model_version: str
     latency_ms: float = Field(description="Server-side time from request to answer, in ms.")
+
+
+class LivenessResponse(BaseModel):
+    """``GET /livez``: ``alive`` (200), or ``failed`` (503) when only a restart helps."""
+
+    status: Literal["alive", "failed"]
+
+
+class OpenAPIDocument(BaseModel):
+    """``GET /openapi.json``: an OpenAPI 3.1 document."""
+
+    model_config = ConfigDict(extra="allow")
+
+    openapi: str
+    info: dict[str, Any]
+    paths: dict[str, Any]
 
 
 class ModelHealth(BaseModel):
@@ -120,6 +140,26 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return out or "body"
 
 
+def _union_branch(loc: tuple[int | str, ...]) -> str | None:
+    """The union member a location passes through (pydantic names it by its type, such as
+    ``list[list[float]]``), or None."""
+    return next((p for p in loc if isinstance(p, str) and "[" in p), None)
+
+
+def _relevant(errors: list[Any]) -> list[Any]:
+    """For a union field, the errors of the member the input got furthest into (a list of
+    lists with one bad value fails deeper in ``list[list[float]]`` than in
+    ``list[dict[str, float]]``), with the member names dropped from their locations."""
+    branches: dict[str | None, list[Any]] = {}
+    for err in errors:
+        branches.setdefault(_union_branch(err["loc"]), []).append(err)
+    if len(branches) > 1:
+        errors = max(branches.values(), key=lambda errs: max(len(e["loc"]) for e in errs))
+    for err in errors:
+        err["loc"] = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+    return errors
+
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -136,6 +176,7 @@ def parse_body(model: type[M], body: bytes) -> M:
         errors = exc.errors(include_url=False, include_input=False)
         if errors[0]["type"] == "json_invalid":
             raise MalformedJSON(f"request body is not valid JSON: {errors[0]['msg']}") from None
+        errors = _relevant(errors)
         details = [
             {"loc": _loc(err["loc"]), "msg": err["msg"], "type": err["type"]}
             for err in errors[:MAX_ERROR_DETAILS]

@@ -61,4 +61,6 @@ def test_load_warms_up_batches_of_one_and_of_max_batch_size(settings: Settings) 
     runtime.load(ModelHandle.from_callable(record, name="r", version="1", n_features=2))
     runtime.stop(timeout_s=10)
 
-    assert sizes == [1, settings.max_batch_size]
+    # then one instance more: the output specs (names, dtypes, shapes) for model metadata
+    assert sizes == [1, settings.max_batch_size, 1]
+    assert [(spec.name, spec.shape) for spec in runtime.outputs] == [("predictions", (-1,))]

@@ -15,7 +15,15 @@ from serving.errors import PayloadTooLarge, UnreadableBody, UnsupportedMediaType
 from serving.metrics import ServingMetrics
 from serving.settings import Settings
 
-__all__ = ["ServingContext", "context", "json_response", "read_json_body"]
+__all__ = [
+    "ErrorBody",
+    "ServingContext",
+    "context",
+    "error_body",
+    "json_response",
+    "read_json_body",
+    "register_error_body",
+]
 
 _BODY_SETTING = "SERVING_MAX_BODY_BYTES"
 
@@ -28,6 +36,27 @@ class ServingContext:
     metrics: ServingMetrics
     #: This process's models (built lazily: under Gunicorn, after the fork).
     get_models: Callable[[], ModelCache]
+
+
+#: ``(status, code, message, details) -> body``: how one protocol spells an error.
+ErrorBody = Callable[[int, str, str, list[dict[str, Any]]], dict[str, Any]]
+_ERROR_BODIES: dict[str, ErrorBody] = {}
+
+
+def register_error_body(blueprint: str, build: ErrorBody) -> None:
+    """Answer errors of ``blueprint``'s routes with ``build``'s body instead of the service's
+    ``{"error": {"code", "message", "details"}}`` (KServe V2 and TF Serving clients expect
+    ``{"error": "message"}``, MLflow's ``{"error_code", "message"}``). The status is the
+    same whatever the shape."""
+    _ERROR_BODIES[blueprint] = build
+
+
+def error_body(status: int, code: str, message: str, details: list[dict[str, Any]]) -> Any:
+    """The error body for the current request, in its route's protocol."""
+    build = _ERROR_BODIES.get(request.blueprint or "") if request else None
+    if build is not None:
+        return build(status, code, message, details)
+    return {"error": {"code": code, "message": message, "details": details}}
 
 
 def context() -> ServingContext:

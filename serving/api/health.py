@@ -10,10 +10,31 @@ from __future__ import annotations
 from flask import Blueprint, Response
 
 from serving.api.common import context, json_response
+from serving.openapi import Operation
+from serving.schemas import HealthResponse, LivenessResponse
 
-__all__ = ["bp"]
+__all__ = ["OPERATIONS", "bp"]
 
 bp = Blueprint("health", __name__)
+
+OPERATIONS = [
+    Operation(
+        "get",
+        "/livez",
+        "Liveness: 200 while the process can serve or may still",
+        {200: LivenessResponse, 503: LivenessResponse},
+        tag="probes",
+        security=False,
+    ),
+    Operation(
+        "get",
+        "/healthz",
+        "Readiness: 200 only when every model of this worker is loaded and batching",
+        {200: HealthResponse, 503: HealthResponse},
+        tag="probes",
+        security=False,
+    ),
+]
 
 
 @bp.get("/livez")

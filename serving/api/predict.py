@@ -15,11 +15,23 @@ from serving.api.inference import (
     run_batch,
     to_matrix,
 )
-from serving.schemas import PredictRequest, parse_body
+from serving.openapi import Operation, errors
+from serving.schemas import ErrorResponse, PredictRequest, PredictResponse, parse_body
 
-__all__ = ["bp"]
+__all__ = ["OPERATIONS", "bp"]
 
 bp = Blueprint("predict", __name__)
+
+OPERATIONS = [
+    Operation(
+        "post",
+        "/predict",
+        "One prediction per instance from the default model (or its pinned version)",
+        {200: PredictResponse}
+        | errors(ErrorResponse, 400, 401, 404, 409, 413, 415, 422, 500, 503, 504),
+        request=PredictRequest,
+    )
+]
 
 
 @bp.post("/predict", provide_automatic_options=False)

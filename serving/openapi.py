@@ -1,0 +1,133 @@
+"""The OpenAPI 3.1 document of the service, built from the Pydantic models the blueprints
+validate with, so the document and the validation cannot drift apart.
+
+Each blueprint module lists its routes as ``OPERATIONS`` (method, path template, request
+and response models per status); ``build_document`` turns them into one document, with
+every model once under ``components/schemas`` (``pydantic.json_schema.models_json_schema``).
+A test checks that every Flask route has an operation and the other way round.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+__all__ = ["Operation", "build_document", "errors"]
+
+#: Standard descriptions of the statuses the service answers.
+STATUS_TEXT = {
+    200: "OK",
+    400: "Malformed or unreadable body",
+    401: "Missing or wrong API key",
+    404: "Unknown model or route",
+    409: "The pinned model version is not served here",
+    413: "Body or instance count over the limit",
+    415: "Unsupported Content-Type",
+    422: "The body is not a valid request (error names the instance and feature)",
+    500: "The model failed on this request's instances",
+    503: "Not ready (loading, stopping) or overloaded; retry (Retry-After)",
+    504: "No answer within SERVING_REQUEST_TIMEOUT_MS",
+}
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One route of one blueprint, as the OpenAPI document shows it.
+
+    :param path: OpenAPI template (``/v2/models/{model_name}/infer``); Flask's
+        ``<model_name>`` converters map to ``{model_name}``.
+    :param responses: status -> response body model (``None``: no JSON body, e.g. the
+        Prometheus text of ``/metrics``, described by ``text_responses``).
+    :param request: the JSON request body's model, if any.
+    """
+
+    method: Literal["get", "post"]
+    path: str
+    summary: str
+    responses: Mapping[int, type[BaseModel] | None]
+    request: type[BaseModel] | None = None
+    tag: str = "service"
+    request_media_types: tuple[str, ...] = ("application/json",)
+    text_responses: Mapping[int, str] = field(default_factory=dict)
+    security: bool = True
+
+
+def errors(model: type[BaseModel], *statuses: int) -> dict[int, type[BaseModel] | None]:
+    """``{status: model}`` for each error status of a route."""
+    return dict.fromkeys(statuses, model)
+
+
+def build_document(
+    operations: Iterable[Operation], *, title: str, version: str, api_keys: bool
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``operations``.
+
+    :param api_keys: document the ``Authorization: Bearer`` / ``X-API-Key`` schemes on
+        every operation with ``security`` (``SERVING_API_KEYS`` is set).
+    """
+    operations = list(operations)
+    keyed: list[tuple[tuple[str, JsonSchemaMode], type[BaseModel]]] = []
+    for op in operations:
+        if op.request is not None:
+            keyed.append(((op.request.__name__, "validation"), op.request))
+        for model in op.responses.values():
+            if model is not None:
+                keyed.append(((model.__name__, "serialization"), model))
+    unique = {key: model for key, model in keyed}
+    refs, schemas = models_json_schema(
+        [(model, mode) for (_, mode), model in unique.items()],
+        ref_template="#/components/schemas/{model}",
+    )
+    paths: dict[str, dict[str, Any]] = {}
+    for op in operations:
+        item: dict[str, Any] = {
+            "summary": op.summary,
+            "operationId": _operation_id(op),
+            "tags": [op.tag],
+            "responses": {},
+        }
+        parameters = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in re.findall(r"{(\w+)}", op.path)
+        ]
+        if parameters:
+            item["parameters"] = parameters
+        if op.request is not None:
+            schema = refs[(op.request, "validation")]
+            item["requestBody"] = {
+                "required": True,
+                "content": {media: {"schema": schema} for media in op.request_media_types},
+            }
+        for status, model in sorted(op.responses.items()):
+            response: dict[str, Any] = {"description": STATUS_TEXT.get(status, str(status))}
+            if model is not None:
+                schema = refs[(model, "serialization")]
+                response["content"] = {"application/json": {"schema": schema}}
+            elif status in op.text_responses:
+                response["content"] = {op.text_responses[status]: {"schema": {"type": "string"}}}
+            item["responses"][str(status)] = response
+        if api_keys and op.security:
+            item["security"] = [{"bearer": []}, {"apiKey": []}]
+        paths.setdefault(op.path, {})[op.method] = item
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version},
+        "paths": paths,
+        "components": {"schemas": schemas.get("$defs", {})},
+    }
+    if api_keys:
+        document["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+        }
+    return document
+
+
+def _operation_id(op: Operation) -> str:
+    words = re.sub(r"[{}]", "", op.path).replace(":", "/").strip("/").split("/")
+    return op.method + "_" + "_".join(w.replace("-", "_").replace(".", "_") for w in words if w)
