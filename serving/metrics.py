@@ -61,6 +61,7 @@ class ServingMetrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.registry = registry
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._depth_children: dict[tuple[str, str], Any] = {}
         self.requests = Counter(
             "http_requests_total",
             "HTTP requests answered, by route template and status.",
@@ -134,12 +135,23 @@ class ServingMetrics:
         children[0].inc()
         children[1].observe(duration_s)
 
+    def _depth(self, model: str, version: str) -> Any:
+        child = self._depth_children.get((model, version))
+        if child is None:
+            child = self._depth_children[(model, version)] = self.queue_depth.labels(model, version)
+        return child
+
+    def observe_queue(self, model: str, version: str, depth: int) -> None:
+        """Set a model's queue depth when instances are queued (each flush sets it too), so
+        the gauge rises while a slow predict call holds the batcher."""
+        self._depth(model, version).set(depth)
+
     def flush_observer(self, model: str, version: str) -> Callable[[FlushStats], None]:
         """The ``ThreadedBatcher`` ``on_flush`` observer of one model version: each predict
         call sets its batch size, duration, queue depth and (when it failed) error count."""
         batch_size = self.batch_size.labels(model, version)
         duration = self.inference_duration.labels(model, version)
-        depth = self.queue_depth.labels(model, version)
+        depth = self._depth(model, version)
         errors = self.inference_errors.labels(model, version)
         self.rejected.labels(model, version)  # exposed at 0 from the start, so rate() works
         depth.set(0)

@@ -325,7 +325,8 @@ def test_overloaded_is_503_with_retry_after_and_counted(settings: Settings) -> N
     release = threading.Event()
 
     def slow(X: np.ndarray) -> np.ndarray:
-        release.wait(10)
+        if X.any():  # not the warmup's zero rows
+            release.wait(10)
         return X[:, 0]
 
     small = Settings(**{**settings.model_dump(), "max_queue_depth": 1, "max_batch_size": 1})
@@ -345,13 +346,16 @@ def test_overloaded_is_503_with_retry_after_and_counted(settings: Settings) -> N
                 pass
             third = app.test_client().post("/predict", json={"instances": [[3.0]]})
             health = app.test_client().get("/healthz").get_json()
+            labels = {"model": "slow", "version": "1"}
+            # set when the second request queued, not only after the next predict call
+            depth = metrics.registry.get_sample_value("inference_queue_depth", labels)
             release.set()
             assert first.result(10).status_code == 200 and second.result(10).status_code == 200
     finally:
         release.set()
         runtime.stop(timeout_s=10)
 
-    assert third.status_code == 503
+    assert third.status_code == 503 and depth == 1
     assert error_of(third)["code"] == "overloaded"
     assert third.headers["Retry-After"] == "1"
     labels = {"model": "slow", "version": "1"}

@@ -167,6 +167,9 @@ def run_batch(runtime: ModelRuntime, rows: npt.NDArray[np.float64]) -> tuple[Mod
     check_range(rows, handle.input_dtype, handle.column_dtypes)
     g.log_fields.update(instances=len(rows), model=handle.name, model_version=handle.version)
     timeout_s = ctx.settings.request_timeout_ms / 1000 - (time.perf_counter() - g.started)
+    queued = batcher.queue_depth + len(rows)
+    if queued <= runtime.settings.max_queue_depth:  # else refused below, never queued
+        ctx.metrics.observe_queue(handle.name, handle.version, queued)
     try:
         return handle, batcher.submit_many(rows, timeout_s=timeout_s, stats=g.log_fields)
     except Overloaded:
