@@ -10,7 +10,7 @@ are serialized with orjson from plain dicts; the response models below document 
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -40,8 +40,10 @@ class _Strict(BaseModel):
 class PredictRequest(_Strict):
     """``POST /predict``: ``instances`` is ``(n_instances, n_features)`` numbers, row-major."""
 
-    instances: list[list[float]] | list[dict[str, float]] = Field(
-        min_length=1,
+    instances: (
+        Annotated[list[list[float]], Field(min_length=1)]
+        | Annotated[list[dict[str, float]], Field(min_length=1)]
+    ) = Field(
         description="One instance per entry: a list of feature values in the model's "
         "order, or an object keyed by feature name (models that know their feature names).",
     )
