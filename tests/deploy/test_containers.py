@@ -153,6 +153,7 @@ def test_gpu_image_is_cuda_with_onnxruntime_gpu_and_one_worker() -> None:
     assert image is not None and steps[0][0] == "ARG"
     assert steps[1] == ("FROM", "${CUDA_IMAGE}")
     assert "SERVING_WORKERS=1" in all_of("ENV")
+    assert "SERVING_ONNX_PROVIDERS=cuda,cpu" in all_of("ENV")  # no silent CPU fallback
     assert 'onnxruntime-gpu==${ONNXRUNTIME_GPU_VERSION}"' in all_of("RUN")
     # When the pinned onnxruntime-gpu is the one installed here, its CUDA major (from its
     # "cuda" extra) is the base image's.
