@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
 import joblib
 import numpy as np
@@ -246,3 +247,20 @@ def test_check_artifact_compares_the_sha256(tmp_path: Path) -> None:
 def test_onnx_handle_declares_float32_input() -> None:
     assert np.dtype(load_model(DEMO_ONNX_PATH).input_dtype) == np.float32
     assert np.dtype(load_model(DEMO_MODEL_PATH).input_dtype) == np.float64
+
+
+def test_handles_describe_their_inputs_and_outputs_as_tensor_specs() -> None:
+    joblib_handle, onnx_handle = load_model(DEMO_MODEL_PATH), load_model(DEMO_ONNX_PATH)
+
+    def described(specs: tuple[Any, ...]) -> list[tuple[str, str, tuple[int, ...]]]:
+        return [(spec.name, spec.dtype.name, spec.shape) for spec in specs]
+
+    assert described(joblib_handle.input_specs()) == [("input-0", "float64", (-1, 30))]
+    assert described(onnx_handle.input_specs()) == [("X", "float32", (-1, 30))]
+    assert described(joblib_handle.output_specs()) == [
+        ("predictions", "int64", (-1,)), ("probabilities", "float64", (-1, 2))
+    ]  # fmt: skip
+    assert described(onnx_handle.output_specs()) == [
+        ("predictions", "int64", (-1,)), ("probabilities", "float32", (-1, 2))
+    ]  # fmt: skip
+    assert joblib_handle.feature_names is None  # fitted on an ndarray: no names
