@@ -1,0 +1,63 @@
+"""The README's request examples are valid against the OpenAPI document, and really work."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from flask.testing import FlaskClient
+from jsonschema import Draft202012Validator
+from prometheus_client import CollectorRegistry
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+from serving.app import create_app
+from serving.loaders import load_model
+from serving.metrics import ServingMetrics
+from serving.settings import DEMO_MODEL_PATH, Settings
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+#: ``curl ... http://host:port/PATH ... -d 'BODY'`` in the README, one command per match.
+CURL = re.compile(r"curl [^\n]*?https?://[^/\s]+(/[^\s'\"]*)[^\n]*?-d '([^']*)'")
+
+
+def readme_requests() -> list[tuple[str, Any]]:
+    return [(path, json.loads(body)) for path, body in CURL.findall(README.read_text())]
+
+
+def operation_for(spec: dict[str, Any], path: str) -> dict[str, Any]:
+    for template, item in spec["paths"].items():
+        pattern = re.sub(r"\\{\w+\\}", r"[^/]+", re.escape(template))
+        if re.fullmatch(pattern, path) and "post" in item:
+            operation: dict[str, Any] = item["post"]
+            return operation
+    raise AssertionError(f"README posts to {path}, which /openapi.json does not document")
+
+
+def test_every_readme_request_body_matches_the_openapi_schema(client: FlaskClient) -> None:
+    spec = client.get("/openapi.json").get_json()
+    registry: Registry = Registry().with_resource(
+        "urn:serving", Resource.from_contents(spec, default_specification=DRAFT202012)
+    )
+    examples = readme_requests()
+    assert examples, "no curl -d examples found in README.md"
+    for path, body in examples:
+        content = operation_for(spec, path)["requestBody"]["content"]
+        schema = next(iter(content.values()))["schema"]
+        ref = {"$ref": "urn:serving" + schema["$ref"]} if "$ref" in schema else schema
+        errors = list(Draft202012Validator(ref, registry=registry).iter_errors(body))
+        assert not errors, f"README example for {path}: {errors[0].message}"
+
+
+def test_the_readme_predict_example_is_answered_by_the_demo_model(settings: Settings) -> None:
+    demo = load_model(DEMO_MODEL_PATH, version="1")  # what the README's command serves
+    app = create_app(settings, demo, metrics=ServingMetrics(CollectorRegistry()))
+    try:
+        path, body = next((p, b) for p, b in readme_requests() if p == "/predict")
+        response = app.test_client().post(path, json=body)
+        assert response.status_code == 200, response.get_json()
+        assert response.get_json()["predictions"] == [0]  # the README shows class 0
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
