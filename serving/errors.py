@@ -97,16 +97,16 @@ class Unauthorized(ServingError):
 
 
 class UnsupportedMediaType(ServingError):
-    """The request body is not declared as ``application/json``."""
+    """The request body is not declared as ``application/json`` (or another type the route
+    accepts, such as ``text/csv`` on ``/invocations``)."""
 
     status = 415
     code = "unsupported_media_type"
 
-    def __init__(self, content_type: str | None) -> None:
-        self.content_type = content_type
-        super().__init__(
-            f"request body must be application/json, got {content_type or 'no Content-Type'}"
-        )
+    def __init__(self, content_type: str | None, accepted: str = "application/json") -> None:
+        self.content_type, self.accepted = content_type, accepted
+        got = content_type or "no Content-Type"
+        super().__init__(f"request body must be {accepted}, got {got}")
 
 
 class PayloadTooLarge(ServingError):

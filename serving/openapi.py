@@ -44,6 +44,8 @@ class Operation:
     :param responses: status -> response body model (``None``: no JSON body, e.g. the
         Prometheus text of ``/metrics``, described by ``text_responses``).
     :param request: the JSON request body's model, if any.
+    :param text_request_media_types: other media types the request body may have, whose
+        body is text (``text/csv``), not ``request``'s JSON.
     """
 
     method: Literal["get", "post"]
@@ -53,6 +55,8 @@ class Operation:
     request: type[BaseModel] | None = None
     tag: str = "service"
     request_media_types: tuple[str, ...] = ("application/json",)
+    #: Text bodies the route also takes (``text/csv``), documented as strings.
+    text_request_media_types: tuple[str, ...] = ()
     text_responses: Mapping[int, str] = field(default_factory=dict)
     security: bool = True
 
@@ -101,7 +105,8 @@ def build_document(
             schema = refs[(op.request, "validation")]
             item["requestBody"] = {
                 "required": True,
-                "content": {media: {"schema": schema} for media in op.request_media_types},
+                "content": {media: {"schema": schema} for media in op.request_media_types}
+                | {media: {"schema": {"type": "string"}} for media in op.text_request_media_types},
             }
         for status, model in sorted(op.responses.items()):
             response: dict[str, Any] = {"description": STATUS_TEXT.get(status, str(status))}

@@ -6,14 +6,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from prometheus_client import CollectorRegistry
 from sklearn.datasets import load_breast_cancer
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 
 from serving.app import create_app
-from serving.loaders import ModelHandle
+from serving.loaders import ModelHandle, estimator_handle
 from serving.metrics import ServingMetrics
 from serving.settings import Settings
 from tests.models import RowEcho
@@ -67,3 +71,25 @@ def app(settings: Settings, model_handle: ModelHandle, metrics: ServingMetrics) 
 @pytest.fixture
 def client(app: Flask) -> FlaskClient:
     return app.test_client()
+
+
+@pytest.fixture(scope="session")
+def frame_classifier() -> tuple[Any, pd.DataFrame]:
+    """StandardScaler + LogisticRegression fitted on a pandas DataFrame of the first four
+    breast-cancer features, so it knows its ``feature_names_in_``; and that DataFrame."""
+    data = load_breast_cancer(as_frame=True)
+    X = data.data.iloc[:, :4]
+    model = make_pipeline(StandardScaler(), LogisticRegression()).fit(X, data.target)
+    return model, X
+
+
+@pytest.fixture
+def named_app(
+    settings: Settings, metrics: ServingMetrics, frame_classifier: tuple[Any, pd.DataFrame]
+) -> Iterator[Flask]:
+    """The app serving ``frame_classifier`` as model ``cancer`` version ``2``."""
+    model, _ = frame_classifier
+    handle = estimator_handle(model, name="cancer", version="2", format="pickle")
+    app = create_app(settings, handle, metrics=metrics)
+    yield app
+    app.extensions["serving"].get_models().stop(timeout_s=10)

@@ -21,6 +21,7 @@ __all__ = [
     "context",
     "error_body",
     "json_response",
+    "read_body",
     "read_json_body",
     "register_error_body",
 ]
@@ -41,19 +42,25 @@ class ServingContext:
 #: ``(status, code, message, details) -> body``: how one protocol spells an error.
 ErrorBody = Callable[[int, str, str, list[dict[str, Any]]], dict[str, Any]]
 _ERROR_BODIES: dict[str, ErrorBody] = {}
+_PREFIXES: dict[str, ErrorBody] = {}
 
 
-def register_error_body(blueprint: str, build: ErrorBody) -> None:
+def register_error_body(blueprint: str, build: ErrorBody, *path_prefixes: str) -> None:
     """Answer errors of ``blueprint``'s routes with ``build``'s body instead of the service's
     ``{"error": {"code", "message", "details"}}`` (KServe V2 and TF Serving clients expect
     ``{"error": "message"}``, MLflow's ``{"error_code", "message"}``). The status is the
-    same whatever the shape."""
+    same whatever the shape. ``path_prefixes`` extend it to requests no route matched
+    (404, 405) under those paths, so ``/v1/models/a:b`` is a TF Serving error too."""
     _ERROR_BODIES[blueprint] = build
+    for prefix in path_prefixes:
+        _PREFIXES[prefix] = build
 
 
 def error_body(status: int, code: str, message: str, details: list[dict[str, Any]]) -> Any:
     """The error body for the current request, in its route's protocol."""
     build = _ERROR_BODIES.get(request.blueprint or "") if request else None
+    if build is None and request and request.blueprint is None:
+        build = next((b for p, b in _PREFIXES.items() if request.path.startswith(p)), None)
     if build is not None:
         return build(status, code, message, details)
     return {"error": {"code": code, "message": message, "details": details}}
@@ -67,16 +74,27 @@ def context() -> ServingContext:
 def read_json_body(max_body_bytes: int) -> bytes:
     """The raw request body, checked to be ``application/json`` and at most ``max_body_bytes``.
 
-    Chunked bodies (no Content-Length) are cut off at the same limit while they are read.
-
     :raises UnsupportedMediaType: (415) for another or no Content-Type.
     :raises PayloadTooLarge: (413) over the limit, declared or while reading.
-    :raises UnreadableBody: (400) when the server cannot read it (bad chunk encoding, the
-        client went away mid-body).
+    :raises UnreadableBody: (400) as ``read_body``.
     """
     mimetype = request.mimetype
     if mimetype != "application/json" and not mimetype.endswith("+json"):
         raise UnsupportedMediaType(request.content_type)
+    return read_body(max_body_bytes)
+
+
+def read_body(max_body_bytes: int) -> bytes:
+    """The raw request body, whatever its Content-Type, at most ``max_body_bytes``.
+
+    Chunked bodies (no Content-Length) are cut off at the same limit while they are read.
+    For protocols whose clients send no or a non-JSON Content-Type (KServe V2's binary
+    tensors); the JSON routes call ``read_json_body``.
+
+    :raises PayloadTooLarge: (413) over the limit, declared or while reading.
+    :raises UnreadableBody: (400) when the server cannot read it (bad chunk encoding, the
+        client went away mid-body).
+    """
     length = request.content_length
     if length is not None and length > max_body_bytes:
         raise PayloadTooLarge("request body", length, max_body_bytes, _BODY_SETTING, "bytes")

@@ -42,10 +42,8 @@ def test_api_answers_every_generated_request_as_documented(
     assert len(operations) >= 4
     sent: dict[str, int] = {}
     for operation in operations:
-        if mode is GenerationMode.NEGATIVE and not (
-            len(operation.body) or operation.path_parameters
-        ):
-            continue  # nothing to make invalid in a GET without parameters
+        if mode is GenerationMode.NEGATIVE and not len(operation.body):
+            continue  # path parameters are free strings: nothing there can be invalid
 
         @given(case=operation.as_strategy(generation_mode=mode))
         @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

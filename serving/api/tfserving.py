@@ -1,0 +1,200 @@
+"""TF Serving's REST API: ``POST /v1/models/{name}[/versions/{version}]:predict``, model
+status and model metadata, so TensorFlow Serving clients can call this server unchanged.
+
+Source: https://www.tensorflow.org/tfx/serving/api_rest. Requests go through the shared
+request path (``serving.api.inference``) and the model's batcher, merged with ``/predict``
+and the other protocols. Errors are TF Serving's ``{"error": message}`` plus our stable
+``code``, with the service's statuses (404 unknown model, 409 version not served, 422
+invalid input). ``signature_name`` may only name the one signature, ``serving_default``.
+Model names cannot contain ``:`` or ``/`` (``SERVING_MODELS`` refuses them), so
+``<name>:predict`` always splits at the last ``:``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flask import Blueprint, Response
+from flask.blueprints import BlueprintSetupState
+from werkzeug.routing import BaseConverter
+
+from serving.api.common import context, json_response, read_json_body, register_error_body
+from serving.api.inference import check_instance_count, run_batch
+from serving.api.tf_tensors import columnar_matrix, columnar_outputs, row_matrix, row_predictions
+from serving.errors import InvalidInput
+from serving.handle import TensorSpec
+from serving.openapi import Operation, errors
+from serving.runtime import ModelRuntime, State
+from serving.schemas import parse_body
+from serving.schemas_tf import (
+    TFErrorResponse,
+    TFMetadataResponse,
+    TFPredictRequest,
+    TFPredictResponse,
+    TFStatusResponse,
+)
+
+__all__ = ["OPERATIONS", "bp"]
+
+bp = Blueprint("tfserving", __name__)
+
+SIGNATURE = "serving_default"
+_MODEL = "/v1/models/<tf_model:model_name>"
+_VERSION = _MODEL + "/versions/<model_version>"
+
+
+def _both(suffix: str) -> tuple[str, str]:
+    """The OpenAPI paths of a route with and without ``/versions/{model_version}``."""
+    return (
+        "/v1/models/{model_name}" + suffix,
+        "/v1/models/{model_name}/versions/{model_version}" + suffix,
+    )
+
+
+_PREDICT_ERRORS = errors(TFErrorResponse, 400, 401, 404, 409, 413, 415, 422, 500, 503, 504)
+OPERATIONS = [
+    *(
+        Operation(
+            "post",
+            path,
+            "TF Serving predict: row (instances) or columnar (inputs) format",
+            {200: TFPredictResponse} | _PREDICT_ERRORS,
+            request=TFPredictRequest,
+            tag="tfserving",
+        )
+        for path in _both(":predict")
+    ),
+    *(
+        Operation(
+            "get",
+            path,
+            "TF Serving model status: the state of each version served",
+            {200: TFStatusResponse} | errors(TFErrorResponse, 401, 404, 409),
+            tag="tfserving",
+        )
+        for path in _both("")
+    ),
+    *(
+        Operation(
+            "get",
+            path,
+            "TF Serving model metadata: inputs, outputs and the feature names in order",
+            {200: TFMetadataResponse} | errors(TFErrorResponse, 401, 404, 409, 503),
+            tag="tfserving",
+        )
+        for path in _both("/metadata")
+    ),
+]
+
+
+class ModelNameConverter(BaseConverter):
+    """A model name: one path segment without ``:``, so ``<name>:predict`` routes."""
+
+    regex = r"[^/:]+"
+
+
+@bp.record_once
+def _add_converter(state: BlueprintSetupState) -> None:  # before the rules below are added
+    state.app.url_map.converters["tf_model"] = ModelNameConverter
+
+
+register_error_body("tfserving", lambda status, code, message, details: {
+    "error": message, "code": code,
+}, "/v1/")  # fmt: skip
+
+
+@bp.post(_MODEL + ":predict", defaults={"model_version": None}, provide_automatic_options=False)
+@bp.post(_VERSION + ":predict", provide_automatic_options=False)
+def predict(model_name: str, model_version: str | None) -> Response:
+    """Row format answers ``{"predictions": ...}``, columnar ``{"outputs": ...}``."""
+    ctx = context()
+    request = parse_body(TFPredictRequest, read_json_body(ctx.settings.max_body_bytes))
+    if request.signature_name not in (None, "", SIGNATURE):
+        msg = f"signature {request.signature_name!r} not found; the model has {SIGNATURE!r}"
+        raise InvalidInput(
+            f"signature_name: {msg}", [{"loc": "signature_name", "msg": msg, "type": "signature"}]
+        )
+    if request.instances is not None:
+        check_instance_count(len(request.instances))
+    runtime = ctx.get_models().resolve(model_name, model_version)
+    handle, _ = runtime.require_ready()
+    if request.instances is not None:
+        _, outputs = run_batch(runtime, row_matrix(request.instances, handle))
+        return json_response({"predictions": row_predictions(outputs)})
+    assert request.inputs is not None  # the schema requires one of the two
+    _, outputs = run_batch(runtime, columnar_matrix(request.inputs, handle))
+    return json_response({"outputs": columnar_outputs(outputs)})
+
+
+_STATES: dict[State, tuple[str, str]] = {
+    "loading": ("LOADING", "UNAVAILABLE"),
+    "ready": ("AVAILABLE", "OK"),
+    "stopping": ("UNLOADING", "UNAVAILABLE"),
+    "failed": ("END", "UNKNOWN"),
+}
+
+
+def _version_status(runtime: ModelRuntime) -> dict[str, Any]:
+    state, error_code = _STATES[runtime.state]
+    message = ""
+    if runtime.state == "failed":
+        message = runtime.problem() or str(runtime.error)
+    status = {"error_code": error_code, "error_message": message}
+    return {"version": runtime.model_version, "state": state, "status": status}
+
+
+@bp.get(_MODEL, defaults={"model_version": None})
+@bp.get(_VERSION)
+def status(model_name: str, model_version: str | None) -> Response:
+    """Every version of the model this worker serves (or the one asked for), with its
+    state; 200 whatever the state, as TF Serving answers."""
+    cache = context().get_models()
+    pinned = cache.resolve(model_name, model_version)
+    runtimes = [pinned] if model_version is not None else [
+        runtime for runtime in cache.runtimes if runtime.model_name == model_name
+    ]  # fmt: skip
+    return json_response({"model_version_status": [_version_status(r) for r in runtimes]})
+
+
+_TF_DTYPES = {
+    ("f", 2): "DT_HALF", ("f", 4): "DT_FLOAT", ("f", 8): "DT_DOUBLE",
+    ("i", 1): "DT_INT8", ("i", 2): "DT_INT16", ("i", 4): "DT_INT32", ("i", 8): "DT_INT64",
+    ("u", 1): "DT_UINT8", ("u", 2): "DT_UINT16", ("u", 4): "DT_UINT32", ("u", 8): "DT_UINT64",
+    ("b", 1): "DT_BOOL",
+}  # fmt: skip
+
+
+def _tensor_info(spec: TensorSpec) -> dict[str, Any]:
+    """A ``TensorSpec`` as TF Serving's TensorInfo (sizes are decimal strings, int64 in
+    proto JSON; ``-1`` for the batch axis)."""
+    dtype = np.dtype(spec.dtype)
+    name = _TF_DTYPES.get((dtype.kind, dtype.itemsize), "DT_STRING" if dtype.kind in "OUS" else
+                          "DT_INVALID")  # fmt: skip
+    dims = [{"size": str(size), "name": ""} for size in spec.shape]
+    return {"dtype": name, "tensor_shape": {"dim": dims, "unknown_rank": False}, "name": spec.name}
+
+
+@bp.get(_MODEL + "/metadata", defaults={"model_version": None})
+@bp.get(_VERSION + "/metadata")
+def metadata(model_name: str, model_version: str | None) -> Response:
+    """The ``serving_default`` signature's inputs and outputs, and the feature names.
+
+    :raises NotReady: (503) until the model is loaded (its inputs are not known before).
+    """
+    runtime = context().get_models().resolve(model_name, model_version)
+    handle, _ = runtime.require_ready()
+    signature = {
+        "inputs": {spec.name: _tensor_info(spec) for spec in handle.input_specs()},
+        "outputs": {spec.name: _tensor_info(spec) for spec in runtime.outputs},
+        "method_name": "tensorflow/serving/predict",
+    }
+    names = list(handle.feature_names) if handle.feature_names is not None else None
+    body = {
+        "model_spec": {"name": handle.name, "signature_name": "", "version": handle.version},
+        "metadata": {
+            "signature_def": {"signature_def": {SIGNATURE: signature}},
+            "feature_names": names,
+        },
+    }
+    return json_response(body)

@@ -1,0 +1,97 @@
+"""MLflow / SageMaker scoring bodies (``POST /invocations``, ``GET /ping``), as MLflow's
+pyfunc scoring server (``mlflow models serve``) defines them, validated as strictly as
+``/predict``: finite JSON numbers only, unknown fields refused.
+
+Source: MLflow's "Deploy MLflow models" docs, scoring-server request formats:
+``dataframe_split`` (pandas ``orient="split"``), ``dataframe_records`` (``orient="records"``),
+``instances`` and ``inputs`` (TF Serving style), each with optional ``params``; and
+``text/csv`` (a header row of column names, read here with the ``csv`` module).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "DataframeSplit",
+    "MlflowErrorResponse",
+    "MlflowRequest",
+    "MlflowResponse",
+    "PingResponse",
+]
+
+#: The body fields that carry the data; a request has exactly one of them.
+DATA_FIELDS = ("dataframe_split", "dataframe_records", "instances", "inputs")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        strict=True, extra="forbid", allow_inf_nan=False, protected_namespaces=()
+    )
+
+
+class DataframeSplit(_Strict):
+    """A pandas DataFrame in ``orient="split"``: ``data`` rows, ``columns`` their names."""
+
+    columns: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="Column names, reordered to the model's feature names when it knows "
+        "them; without them (or for a model without names) columns are positional.",
+    )
+    data: list[list[float]] = Field(min_length=1, description="(n_instances, n_columns).")
+    index: list[int | str] | None = Field(None, description="Row labels; not used.")
+
+
+class MlflowRequest(_Strict):
+    """``POST /invocations`` JSON: exactly one of the four data fields."""
+
+    dataframe_split: DataframeSplit | None = None
+    dataframe_records: list[dict[str, float]] | None = Field(
+        None, min_length=1, description="One object per instance, keyed by column name."
+    )
+    instances: list[list[float]] | list[dict[str, float]] | None = Field(
+        None, min_length=1, description="Rows of values, or objects keyed by column name."
+    )
+    inputs: list[list[float]] | dict[str, list[float]] | None = Field(
+        None, description="Rows of values, or an object of columns (name -> values)."
+    )
+    params: dict[str, Any] | None = Field(
+        None,
+        description="Inference parameters. Ignored, as MLflow ignores them for a model "
+        "whose signature declares none (scikit-learn models here declare none).",
+    )
+
+    @model_validator(mode="after")
+    def _one_data_field(self) -> MlflowRequest:
+        given = [name for name in DATA_FIELDS if getattr(self, name) is not None]
+        if len(given) != 1:
+            got = ", ".join(given) if given else "none"
+            raise ValueError(f"send exactly one of {', '.join(DATA_FIELDS)} (got {got})")
+        return self
+
+
+class MlflowResponse(BaseModel):
+    """One prediction (class label or value) per instance, in request order."""
+
+    predictions: list[Any]
+
+
+class PingResponse(BaseModel):
+    """``GET /ping``: 200 when every model of the worker is ready, else 503."""
+
+    status: Literal["loading", "ready", "failed", "stopping"]
+
+
+class MlflowErrorResponse(BaseModel):
+    """MLflow's error shape, plus our stable ``code``."""
+
+    error_code: str = Field(
+        description="MLflow's error code: MALFORMED_REQUEST (400), BAD_REQUEST (other 4xx), "
+        "UNAUTHENTICATED (401), TEMPORARILY_UNAVAILABLE (503), DEADLINE_EXCEEDED (504), "
+        "INTERNAL_ERROR (500)."
+    )
+    message: str
+    code: str = Field(description="Stable machine-readable code, e.g. invalid_input.")
