@@ -21,6 +21,7 @@ __all__ = [
     "context",
     "error_body",
     "json_response",
+    "read_body",
     "read_json_body",
     "register_error_body",
 ]
@@ -67,16 +68,27 @@ def context() -> ServingContext:
 def read_json_body(max_body_bytes: int) -> bytes:
     """The raw request body, checked to be ``application/json`` and at most ``max_body_bytes``.
 
-    Chunked bodies (no Content-Length) are cut off at the same limit while they are read.
-
     :raises UnsupportedMediaType: (415) for another or no Content-Type.
     :raises PayloadTooLarge: (413) over the limit, declared or while reading.
-    :raises UnreadableBody: (400) when the server cannot read it (bad chunk encoding, the
-        client went away mid-body).
+    :raises UnreadableBody: (400) as ``read_body``.
     """
     mimetype = request.mimetype
     if mimetype != "application/json" and not mimetype.endswith("+json"):
         raise UnsupportedMediaType(request.content_type)
+    return read_body(max_body_bytes)
+
+
+def read_body(max_body_bytes: int) -> bytes:
+    """The raw request body, whatever its Content-Type, at most ``max_body_bytes``.
+
+    Chunked bodies (no Content-Length) are cut off at the same limit while they are read.
+    For protocols whose clients send no or a non-JSON Content-Type (KServe V2's binary
+    tensors); the JSON routes call ``read_json_body``.
+
+    :raises PayloadTooLarge: (413) over the limit, declared or while reading.
+    :raises UnreadableBody: (400) when the server cannot read it (bad chunk encoding, the
+        client went away mid-body).
+    """
     length = request.content_length
     if length is not None and length > max_body_bytes:
         raise PayloadTooLarge("request body", length, max_body_bytes, _BODY_SETTING, "bytes")
