@@ -44,6 +44,8 @@ class Operation:
     :param responses: status -> response body model (``None``: no JSON body, e.g. the
         Prometheus text of ``/metrics``, described by ``text_responses``).
     :param request: the JSON request body's model, if any.
+    :param descriptions: status -> description where ``STATUS_TEXT``'s does not fit the
+        route (a KServe V2 health route's 400 means "false").
     """
 
     method: Literal["get", "post"]
@@ -55,6 +57,7 @@ class Operation:
     request_media_types: tuple[str, ...] = ("application/json",)
     text_responses: Mapping[int, str] = field(default_factory=dict)
     security: bool = True
+    descriptions: Mapping[int, str] = field(default_factory=dict)
 
 
 def errors(model: type[BaseModel], *statuses: int) -> dict[int, type[BaseModel] | None]:
@@ -104,7 +107,8 @@ def build_document(
                 "content": {media: {"schema": schema} for media in op.request_media_types},
             }
         for status, model in sorted(op.responses.items()):
-            response: dict[str, Any] = {"description": STATUS_TEXT.get(status, str(status))}
+            text = op.descriptions.get(status) or STATUS_TEXT.get(status, str(status))
+            response: dict[str, Any] = {"description": text}
             if model is not None:
                 schema = refs[(model, "serialization")]
                 response["content"] = {"application/json": {"schema": schema}}
