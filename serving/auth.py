@@ -17,8 +17,10 @@ from serving.settings import Settings
 __all__ = ["OPEN_ROUTES", "check_api_key", "load_api_keys"]
 
 #: Routes probes and scrapers reach without a key (``/metrics`` unless
-#: ``SERVING_METRICS_REQUIRE_AUTH`` is set).
-OPEN_ROUTES = frozenset({"/livez", "/healthz", "/metrics", "/openapi.json"})
+#: ``SERVING_METRICS_REQUIRE_AUTH`` is set), KServe V2's health routes included.
+OPEN_ROUTES = frozenset(
+    {"/livez", "/healthz", "/metrics", "/openapi.json", "/v2/health/live", "/v2/health/ready"}
+)
 
 
 def load_api_keys(settings: Settings) -> tuple[bytes, ...]:
