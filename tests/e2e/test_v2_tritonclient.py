@@ -10,6 +10,7 @@ from typing import Any
 import joblib
 import numpy as np
 import pytest
+import requests
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
@@ -25,9 +26,10 @@ MODELS = [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GunicornServer]:
-    """One worker serving both models (2 "ready to serve" lines)."""
+    """One worker serving both models (2 "ready to serve" lines); bodies up to 64 KiB."""
     tmp_path = tmp_path_factory.mktemp("v2")
-    server = GunicornServer(tmp_path, workers=1, models=json.dumps(MODELS)).start()
+    settings = {"workers": 1, "models": json.dumps(MODELS), "max_body_bytes": 65536}
+    server = GunicornServer(tmp_path, **settings).start()
     try:
         server.wait_ready(workers=2)
         yield server
@@ -144,3 +146,27 @@ def test_tritonclient_gets_the_errors_the_protocol_defines(
     assert "input 'X' has shape [2, 29]; the model takes [-1, 30]" in shape.value.message()
     assert metadata.value.status() == "404"
     assert not client.is_model_ready("nope")
+
+
+def test_v2_chunked_bodies_without_content_type_are_read_up_to_the_limit(
+    server: GunicornServer, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, _ = breast_cancer
+    row = X[0].tolist()
+    body = json.dumps(
+        {"inputs": [{"name": "X", "shape": [1, 30], "datatype": "FP64", "data": row}]}
+    )
+    url = f"{server.url}/v2/models/breast_cancer_onnx/infer"
+
+    def chunks(data: bytes, repeat: int = 1) -> Iterator[bytes]:
+        for _ in range(repeat):
+            yield data
+
+    small = requests.post(url, data=chunks(body.encode()), timeout=30)
+    huge = requests.post(url, data=chunks(b" " * 32768, repeat=3), timeout=30)
+
+    assert "Content-Length" not in small.request.headers
+    assert small.status_code == 200, small.text
+    assert small.json()["outputs"][0]["data"] == [0]
+    assert (huge.status_code, huge.json()["code"]) == (413, "payload_too_large")
+    assert "chunked request body" in huge.json()["error"]
