@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 __all__ = [
     "Datatype",
@@ -37,6 +37,18 @@ Datatype = Literal[
 ]  # fmt: skip
 
 
+def _integral(value: Any) -> Any:
+    """``2.0`` as ``2``: JSON Schema's ``integer`` (which the OpenAPI document shows) admits
+    numbers with a zero fractional part, and some clients write sizes as floats."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+#: A count (a shape dimension, a byte size): a non-negative integer.
+Count = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(
         strict=True, extra="forbid", allow_inf_nan=False, protected_namespaces=()
@@ -50,9 +62,8 @@ class _Parameters(BaseModel):
 
 
 class V2InputParameters(_Parameters):
-    binary_data_size: int | None = Field(
+    binary_data_size: Count | None = Field(
         None,
-        ge=0,
         description="Binary tensor data extension: this input's bytes follow the JSON "
         "header (Inference-Header-Content-Length) in request order, little-endian.",
     )
@@ -62,7 +73,7 @@ class V2RequestInput(_Strict):
     """One input tensor: ``shape`` ``[n_instances, width]`` (or ``[n_instances]``)."""
 
     name: str = Field(min_length=1, max_length=256)
-    shape: list[Annotated[int, Field(ge=0)]] = Field(max_length=8)
+    shape: list[Count] = Field(max_length=8)
     datatype: Datatype
     parameters: V2InputParameters | None = None
     data: list[Any] | None = Field(

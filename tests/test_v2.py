@@ -176,6 +176,14 @@ def test_v2_infer_returns_only_requested_outputs_and_any_numeric_datatype(
     ]
 
 
+def test_v2_infer_takes_integral_float_shapes_as_json_schema_integers(client: FlaskClient) -> None:
+    accepted = client.post(INFER, json={"inputs": [tensor([1, 2, 3], [1.0, 3.0])]})
+    refused = client.post(INFER, json={"inputs": [tensor([1, 2, 3], [1.5, 2])]})
+
+    assert accepted.status_code == 200, accepted.get_json()
+    assert "inputs[0].shape[0]" in error_of(refused).error
+
+
 @pytest.mark.parametrize(
     ("inputs", "where"),
     [
