@@ -13,7 +13,7 @@ from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from serving import __version__
-from serving.api import docs, health, mlflow, predict, tfserving
+from serving.api import docs, health, mlflow, predict, tfserving, v2
 from serving.api import metrics as metrics_api
 from serving.api.common import ServingContext, error_body, json_response
 from serving.auth import OPEN_ROUTES, check_api_key, load_api_keys
@@ -69,7 +69,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["serving"] = ServingContext(settings, metrics, get_models)
 
-    modules = (predict, tfserving, mlflow, health, metrics_api, docs)
+    modules = (predict, v2, tfserving, mlflow, health, metrics_api, docs)
     for module in modules:
         app.register_blueprint(module.bp)
 

@@ -17,8 +17,19 @@ from serving.settings import Settings
 __all__ = ["OPEN_ROUTES", "check_api_key", "load_api_keys"]
 
 #: Routes probes and scrapers reach without a key (``/metrics`` unless
-#: ``SERVING_METRICS_REQUIRE_AUTH`` is set; ``/ping`` is SageMaker's health check).
-OPEN_ROUTES = frozenset({"/livez", "/healthz", "/metrics", "/openapi.json", "/ping"})
+#: ``SERVING_METRICS_REQUIRE_AUTH`` is set), KServe V2's health routes and ``/ping``
+#: (SageMaker's health check) included.
+OPEN_ROUTES = frozenset(
+    {
+        "/livez",
+        "/healthz",
+        "/metrics",
+        "/openapi.json",
+        "/ping",
+        "/v2/health/live",
+        "/v2/health/ready",
+    }
+)
 
 
 def load_api_keys(settings: Settings) -> tuple[bytes, ...]:

@@ -46,6 +46,8 @@ class Operation:
     :param request: the JSON request body's model, if any.
     :param text_request_media_types: other media types the request body may have, whose
         body is text (``text/csv``), not ``request``'s JSON.
+    :param descriptions: status -> description where ``STATUS_TEXT``'s does not fit the
+        route (a KServe V2 health route's 400 means "false").
     """
 
     method: Literal["get", "post"]
@@ -59,6 +61,7 @@ class Operation:
     text_request_media_types: tuple[str, ...] = ()
     text_responses: Mapping[int, str] = field(default_factory=dict)
     security: bool = True
+    descriptions: Mapping[int, str] = field(default_factory=dict)
 
 
 def errors(model: type[BaseModel], *statuses: int) -> dict[int, type[BaseModel] | None]:
@@ -109,7 +112,8 @@ def build_document(
                 | {media: {"schema": {"type": "string"}} for media in op.text_request_media_types},
             }
         for status, model in sorted(op.responses.items()):
-            response: dict[str, Any] = {"description": STATUS_TEXT.get(status, str(status))}
+            text = op.descriptions.get(status) or STATUS_TEXT.get(status, str(status))
+            response: dict[str, Any] = {"description": text}
             if model is not None:
                 schema = refs[(model, "serialization")]
                 response["content"] = {"application/json": {"schema": schema}}

@@ -1,0 +1,239 @@
+"""Open Inference Protocol (KServe V2) over REST: ``/v2/...``, as Triton clients speak it.
+
+Inference goes the same way as ``/predict`` (``serving.api.inference``): the input tensors
+become the ``(n_instances, n_features)`` float64 matrix (``v2_tensors.input_rows``), which
+``run_batch`` queues on the model's batcher, so V2 and ``/predict`` requests are merged
+into the same predict calls. The binary tensor data extension is supported both ways.
+
+Status codes: 400 for every invalid request (the protocol defines no other; our 422
+``invalid_input`` answers 400 here, same ``code``), 404 unknown model, 409 a version not
+served here, 413 over a size limit, 503 not ready or overloaded, 504 timeout, 500 the model
+failed. Health and readiness are 200 for true and 400 for false, as Triton answers. Error
+bodies are the protocol's ``{"error": "<message>"}`` plus our ``"code"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from flask import Blueprint, Response, request
+
+from serving import __version__
+from serving.api.common import context, json_response, read_body, register_error_body
+from serving.api.inference import check_instance_count, check_outputs, run_batch
+from serving.api.v2_tensors import (
+    HEADER_LENGTH,
+    datatype_of,
+    encode_outputs,
+    input_rows,
+    split_body,
+)
+from serving.errors import InvalidInput, UnreadableBody
+from serving.handle import ModelHandle, TensorSpec
+from serving.openapi import Operation, errors
+from serving.schemas import parse_body
+from serving.schemas_v2 import (
+    V2Error,
+    V2InferRequest,
+    V2InferResponse,
+    V2Live,
+    V2ModelMetadata,
+    V2ModelReady,
+    V2Ready,
+    V2ServerMetadata,
+)
+
+__all__ = ["EXTENSIONS", "OPERATIONS", "bp"]
+
+bp = Blueprint("v2", __name__)
+
+#: Protocol extensions this server implements (``GET /v2``).
+EXTENSIONS = ["binary_tensor_data"]
+
+_MODEL = "/v2/models/{model_name}"
+_VERSION = "/v2/models/{model_name}/versions/{model_version}"
+_FALSE = {400: "False (not live, not ready)"}
+
+OPERATIONS = [
+    Operation("get", "/v2", "Server metadata: name, version, extensions",
+              {200: V2ServerMetadata} | errors(V2Error, 401), tag="kserve-v2"),
+    Operation("get", "/v2/health/live", "Liveness: 200 live, 400 only a restart helps",
+              {200: V2Live, 400: V2Live}, tag="kserve-v2", security=False, descriptions=_FALSE),
+    Operation("get", "/v2/health/ready", "Readiness: 200 when every model is ready, else 400",
+              {200: V2Ready, 400: V2Ready}, tag="kserve-v2", security=False, descriptions=_FALSE),
+    *[
+        Operation("get", path, "Model metadata: versions, platform, inputs and outputs",
+                  {200: V2ModelMetadata} | errors(V2Error, 401, 404, 409, 503), tag="kserve-v2")
+        for path in (_MODEL, _VERSION)
+    ],
+    *[
+        Operation("get", f"{path}/ready", "Model readiness: 200 ready, 400 not (yet)",
+                  {200: V2ModelReady, 400: V2ModelReady} | errors(V2Error, 401, 404, 409),
+                  tag="kserve-v2", descriptions=_FALSE)
+        for path in (_MODEL, _VERSION)
+    ],
+    *[
+        Operation("post", f"{path}/infer", "Inference (JSON tensors, or the binary tensor data "
+                  "extension: a JSON header of Inference-Header-Content-Length bytes, then "
+                  "raw tensors)",
+                  {200: V2InferResponse}
+                  | errors(V2Error, 400, 401, 404, 409, 413, 500, 503, 504),
+                  request=V2InferRequest, tag="kserve-v2",
+                  descriptions={400: "Invalid request (the error names the input)"})
+        for path in (_MODEL, _VERSION)
+    ],
+]  # fmt: skip
+
+
+def _error_body(status: int, code: str, message: str, details: list[dict[str, Any]]) -> Any:
+    return {"error": message, "code": code}
+
+
+register_error_body(bp.name, _error_body, "/v2/")
+
+
+@bp.errorhandler(InvalidInput)
+def _invalid_input(exc: InvalidInput) -> Response:
+    """The protocol answers every invalid request with 400 (Triton too); ``code`` stays."""
+    return json_response(_error_body(400, exc.code, exc.message, exc.details), 400)
+
+
+@bp.get("/v2")
+def server_metadata() -> Response:
+    return json_response({"name": "serving", "version": __version__, "extensions": EXTENSIONS})
+
+
+@bp.get("/v2/health/live")
+def live() -> Response:
+    """As ``/livez``: false only once a model's runtime has failed (only a restart helps)."""
+    alive = context().get_models().state != "failed"
+    return json_response({"live": alive}, 200 if alive else 400)
+
+
+@bp.get("/v2/health/ready")
+def ready() -> Response:
+    """As ``/healthz``: true only when every model of this worker is ready."""
+    is_ready = context().get_models().state == "ready"
+    return json_response({"ready": is_ready}, 200 if is_ready else 400)
+
+
+@bp.get("/v2/models/<model_name>", defaults={"model_version": None})
+@bp.get("/v2/models/<model_name>/versions/<model_version>")
+def model_metadata(model_name: str, model_version: str | None) -> Response:
+    """:raises ModelNotFound: (404). :raises VersionConflict: (409). :raises NotReady: (503)
+    while the model loads (its inputs and outputs are known once it is loaded)."""
+    models = context().get_models()
+    runtime = models.resolve(model_name, model_version)
+    handle, _ = runtime.require_ready()
+    specs = handle.input_specs()
+    names = _feature_names(specs, handle.feature_names)
+    body = {
+        "name": handle.name,
+        "versions": models.versions(handle.name),
+        "platform": "onnxruntime_onnx" if handle.format == "onnx" else handle.format,
+        "inputs": [_tensor(spec, share) for spec, share in zip(specs, names, strict=True)],
+        "outputs": [_tensor(spec, None) for spec in runtime.outputs],
+    }
+    return json_response(body)
+
+
+def _tensor(spec: TensorSpec, feature_names: list[str] | None) -> dict[str, Any]:
+    tensor: dict[str, Any] = {
+        "name": spec.name, "datatype": datatype_of(spec.dtype), "shape": list(spec.shape)
+    }  # fmt: skip
+    if feature_names is not None:
+        tensor["parameters"] = {"feature_names": feature_names}
+    return tensor
+
+
+def _feature_names(
+    specs: tuple[TensorSpec, ...], names: tuple[str, ...] | None
+) -> list[list[str] | None]:
+    """Each input's share of the model's feature names (its ``width`` columns, in order)."""
+    if names is None:
+        return [None] * len(specs)
+    if len(specs) == 1:
+        return [list(names)]
+    widths = [spec.width for spec in specs]
+    if -1 in widths or sum(widths) != len(names):
+        return [None] * len(specs)
+    starts = [sum(widths[:k]) for k in range(len(widths))]
+    return [list(names[start : start + width]) for start, width in zip(starts, widths, strict=True)]
+
+
+@bp.get("/v2/models/<model_name>/ready", defaults={"model_version": None})
+@bp.get("/v2/models/<model_name>/versions/<model_version>/ready")
+def model_ready(model_name: str, model_version: str | None) -> Response:
+    runtime = context().get_models().resolve(model_name, model_version)
+    is_ready = runtime.state == "ready"
+    body = {"name": runtime.model_name, "ready": is_ready}
+    return json_response(body, 200 if is_ready else 400)
+
+
+@bp.post(
+    "/v2/models/<model_name>/infer",
+    defaults={"model_version": None},
+    provide_automatic_options=False,
+)
+@bp.post("/v2/models/<model_name>/versions/<model_version>/infer", provide_automatic_options=False)
+def infer(model_name: str, model_version: str | None) -> Response:
+    """One inference request: JSON, or JSON header + binary tensors (any Content-Type, as
+    tritonclient sends none; the body size limit is ``SERVING_MAX_BODY_BYTES`` either way).
+
+    :raises InvalidInput: (400 here) naming the input or output that is wrong.
+    :raises UnreadableBody: (400) for a compressed body (Content-Encoding is not supported).
+    """
+    ctx = context()
+    encoding = request.content_encoding
+    if encoding not in (None, "", "identity"):
+        raise UnreadableBody(
+            f"Content-Encoding {encoding[:32]!r} is not supported: send the body uncompressed"
+        )
+    header, binary = split_body(
+        read_body(ctx.settings.max_body_bytes), request.headers.get(HEADER_LENGTH)
+    )
+    body = parse_body(V2InferRequest, header)
+    check_instance_count(max(tensor.shape[0] if tensor.shape else 0 for tensor in body.inputs))
+    runtime = ctx.get_models().resolve(model_name, model_version)
+    handle, _ = runtime.require_ready()
+    _refuse_unsupported(body)
+    wanted = [out.name for out in body.outputs] if body.outputs else None
+    check_outputs(wanted, handle.output_names)
+    rows = input_rows(body.inputs, binary, handle.input_specs(), handle.n_features)
+    handle, outputs = run_batch(runtime, rows)
+    check_outputs(wanted, tuple(outputs))
+    binary_default = bool(body.parameters and body.parameters.binary_data_output)
+    tensors, tail = encode_outputs(outputs, body.outputs, binary_default)
+    return _infer_response(handle, body.id, tensors, tail)
+
+
+def _refuse_unsupported(body: V2InferRequest) -> None:
+    """:raises InvalidInput: for shared-memory tensors and the classification extension."""
+    for index, tensor in enumerate(body.inputs):
+        if tensor.parameters and "shared_memory_region" in (tensor.parameters.model_extra or {}):
+            msg = "shared memory is not supported: send the data in the body"
+            raise InvalidInput(f"inputs[{index}]: {msg}")
+    for index, out in enumerate(body.outputs or ()):
+        extra = (out.parameters.model_extra or {}) if out.parameters else {}
+        if "shared_memory_region" in extra:
+            msg = "shared memory is not supported: outputs come back in the body"
+            raise InvalidInput(f"outputs[{index}]: {msg}")
+        if "classification" in extra:
+            msg = "the classification extension is not supported: ask for 'probabilities'"
+            raise InvalidInput(f"outputs[{index}]: {msg}")
+
+
+def _infer_response(
+    handle: ModelHandle, request_id: str | None, tensors: list[dict[str, Any]], tail: bytes
+) -> Response:
+    body: dict[str, Any] = {"model_name": handle.name, "model_version": handle.version}
+    if request_id is not None:
+        body["id"] = request_id
+    body["outputs"] = tensors
+    if not any("parameters" in tensor for tensor in tensors):
+        return json_response(body)
+    header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    response = Response(header + tail, mimetype="application/octet-stream")
+    response.headers[HEADER_LENGTH] = str(len(header))
+    return response

@@ -1,0 +1,498 @@
+"""KServe V2 REST in-process (Flask test client) around tiny real models: routes, tensors,
+the binary extension, error shape, and merging with /predict in one batcher."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from prometheus_client import CollectorRegistry
+
+from serving import __version__
+from serving.api.common import ServingContext
+from serving.app import create_app
+from serving.cache import ModelCache
+from serving.handle import ModelHandle, TensorSpec
+from serving.metrics import ServingMetrics
+from serving.runtime import ModelRuntime
+from serving.schemas_v2 import V2Error, V2InferResponse, V2ModelMetadata
+from serving.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+INFER = "/v2/models/echo/infer"
+KEY = "k" * 20
+
+
+def tensor(data: Any, shape: list[int], name: str = "input-0", datatype: str = "FP64") -> Any:
+    return {"name": name, "shape": shape, "datatype": datatype, "data": data}
+
+
+def error_of(response: Any) -> V2Error:
+    return V2Error.model_validate(response.get_json())
+
+
+MakeClient = Callable[..., FlaskClient]
+
+
+@pytest.fixture
+def make_client(settings: Settings) -> Iterator[MakeClient]:
+    """``make_client(handle, **settings)``: a test client of an app serving ``handle``."""
+    apps: list[Flask] = []
+
+    def make(handle: ModelHandle, **overrides: Any) -> FlaskClient:
+        configured = Settings(**{**settings.model_dump(), **overrides})
+        app = create_app(configured, handle, metrics=ServingMetrics(CollectorRegistry()))
+        apps.append(app)
+        return app.test_client()
+
+    yield make
+    for app in apps:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+
+def test_v2_server_metadata_and_health_answer_200(client: FlaskClient) -> None:
+    assert client.get("/v2").get_json() == {
+        "name": "serving",
+        "version": __version__,
+        "extensions": ["binary_tensor_data"],
+    }
+    live, ready_ = client.get("/v2/health/live"), client.get("/v2/health/ready")
+    assert (live.status_code, live.get_json()) == (200, {"live": True})
+    assert (ready_.status_code, ready_.get_json()) == (200, {"ready": True})
+    ready = client.get("/v2/models/echo/versions/7/ready")
+    assert (ready.status_code, ready.get_json()) == (200, {"name": "echo", "ready": True})
+
+
+def test_v2_readiness_is_400_while_loading_and_infer_503(settings: Settings) -> None:
+    metrics = ServingMetrics(CollectorRegistry())
+    runtime = ModelRuntime(settings, metrics)
+    app = create_app(settings, metrics=metrics)
+    models = ModelCache(settings, metrics, runtimes=[runtime])
+    app.extensions["serving"] = ServingContext(settings, metrics, lambda: models)
+    client = app.test_client()
+    name = runtime.model_name
+
+    assert client.get("/v2/health/ready").status_code == 400
+    assert client.get(f"/v2/models/{name}/ready").get_json() == {"name": name, "ready": False}
+    assert client.get("/v2/health/live").status_code == 200
+    infer = client.post(f"/v2/models/{name}/infer", json={"inputs": [tensor([1, 2, 3], [1, 3])]})
+    assert (infer.status_code, error_of(infer).code) == (503, "not_ready")
+    assert infer.headers["Retry-After"] == "1"
+
+    runtime.load(ModelHandle.from_callable(np.sum, name=name, version="1", n_features=3))
+    assert client.get("/v2/health/ready").status_code == 200
+    runtime.stop(timeout_s=10)
+    assert client.get("/v2/health/ready").status_code == 400
+
+
+def test_v2_model_metadata_lists_tensors_and_feature_names(make_client: MakeClient) -> None:
+    handle = ModelHandle.from_callable(
+        lambda X: X.sum(axis=1), name="sum", version="3", feature_names=("a", "b", "c")
+    )
+    client = make_client(handle)
+
+    response = client.get("/v2/models/sum")
+
+    assert response.status_code == 200
+    V2ModelMetadata.model_validate(response.get_json())
+    assert response.get_json() == {
+        "name": "sum",
+        "versions": ["3"],
+        "platform": "callable",
+        "inputs": [
+            {
+                "name": "input-0",
+                "datatype": "FP64",
+                "shape": [-1, 3],
+                "parameters": {"feature_names": ["a", "b", "c"]},
+            },
+        ],
+        "outputs": [{"name": "predictions", "datatype": "FP64", "shape": [-1]}],
+    }
+    assert client.get("/v2/models/sum/versions/3").get_json() == response.get_json()
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "code"),
+    [
+        ("/v2/models/nope", 404, "model_not_found"),
+        ("/v2/models/echo/versions/8", 409, "version_conflict"),
+        ("/v2/models/nope/ready", 404, "model_not_found"),
+        ("/v2/models/echo/versions/8/ready", 409, "version_conflict"),
+    ],
+)
+def test_v2_unknown_model_is_404_and_unserved_version_409_in_the_protocols_shape(
+    client: FlaskClient, path: str, status: int, code: str
+) -> None:
+    response = client.get(path)
+    assert (response.status_code, error_of(response).code) == (status, code)
+    posted = client.post(
+        path.removesuffix("/ready") + "/infer", json={"inputs": [tensor([1, 2, 3], [1, 3])]}
+    )
+    assert (posted.status_code, error_of(posted).code) == (status, code)
+
+
+@pytest.mark.parametrize(
+    "data", [[5, 0, 0, 6.5, 1, 2], [[5, 0, 0], [6.5, 1, 2]]], ids=["flat", "nested"]
+)
+def test_v2_infer_answers_every_output_per_instance_and_echoes_the_id(
+    client: FlaskClient, data: list[Any]
+) -> None:
+    response = client.post(INFER, json={"id": "req-1", "inputs": [tensor(data, [2, 3])]})
+
+    assert response.status_code == 200, response.get_json()
+    body = V2InferResponse.model_validate(response.get_json())
+    assert (body.model_name, body.model_version, body.id) == ("echo", "7", "req-1")
+    assert [o.model_dump(exclude_none=True) for o in body.outputs] == [
+        {"name": "predictions", "datatype": "FP64", "shape": [2], "data": [5.0, 6.5]},
+        {"name": "probabilities", "datatype": "FP64", "shape": [2, 2], "data": [0.5] * 4},
+    ]
+
+
+def test_v2_infer_returns_only_requested_outputs_and_any_numeric_datatype(
+    client: FlaskClient,
+) -> None:
+    body = {
+        "inputs": [tensor([4, 1, 2], [1, 3], datatype="INT32")],
+        "outputs": [{"name": "predictions"}],
+    }
+    response = client.post("/v2/models/echo/versions/7/infer", json=body)
+
+    assert response.status_code == 200, response.get_json()
+    assert "id" not in response.get_json()
+    assert response.get_json()["outputs"] == [
+        {"name": "predictions", "datatype": "FP64", "shape": [1], "data": [4.0]}
+    ]
+
+
+def test_v2_infer_takes_integral_float_shapes_as_json_schema_integers(client: FlaskClient) -> None:
+    accepted = client.post(INFER, json={"inputs": [tensor([1, 2, 3], [1.0, 3.0])]})
+    refused = client.post(INFER, json={"inputs": [tensor([1, 2, 3], [1.5, 2])]})
+
+    assert accepted.status_code == 200, accepted.get_json()
+    assert "inputs[0].shape[0]" in error_of(refused).error
+
+
+@pytest.mark.parametrize(
+    ("inputs", "where"),
+    [
+        ([tensor([1, 2, 3], [1, 3], name="x")], "no input 'x'"),
+        ([tensor([1, 2, 3], [1, 3]), tensor([1, 2, 3], [1, 3])], "'input-0' is given twice"),
+        ([tensor([1, 2, 3], [1, 3]), tensor([1], [1], name="extra")], "no input 'extra'"),
+        ([tensor(["a", "b", "c"], [1, 3], datatype="BYTES")], "datatype BYTES is not supported"),
+        ([tensor([1, 2.5, 3], [1, 3], datatype="INT64")], "data[1] = 2.5 is not an integer"),
+        ([tensor([1, True, 3], [1, 3])], "data[1] = True is not a finite number"),
+        ([tensor([1, 300, 3], [1, 3], datatype="INT8")], "data[1] = 300 is not an integer"),
+        ([tensor([1, 1e39, 3], [1, 3], datatype="FP32")], "data[1] = 1e+39 is not a finite"),
+        ([tensor([1, 2, 3, 4], [1, 3])], "has 4 values; shape [1, 3] needs 3"),
+        ([tensor([1, 2, 3, 4], [2, 2])], "has shape [2, 2]; the model takes [-1, 3]"),
+        ([tensor([1, 2, 3], [3])], "has shape [3]; the model takes [-1, 3]"),
+        ([tensor([], [0, 3])], "has shape [0, 3]"),
+        ([{"name": "input-0", "shape": [1, 3], "datatype": "FP64"}], "'input-0' has no data"),
+    ],
+)
+def test_v2_infer_refuses_bad_inputs_with_400_naming_the_input(
+    client: FlaskClient, inputs: list[Any], where: str
+) -> None:
+    response = client.post(INFER, json={"inputs": inputs})
+
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error.code == "invalid_input"
+    assert where in error.error
+    assert re.match(r"inputs(\[\d\])?: ", error.error)
+
+
+ONE = b'{"name": "input-0", "shape": [1, 3], "datatype": "FP64", "data": '
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (b'{"inputs": [', "not valid JSON"),
+        (b'{"inputs": []}', "inputs"),
+        (b'{"input": []}', "input"),
+        (b'{"inputs": [' + ONE + b"[1, 2, NaN]}]}", "data[2] = nan is not a finite number"),
+        (b'{"inputs": [' + ONE + b"[1, 2, 1e999]}]}", "data[2] = inf is not a finite number"),
+        (b'{"inputs": [' + ONE.replace(b"FP64", b"FP99") + b"[1]}]}", "inputs[0].datatype"),
+        (
+            b'{"inputs": [' + ONE + b'[1, 2, 3]}], "outputs": [{"name": "nope"}]}',
+            "outputs[0]: the model has no output",
+        ),
+        (
+            b'{"inputs": [' + ONE + b'[1, 2, 3]}], "outputs": [{"name": "predictions", '
+            b'"parameters": {"classification": 2}}]}',
+            "classification extension is not supported",
+        ),
+    ],
+)
+def test_v2_infer_refuses_malformed_bodies_with_400(
+    client: FlaskClient, body: bytes, where: str
+) -> None:
+    response = client.post(INFER, data=body, content_type="application/json")
+
+    assert response.status_code == 400
+    assert where in error_of(response).error
+
+
+def test_v2_infer_refuses_values_the_models_input_type_cannot_hold(
+    make_client: MakeClient,
+) -> None:
+    handle = ModelHandle(
+        "f32",
+        "1",
+        "callable",
+        lambda X: {"predictions": X[:, 0]},
+        n_features=2,
+        input_dtype=np.float32,
+    )
+    response = make_client(handle).post(
+        "/v2/models/f32/infer", json={"inputs": [tensor([1, 1e39], [1, 2])]}
+    )
+    assert response.status_code == 400
+    assert "outside the model's float32 range" in error_of(response).error
+
+
+def test_v2_infer_takes_each_input_by_name_in_the_models_column_order(
+    make_client: MakeClient,
+) -> None:
+    specs = (
+        TensorSpec("a", np.dtype(np.float64), (-1,)),
+        TensorSpec("b", np.dtype(np.float32), (-1, 2)),
+    )
+    handle = ModelHandle(
+        "multi",
+        "1",
+        "onnx",
+        lambda X: {"predictions": X @ np.array([1.0, 10.0, 100.0])},
+        n_features=3,
+        feature_names=("a", "b0", "b1"),
+        inputs=specs,
+    )
+    client = make_client(handle)
+
+    b, a = tensor([2, 3, 5, 6], [2, 2], "b", "FP32"), tensor([1, 4], [2, 1], "a", "INT64")
+    response = client.post("/v2/models/multi/infer", json={"inputs": [b, a]})
+    metadata = client.get("/v2/models/multi").get_json()
+
+    assert response.status_code == 200, response.get_json()
+    assert response.get_json()["outputs"][0]["data"] == [321.0, 654.0]
+    assert metadata["platform"] == "onnxruntime_onnx"
+    assert metadata["inputs"] == [
+        {"name": "a", "datatype": "FP64", "shape": [-1], "parameters": {"feature_names": ["a"]}},
+        {
+            "name": "b",
+            "datatype": "FP32",
+            "shape": [-1, 2],
+            "parameters": {"feature_names": ["b0", "b1"]},
+        },
+    ]
+    missing = client.post("/v2/models/multi/infer", json={"inputs": [b]})
+    assert "inputs: missing input 'a'" in error_of(missing).error
+    uneven = client.post("/v2/models/multi/infer", json={"inputs": [b, tensor([1], [1], "a")]})
+    assert "inputs[0]: input 'b' has 2 instances; input 'a' has 1" in error_of(uneven).error
+
+
+def binary_request(
+    tensors: list[tuple[str, str, np.ndarray]], **extra: Any
+) -> tuple[bytes, dict[str, str]]:
+    """A binary tensor data extension body, as tritonclient builds it."""
+    inputs = [
+        {
+            "name": name,
+            "shape": list(array.shape),
+            "datatype": datatype,
+            "parameters": {"binary_data_size": array.nbytes},
+        }
+        for name, datatype, array in tensors
+    ]
+    header = json.dumps({"inputs": inputs, **extra}).encode()
+    raw = b"".join(array.astype(array.dtype.newbyteorder("<")).tobytes() for *_, array in tensors)
+    return header + raw, {"Inference-Header-Content-Length": str(len(header))}
+
+
+def split_response(response: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The JSON header and each binary output's bytes of a binary response."""
+    data = response.get_data()
+    length = int(response.headers["Inference-Header-Content-Length"])
+    header = json.loads(data[:length])
+    offset, raw = length, {}
+    for out in header["outputs"]:
+        if "parameters" not in out:
+            continue
+        size = out["parameters"]["binary_data_size"]
+        raw[out["name"]], offset = data[offset : offset + size], offset + size
+    assert offset == len(data)
+    return header, raw
+
+
+@pytest.mark.parametrize("content_type", [None, "application/octet-stream"])
+def test_v2_infer_binary_tensors_both_ways_with_any_content_type(
+    client: FlaskClient, content_type: str | None
+) -> None:
+    rows = np.array([[5, 0, 0], [6.5, 1, 2]], dtype=np.float32)
+    outputs = [
+        {"name": "probabilities"},
+        {"name": "predictions", "parameters": {"binary_data": False}},
+    ]
+    body, headers = binary_request(
+        [("input-0", "FP32", rows)], outputs=outputs, parameters={"binary_data_output": True}
+    )
+    response = client.post(INFER, data=body, headers=headers, content_type=content_type)
+
+    assert response.status_code == 200, response.get_data()
+    assert response.mimetype == "application/octet-stream"
+    header, raw = split_response(response)
+    assert header["outputs"][0] == {
+        "name": "probabilities",
+        "datatype": "FP64",
+        "shape": [2, 2],
+        "parameters": {"binary_data_size": 32},
+    }
+    assert header["outputs"][1]["data"] == [5.0, 6.5]
+    np.testing.assert_array_equal(np.frombuffer(raw["probabilities"], "<f8"), [0.5] * 4)
+
+
+@pytest.mark.parametrize(
+    ("size", "sent", "header_length", "where"),
+    [
+        (24, 16, None, "binary_data_size 24 runs past the body's end"),
+        (8, 8, None, "binary_data_size 8; shape [1, 3] of FP64 needs 24 bytes"),
+        (24, 32, None, "8 bytes after the inputs' binary data"),
+        (24, 24, "x", "'x' is not a byte count"),
+        (24, 24, "100000", "is more than the body's"),
+    ],
+)
+def test_v2_infer_binary_sizes_that_do_not_add_up_are_400(
+    client: FlaskClient, size: int, sent: int, header_length: str | None, where: str
+) -> None:
+    parameters = {"binary_data_size": size}
+    inputs = [{"name": "input-0", "shape": [1, 3], "datatype": "FP64", "parameters": parameters}]
+    header = json.dumps({"inputs": inputs}).encode()
+    headers = {"Inference-Header-Content-Length": header_length or str(len(header))}
+    response = client.post(INFER, data=header + bytes(sent), headers=headers)
+
+    assert response.status_code == 400
+    assert where in error_of(response).error
+
+
+def test_v2_infer_string_labels_are_bytes_in_json_and_binary(make_client: MakeClient) -> None:
+    handle = ModelHandle.from_callable(
+        lambda X: np.where(X[:, 0] > 0, "benign", "malignant").astype(object),
+        name="labels",
+        version="1",
+        n_features=1,
+    )
+    client = make_client(handle)
+    rows = [tensor([1, -1], [2, 1])]
+
+    as_json = client.post("/v2/models/labels/infer", json={"inputs": rows})
+    as_binary = client.post(
+        "/v2/models/labels/infer", json={"inputs": rows, "parameters": {"binary_data_output": True}}
+    )
+
+    assert as_json.get_json()["outputs"] == [
+        {"name": "predictions", "datatype": "BYTES", "shape": [2], "data": ["benign", "malignant"]}
+    ]
+    header, raw = split_response(as_binary)
+    assert header["outputs"][0]["datatype"] == "BYTES"
+    assert raw["predictions"] == struct.pack("<I", 6) + b"benign" + struct.pack("<I", 9) + (
+        b"malignant"
+    )
+    assert client.get("/v2/models/labels").get_json()["outputs"][0]["datatype"] == "BYTES"
+
+
+def test_v2_infer_limits_are_413_and_compressed_bodies_400(client: FlaskClient) -> None:
+    many = client.post(INFER, json={"inputs": [tensor([0.0] * 51, [17, 3])]})
+    big = client.post(INFER, json={"inputs": [tensor([0.123456789] * 600, [200, 3])]})
+    gzip = client.post(INFER, data=b"x", headers={"Content-Encoding": "gzip"})
+
+    assert (many.status_code, error_of(many).code) == (413, "payload_too_large")
+    assert (big.status_code, error_of(big).code) == (413, "payload_too_large")
+    assert (gzip.status_code, error_of(gzip).code) == (400, "unreadable_body")
+    assert "Content-Encoding 'gzip' is not supported" in error_of(gzip).error
+
+
+def test_v2_health_routes_are_open_and_the_others_need_a_key(
+    make_client: MakeClient, model_handle: ModelHandle
+) -> None:
+    client = make_client(model_handle, api_keys=KEY)
+
+    assert client.get("/v2/health/live").status_code == 200
+    assert client.get("/v2/health/ready").status_code == 200
+    refused = client.get("/v2/models/echo")
+    assert (refused.status_code, error_of(refused).code) == (401, "unauthorized")
+    body = {"inputs": [tensor([1, 2, 3], [1, 3])]}
+    assert client.post(INFER, json=body, headers={"X-API-Key": KEY}).status_code == 200
+
+
+def test_v2_and_predict_requests_are_merged_into_the_same_predict_calls(
+    make_client: MakeClient,
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+    batches: list[list[float]] = []
+
+    def predict(rows: np.ndarray) -> np.ndarray:
+        if rows[0, 0] == -1:  # the blocker: holds the model while the others queue up
+            entered.set()
+            assert release.wait(10)
+        batches.append(rows[:, 0].tolist())
+        return rows[:, 0] * 2
+
+    handle = ModelHandle.from_callable(predict, name="echo", version="7", n_features=3)
+    client = make_client(handle, max_batch_size=16)
+    runtime = client.application.extensions["serving"].get_models().default
+    results: dict[float, Any] = {}
+
+    def v2(first: float) -> None:
+        body = {"inputs": [tensor([first, 0, 0, first + 0.5, 0, 0], [2, 3])]}
+        response = client.application.test_client().post(INFER, json=body)
+        results[first] = response.get_json()["outputs"][0]["data"]
+
+    def rest(first: float) -> None:
+        body = {"instances": [[first, 0, 0], [first + 0.5, 0, 0]]}
+        response = client.application.test_client().post("/predict", json=body)
+        results[first] = response.get_json()["predictions"]
+
+    blocker = threading.Thread(target=rest, args=(-1.0,))
+    blocker.start()
+    assert entered.wait(10)
+    callers = [threading.Thread(target=v2 if k % 2 else rest, args=(k,)) for k in range(1, 7)]
+    for caller in callers:
+        caller.start()
+    deadline = time.monotonic() + 10
+    while runtime.queue_depth < 12:
+        assert time.monotonic() < deadline, f"queued: {runtime.queue_depth}"
+        time.sleep(0.005)
+    release.set()
+    for thread in [blocker, *callers]:
+        thread.join(10)
+        assert not thread.is_alive()
+
+    merged = [batch for batch in batches if len(batch) > 2 and any(batch)]  # not warmup
+    assert len(merged) == 1 and sorted(merged[0]) == sorted(
+        [k + d for k in range(1, 7) for d in (0.0, 0.5)]
+    )
+    assert results == {k: [2 * k, 2 * k + 1] for k in [-1.0, *range(1, 7)]}
+
+
+def test_v2_readme_example_validates_against_the_openapi_document(client: FlaskClient) -> None:
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"curl -s [^\n]*/v2/models/[^\n]*/infer [^\n]*-d '([^']*)'", readme)
+    assert match, "README has no curl example for /v2/models/.../infer"
+    document = client.get("/openapi.json").get_json()
+    schema = {"$ref": "#/components/schemas/V2InferRequest", **document}
+    jsonschema.validate(json.loads(match.group(1)), schema)
+    body = json.loads(match.group(1))
+    assert body["inputs"][0]["shape"][1] == 30  # the demo model's features
