@@ -165,8 +165,29 @@ def test_request_pinned_to_the_other_version_gets_409_through_nginx(
     assert response.json()["model_version"] == pinned
 
 
+def test_every_prediction_protocol_is_on_the_public_listener(
+    deployment: Deployment, row: list[float]
+) -> None:
+    url = deployment.proxy.url
+    answers = [
+        requests.post(f"{url}/predict", json={"instances": [row]}, timeout=30),
+        requests.post(f"{url}/invocations", json={"instances": [row]}, timeout=30),
+        requests.post(f"{url}/v1/models/breast_cancer:predict", json={"instances": [row]},
+                      timeout=30),
+        requests.post(f"{url}/v2/models/breast_cancer/infer", timeout=30, json={
+            "inputs": [{"name": "input-0", "shape": [1, len(row)], "datatype": "FP64",
+                        "data": row}]}),
+        requests.get(f"{url}/v1/models/breast_cancer/metadata", timeout=30),
+        requests.get(f"{url}/v2/models/breast_cancer", timeout=30),
+        requests.get(f"{url}/openapi.json", timeout=30),
+    ]  # fmt: skip
+    for response in answers:
+        assert response.status_code == 200, (response.url, response.text)
+        assert "X-Request-ID" in response.headers
+
+
 def test_probe_and_metrics_routes_are_not_on_the_public_listener(deployment: Deployment) -> None:
-    for path in ("/healthz", "/livez", "/metrics", "/"):
+    for path in ("/healthz", "/livez", "/metrics", "/ping", "/v2/health/ready", "/"):
         response = requests.get(f"{deployment.proxy.url}{path}", timeout=10)
         assert response.status_code == 404, path
         assert response.json()["error"] == {
