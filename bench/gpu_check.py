@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.http_load import free_port  # noqa: E402
-from bench.models import model_path, real_rows  # noqa: E402
+from bench.models import batch_totals, model_path, real_rows  # noqa: E402
 from serving.loaders import load_model  # noqa: E402
 from serving.onnx_loader import OnnxLoader  # noqa: E402
 from serving.providers import CUDA, provider_problem  # noqa: E402
@@ -87,13 +87,8 @@ def serve_and_load(providers: str, seconds: float, clients: int) -> tuple[float,
         for thread in threads:
             thread.join()
         rate = sum(counts) / (time.perf_counter() - started)
-        scrape = requests.get(f"{url}/metrics", timeout=10).text
-        values = {
-            line.split()[0]: float(line.split()[1])
-            for line in scrape.splitlines()
-            if line.startswith("inference_batch_size_")
-        }
-        mean = values["inference_batch_size_sum"] / values["inference_batch_size_count"]
+        calls, instances = batch_totals(requests.get(f"{url}/metrics", timeout=10).text)
+        mean = instances / calls
         return rate, mean, health.json()["execution_provider"]
     finally:
         server.terminate()

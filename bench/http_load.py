@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.models import RESULTS, model_path, real_rows, write_bodies  # noqa: E402
+from bench.models import RESULTS, batch_totals, model_path, real_rows, write_bodies  # noqa: E402
 
 GUNICORN = Path(sys.executable).parent / "gunicorn"
 WORKERS = 2
@@ -150,14 +150,7 @@ class Server:
         if self.kind != "service":
             return 0.0, 0.0
         _, text = request(self.port, "GET", "/metrics")
-        values = {}
-        for line in text.splitlines():
-            if line.startswith("inference_batch_size_"):
-                name, value = line.rsplit(" ", 1)
-                values[name] = float(value)
-        return values.get("inference_batch_size_count", 0.0), values.get(
-            "inference_batch_size_sum", 0.0
-        )
+        return batch_totals(text)
 
     def per_worker_requests(self) -> list[float]:
         """Requests each live worker answered so far, from its own prometheus-client file."""

@@ -63,3 +63,13 @@ def write_bodies(path: Path) -> Path:
     lines = [json.dumps({"instances": [row.tolist()]}) for row in real_rows()]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def batch_totals(scrape: str) -> tuple[float, float]:
+    """(predict calls, instances) in a /metrics scrape, summed over model/version labels."""
+    totals = {"inference_batch_size_count": 0.0, "inference_batch_size_sum": 0.0}
+    for line in scrape.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals["inference_batch_size_count"], totals["inference_batch_size_sum"]
