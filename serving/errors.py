@@ -13,6 +13,7 @@
      ├── VersionConflict                         409 version_conflict
      ├── NotReady                                503 not_ready
      ├── Overloaded                              503 overloaded
+     ├── RequestTimeout                          408 request_timeout
      ├── InferenceTimeout                        504 timeout
      ├── InferenceError                          500 inference_error
      └── ModelLoadError                          500 model_load_error
@@ -38,6 +39,7 @@ __all__ = [
     "NotReady",
     "Overloaded",
     "PayloadTooLarge",
+    "RequestTimeout",
     "ServingError",
     "SettingsError",
     "Unauthorized",
@@ -160,6 +162,13 @@ class Overloaded(ServingError):
 
     status = 503
     code = "overloaded"
+
+
+class RequestTimeout(ServingError):
+    """The request itself took the whole deadline to arrive (a slow client, not the model)."""
+
+    status = 408
+    code = "request_timeout"
 
 
 class InferenceTimeout(ServingError):

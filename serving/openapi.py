@@ -25,6 +25,7 @@ STATUS_TEXT = {
     400: "Malformed or unreadable body",
     401: "Missing or wrong API key",
     404: "Unknown model or route",
+    408: "The request took longer than SERVING_REQUEST_TIMEOUT_MS to arrive",
     409: "The pinned model version is not served here",
     413: "Body or instance count over the limit",
     415: "Unsupported Content-Type",

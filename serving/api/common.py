@@ -111,13 +111,21 @@ def read_body(max_body_bytes: int) -> bytes:
             )
         return data
     try:
-        return request.get_data(cache=False)
+        data = request.get_data(cache=False)
     except ClientDisconnected as exc:
         raise UnreadableBody("request body could not be read: the client went away") from exc
     except RequestEntityTooLarge:
         raise PayloadTooLarge(
             "request body", None, max_body_bytes, _BODY_SETTING, "bytes"
         ) from None
+    if length is not None and len(data) < length:
+        # Under Gunicorn wsgi.input ends quietly when the client half-closes: a body cut
+        # short would otherwise be parsed as if complete (a CSV losing its last rows).
+        raise UnreadableBody(
+            f"request body could not be read: the client sent {len(data)} of the "
+            f"{length} bytes its Content-Length declared"
+        )
+    return data
 
 
 def json_response(body: dict[str, Any], status: int = 200) -> Response:

@@ -18,7 +18,7 @@ import numpy.typing as npt
 from flask import g
 
 from serving.api.common import context
-from serving.errors import InvalidInput, Overloaded, PayloadTooLarge
+from serving.errors import InvalidInput, Overloaded, PayloadTooLarge, RequestTimeout
 from serving.handle import ModelHandle, Outputs
 from serving.runtime import ModelRuntime
 
@@ -159,6 +159,7 @@ def run_batch(runtime: ModelRuntime, rows: npt.NDArray[np.float64]) -> tuple[Mod
     :raises NotReady: (503) when the model is not loaded yet or is stopping.
     :raises InvalidInput: (422) for a value the model's input type cannot hold.
     :raises Overloaded: (503) when the model's queue is full (counted in the metrics).
+    :raises RequestTimeout: (408) when receiving the request used up the deadline.
     :raises InferenceTimeout: (504) past the deadline.
     :raises InferenceError: (500) when the model fails on these rows.
     """
@@ -166,7 +167,13 @@ def run_batch(runtime: ModelRuntime, rows: npt.NDArray[np.float64]) -> tuple[Mod
     handle, batcher = runtime.require_ready()
     check_range(rows, handle.input_dtype, handle.column_dtypes)
     g.log_fields.update(instances=len(rows), model=handle.name, model_version=handle.version)
-    timeout_s = ctx.settings.request_timeout_ms / 1000 - (time.perf_counter() - g.started)
+    elapsed_s = time.perf_counter() - g.started
+    timeout_s = ctx.settings.request_timeout_ms / 1000 - elapsed_s
+    if timeout_s <= 0:  # nothing queued: the time went into receiving the request
+        raise RequestTimeout(
+            f"the request took {elapsed_s * 1000:.0f} ms to arrive, past "
+            f"SERVING_REQUEST_TIMEOUT_MS ({ctx.settings.request_timeout_ms:g} ms)"
+        )
     queued = batcher.queue_depth + len(rows)
     if queued <= runtime.settings.max_queue_depth:  # else refused below, never queued
         ctx.metrics.observe_queue(handle.name, handle.version, queued)

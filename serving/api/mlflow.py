@@ -53,7 +53,8 @@ OPERATIONS = [
         "post",
         "/invocations",
         "MLflow scoring: one prediction per row of a DataFrame (JSON or CSV), default model",
-        {200: MlflowResponse} | errors(MlflowErrorResponse, 400, 401, 413, 415, 422, 500, 503, 504),
+        {200: MlflowResponse}
+        | errors(MlflowErrorResponse, 400, 401, 408, 413, 415, 422, 500, 503, 504),
         request=MlflowRequest,
         tag="mlflow",
         text_request_media_types=("text/csv",),
@@ -65,6 +66,7 @@ _ERROR_CODES = {
     401: "UNAUTHENTICATED",
     500: "INTERNAL_ERROR",
     503: "TEMPORARILY_UNAVAILABLE",
+    408: "DEADLINE_EXCEEDED",
     504: "DEADLINE_EXCEEDED",
 }
 

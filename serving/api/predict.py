@@ -28,7 +28,7 @@ OPERATIONS = [
         "/predict",
         "One prediction per instance from the default model (or its pinned version)",
         {200: PredictResponse}
-        | errors(ErrorResponse, 400, 401, 404, 409, 413, 415, 422, 500, 503, 504),
+        | errors(ErrorResponse, 400, 401, 404, 408, 409, 413, 415, 422, 500, 503, 504),
         request=PredictRequest,
     )
 ]

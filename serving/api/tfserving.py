@@ -52,7 +52,7 @@ def _both(suffix: str) -> tuple[str, str]:
     )
 
 
-_PREDICT_ERRORS = errors(TFErrorResponse, 400, 401, 404, 409, 413, 415, 422, 500, 503, 504)
+_PREDICT_ERRORS = errors(TFErrorResponse, 400, 401, 404, 408, 409, 413, 415, 422, 500, 503, 504)
 OPERATIONS = [
     *(
         Operation(

@@ -78,7 +78,7 @@ OPERATIONS = [
                   "extension: a JSON header of Inference-Header-Content-Length bytes, then "
                   "raw tensors)",
                   {200: V2InferResponse}
-                  | errors(V2Error, 400, 401, 404, 409, 413, 500, 503, 504),
+                  | errors(V2Error, 400, 401, 404, 408, 409, 413, 500, 503, 504),
                   request=V2InferRequest, tag="kserve-v2",
                   descriptions={400: "Invalid request (the error names the input)"})
         for path in (_MODEL, _VERSION)

@@ -3,6 +3,7 @@ never a dead worker; a failing instance fails only its own request."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from collections.abc import Callable
@@ -103,3 +104,64 @@ def test_a_failing_instance_fails_only_its_own_request_in_a_burst(
     calls = server.metric("inference_batch_size_count", text)
     assert server.metric('inference_batch_size_bucket{le="1.0"}', text) < calls, "no batching"
     assert server.metric("inference_errors_total", text) >= 4  # each failing call counted
+
+
+def raw_post(
+    port: int, path: str, content_type: str, body: bytes, *, declared: int,
+    pause_s: float = 0.0, rest: bytes = b"",
+) -> tuple[int, dict[str, Any]]:  # fmt: skip
+    """POST ``body`` with Content-Length ``declared``; after ``pause_s`` send ``rest``, then
+    half-close. Returns the status and the JSON body of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {declared}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        if pause_s:
+            threading.Event().wait(pause_s)
+            sock.sendall(rest)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(payload)
+
+
+def test_a_body_shorter_than_its_content_length_is_400_never_parsed(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    server = gunicorn(model_path=pickled(FailsOnNegative(n_features=3), "m.pkl"))
+    server.wait_ready()
+    complete = b'{"instances": [[1, 2, 3]]}'
+    csv = b"a,b,c\n1,2,3\n4,5,6\n"
+
+    for path, kind, body in [
+        ("/predict", "application/json", complete),
+        ("/invocations", "text/csv", csv),  # cut between rows: would lose rows silently
+    ]:
+        status, answer = raw_post(server.port, path, kind, body, declared=len(body) + 500)
+        assert status == 400, (path, answer)
+        text = json.dumps(answer)
+        assert "unreadable_body" in text and f"sent {len(body)} of the {len(body) + 500}" in text
+
+
+def test_a_request_slower_to_arrive_than_the_deadline_is_408(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    server = gunicorn(
+        model_path=pickled(FailsOnNegative(n_features=3), "m.pkl"), request_timeout_ms=500
+    )
+    server.wait_ready()
+    body = b'{"instances": [[1, 2, 3]]}'
+
+    status, answer = raw_post(
+        server.port, "/predict", "application/json", body[:10], declared=len(body),
+        pause_s=1.0, rest=body[10:],
+    )  # fmt: skip
+
+    assert status == 408, answer
+    assert answer["error"]["code"] == "request_timeout"
+    assert "past SERVING_REQUEST_TIMEOUT_MS (500 ms)" in answer["error"]["message"]
+    assert "-" not in answer["error"]["message"].split("took")[1].split("ms")[0]
