@@ -102,7 +102,7 @@ def create_app(
     @app.after_request
     def _finish(response: Response) -> Response:
         response.headers["X-Request-ID"] = g.get("request_id", "")
-        route = request.url_rule.rule if request.url_rule is not None else "<unmatched>"
+        route = _template(request.url_rule.rule) if request.url_rule is not None else "<unmatched>"
         duration_s = time.perf_counter() - g.get("started", time.perf_counter())
         metrics.observe_request(request.method, route, response.status_code, duration_s)
         if settings.access_log:
@@ -123,6 +123,13 @@ def create_app(
         return response
 
     return app
+
+
+@functools.cache
+def _template(rule: str) -> str:
+    """A Flask rule as the OpenAPI path template, for metric labels and logs:
+    ``/v1/models/<tf_model:model_name>:predict`` -> ``/v1/models/{model_name}:predict``."""
+    return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule)
 
 
 def _serving_error(exc: ServingError) -> Response:

@@ -47,7 +47,7 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from serving.errors import InferenceError, InferenceTimeout, NotReady, Overloaded
+from serving.errors import InferenceTimeout, NotReady, Overloaded, ServingError
 from serving.pending import BatchOutputs, PendingRequest, split_outputs
 
 __all__ = [
@@ -314,7 +314,7 @@ class ThreadedBatcher:
             self._isolate(batch[:middle])
             self._isolate(batch[middle:])
             return
-        if isinstance(error, InferenceError):
+        if isinstance(error, ServingError):
             message = error.message
         else:
             rows = batch[0][2] - batch[0][1]

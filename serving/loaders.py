@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import pickle
+import re
 import stat
 import warnings
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from serving.errors import ModelLoadError
+from serving.errors import InvalidInput, ModelLoadError
 from serving.handle import ModelHandle, ModelLoader, Outputs, Predictor
 from serving.onnx_loader import OnnxLoader
 
@@ -60,6 +61,11 @@ ARGMAX_CLASSIFIERS = frozenset(
         "RandomForestClassifier",
     }
 )
+
+
+#: scikit-learn's finiteness check (sklearn.utils.validation._assert_all_finite) on the
+#: input of a pipeline step: finite request values that overflowed in an earlier step.
+_OVERFLOW = re.compile(r"Input \w* ?contains (infinity|NaN|a value too large)")
 
 
 def _final_estimator(model: object) -> object:
@@ -103,6 +109,21 @@ def estimator_handle(
     # scikit-learn's own finiteness check stays on: finite input can still overflow inside
     # a pipeline (1e308 through a StandardScaler), and its error beats NaN probabilities.
     def predict_batch(rows: npt.NDArray[Any]) -> Outputs:
+        try:
+            # Overflow is reported by the finiteness check of the next step (below), not
+            # as a RuntimeWarning per batch on stderr.
+            with np.errstate(over="ignore", invalid="ignore"):
+                return predict_outputs(rows)
+        except ValueError as exc:
+            if _OVERFLOW.search(str(exc)):  # the caller's values, not a broken model: a 4xx
+                raise InvalidInput(
+                    f"the model cannot compute with these values: {exc} (finite, but too "
+                    "large for the model's arithmetic)",
+                    [{"loc": "instances", "msg": str(exc), "type": "model_overflow"}],
+                ) from exc
+            raise
+
+    def predict_outputs(rows: npt.NDArray[Any]) -> Outputs:
         if from_proba:
             assert predict_proba is not None and label_array is not None
             probabilities = np.asarray(predict_proba(rows))

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from serving.errors import InferenceError
+from serving.errors import InferenceError, InvalidInput
 
 __all__ = ["BatchOutputs", "PendingRequest", "split_outputs"]
 
@@ -79,7 +79,10 @@ class PendingRequest:
     def result(self) -> dict[str, npt.NDArray[Any]]:
         if self.error is not None:
             # A fresh exception per caller: one instance raised in many threads would
-            # share (and mangle) a single traceback.
+            # share (and mangle) a single traceback. A model that refused the caller's
+            # values (InvalidInput from the handle) stays a 4xx.
+            if isinstance(self.cause, InvalidInput):
+                raise InvalidInput(self.error, self.cause.details) from self.cause
             raise InferenceError(self.error) from self.cause
         if len(self.parts) == 1:
             return self.parts[0][1]

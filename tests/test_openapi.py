@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from flask import Flask
 from flask.testing import FlaskClient
 from openapi_spec_validator import validate
+
+from serving.app import _template
 
 
 def document(client: FlaskClient) -> dict[str, Any]:
@@ -32,7 +33,7 @@ def test_every_route_is_documented_and_every_operation_is_a_route(
     for rule in app.url_map.iter_rules():
         if rule.endpoint == "static":
             continue
-        path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)
+        path = _template(rule.rule)
         for method in rule.methods or ():
             if method not in ("HEAD", "OPTIONS"):
                 routed.add((path, method.lower()))
@@ -52,3 +53,13 @@ def test_predict_operation_uses_the_models_the_blueprint_validates_with(
     assert {"200", "409", "422", "503"} <= set(operation["responses"])
     error = operation["responses"]["422"]["content"]["application/json"]["schema"]
     assert error == {"$ref": "#/components/schemas/ErrorResponse"}
+
+
+def test_metric_route_labels_are_the_documented_path_templates() -> None:
+    assert (
+        _template("/v1/models/<tf_model:model_name>:predict") == "/v1/models/{model_name}:predict"
+    )
+    assert _template("/v2/models/<model_name>/versions/<model_version>/infer") == (
+        "/v2/models/{model_name}/versions/{model_version}/infer"
+    )
+    assert _template("/predict") == "/predict"
