@@ -192,7 +192,8 @@ def check_artifact(
         if digest.hexdigest() != sha256.lower():
             raise ModelLoadError(
                 path,
-                f"SHA-256 is {digest.hexdigest()}, SERVING_MODEL_SHA256 expects {sha256.lower()}",
+                f"SHA-256 is {digest.hexdigest()}, but {sha256.lower()} is expected "
+                "(SERVING_MODEL_SHA256, or the sha256 of its SERVING_MODELS entry)",
             )
 
 
@@ -264,4 +265,10 @@ def load_model(
     except ModelLoadError:
         raise
     except Exception as exc:
-        raise ModelLoadError(path, f"{type(exc).__name__}: {exc}") from exc
+        implied = _EXTENSIONS.get(path.suffix.lower())
+        hint = (
+            f" (the file's extension says {implied}, but it was loaded as {fmt})"
+            if implied is not None and implied != fmt
+            else ""
+        )
+        raise ModelLoadError(path, f"{type(exc).__name__}: {exc}{hint}") from exc

@@ -35,11 +35,12 @@ class _Strict(BaseModel):
 class DataframeSplit(_Strict):
     """A pandas DataFrame in ``orient="split"``: ``data`` rows, ``columns`` their names."""
 
-    columns: list[str] | None = Field(
+    columns: list[str] | list[int] | None = Field(
         None,
         min_length=1,
         description="Column names, reordered to the model's feature names when it knows "
-        "them; without them (or for a model without names) columns are positional.",
+        "them; without them (or for a model without names) columns are positional. "
+        "Integers (pandas' default column labels) are feature positions 0..n-1.",
     )
     data: list[list[float]] = Field(min_length=1, description="(n_instances, n_columns).")
     index: list[int | str] | None = Field(None, description="Row labels; not used.")

@@ -266,7 +266,8 @@ class Settings(BaseSettings):
         if not isinstance(value, str):
             return value
         try:
-            return json.loads(value if value.lstrip().startswith("[") else Path(value).read_text())
+            inline = value.lstrip().startswith(("[", "{"))
+            return json.loads(value if inline else Path(value).read_text())
         except (OSError, ValueError) as exc:
             raise ValueError(f"neither a JSON list nor a readable JSON file: {exc}") from None
 
@@ -285,7 +286,7 @@ class Settings(BaseSettings):
         seen = set()
         for spec in models:
             if (spec.name, spec.version) in seen:
-                raise ValueError(f"lists {spec.name} version {spec.version} twice")
+                raise ValueError(f"lists model {spec.name!r} version {spec.version!r} twice")
             seen.add((spec.name, spec.version))
         return models
 

@@ -163,8 +163,9 @@ def test_serving_models_reads_a_json_file_and_narrows_settings_per_model(
         ('[{"name": "a", "path": "%s"}, {"name": "b", "path": "%s"}]', "1",
          "lists 2 models, more than SERVING_MAX_MODELS=1"),
         ('[{"name": "a", "path": "%s"}, {"name": "a", "path": "%s"}]', "8",
-         "lists a version 1 twice"),
+         "lists model 'a' version '1' twice"),
         ("[]", "8", "is an empty list"),
+        ('{"name": "a", "path": "%s"}', "8", "Input should be a valid list"),
         ("/no/such/models.json", "8", "neither a JSON list nor a readable JSON file"),
     ],
 )  # fmt: skip

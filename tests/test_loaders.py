@@ -240,7 +240,7 @@ def test_check_artifact_compares_the_sha256(tmp_path: Path) -> None:
     good = hashlib.sha256(b"model bytes").hexdigest()
 
     check_artifact(path, sha256=good.upper())
-    with pytest.raises(ModelLoadError, match=r"SERVING_MODEL_SHA256 expects 0{64}"):
+    with pytest.raises(ModelLoadError, match=r"but 0{64} is expected \(SERVING_MODEL_SHA256"):
         check_artifact(path, sha256="0" * 64)
 
 
@@ -264,3 +264,10 @@ def test_handles_describe_their_inputs_and_outputs_as_tensor_specs() -> None:
         ("predictions", "int64", (-1,)), ("probabilities", "float32", (-1, 2))
     ]  # fmt: skip
     assert joblib_handle.feature_names is None  # fitted on an ndarray: no names
+
+
+def test_a_file_loaded_as_another_format_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "model.onnx"
+    path.write_bytes(DEMO_ONNX_PATH.read_bytes())
+    with pytest.raises(ModelLoadError, match=r"extension says onnx, but it was loaded as joblib"):
+        load_model(path, "joblib")

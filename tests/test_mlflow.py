@@ -3,6 +3,7 @@ JSON format and CSV, column names reordered, MLflow's error shape; tiny real mod
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,24 @@ def test_mlflow_readme_examples_are_valid_requests() -> None:
     assert bodies
     for body in bodies:
         parse_body(MlflowRequest, body.encode())
+
+
+def test_mlflow_dataframe_split_with_pandas_integer_columns_is_positional(
+    named_app: Flask, frame_classifier: Frame
+) -> None:
+    model, X = frame_classifier
+    rows = X.iloc[:6]
+    unnamed = pd.DataFrame(rows.values)  # columns 0..3, as pandas labels a plain frame
+    body = {"dataframe_split": json.loads(unnamed.to_json(orient="split"))}
+    client = named_app.test_client()
+
+    assert predictions(client.post("/invocations", json=body)) == model.predict(rows).tolist()
+
+    swapped = unnamed[[1, 0, 2, 3]]  # labels say where each column belongs
+    body = {"dataframe_split": json.loads(swapped.to_json(orient="split"))}
+    assert predictions(client.post("/invocations", json=body)) == model.predict(rows).tolist()
+
+    body["dataframe_split"]["columns"] = [0, 1, 2, 7]
+    refused = client.post("/invocations", json=body)
+    assert refused.status_code == 422
+    assert "positions 0..3" in refused.get_json()["message"]

@@ -49,7 +49,7 @@ def check_names(keys: Sequence[str], names: Sequence[str], loc: str, what: str) 
 
 
 def frame_matrix(
-    columns: Sequence[str] | None,
+    columns: Sequence[str] | Sequence[int] | None,
     data: Sequence[Sequence[float]],
     handle: ModelHandle,
     field: str,
@@ -67,6 +67,12 @@ def frame_matrix(
             if len(row) != len(columns):
                 msg = f"has {len(row)} values for {len(columns)} columns"
                 raise invalid(f"{field}[{index}]", msg, "row_length")
+        if columns and isinstance(columns[0], int):  # pandas' RangeIndex labels: positions
+            if sorted(columns) != list(range(len(columns))):
+                msg = f"integer column labels must be the positions 0..{len(columns) - 1}"
+                raise invalid(columns_field, msg, "column_positions")
+            order = [list(columns).index(k) for k in range(len(columns))]
+            return to_matrix([[row[j] for j in order] for row in data], handle, field)
         if handle.feature_names is not None:
             check_names(columns, handle.feature_names, columns_field, "feature")
             order = [columns.index(name) for name in handle.feature_names]
