@@ -74,8 +74,9 @@ def frame_matrix(
             order = [list(columns).index(k) for k in range(len(columns))]
             return to_matrix([[row[j] for j in order] for row in data], handle, field)
         if handle.feature_names is not None:
-            check_names(columns, handle.feature_names, columns_field, "feature")
-            order = [columns.index(name) for name in handle.feature_names]
+            names = [str(column) for column in columns]
+            check_names(names, handle.feature_names, columns_field, "feature")
+            order = [names.index(name) for name in handle.feature_names]
             data = [[row[j] for j in order] for row in data]
     return to_matrix(data, handle, field)
 

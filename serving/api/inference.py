@@ -112,12 +112,16 @@ def check_range(
     rows: npt.NDArray[np.float64],
     dtype: npt.DTypeLike,
     column_dtypes: tuple[np.dtype[Any], ...] | None = None,
+    field: str = "instances",
+    feature_names: tuple[str, ...] | None = None,
 ) -> None:
     """Refuse values the model's input types cannot hold: 1e39 into a float32 graph would
     become infinity inside the model, 2.5 into an int64 input would be truncated.
 
     :param dtype: the element type of every column, unless ``column_dtypes`` gives one per
         column (a multi-input ONNX graph).
+    :param field: where the rows came from, for the error's location: ``instances[i][j]``
+        for ``/predict``, else ``<field>: instance i, feature j ('name')``.
     :raises InvalidInput: (422) naming the first such value's instance and feature.
     """
     kinds = column_dtypes if column_dtypes is not None else (np.dtype(dtype),)
@@ -137,7 +141,11 @@ def check_range(
             i, j = (int(k) for k in np.argwhere(bad)[0])
             if column_dtypes is not None:
                 j = [c for c, k in enumerate(kinds) if k == kind][j]
-            loc = f"instances[{i}][{j}]"
+            if field == "instances":
+                loc = f"instances[{i}][{j}]"
+            else:
+                name = f" ({feature_names[j]!r})" if feature_names else ""
+                loc = f"{field}: instance {i}, feature {j}{name}"
             msg = f"{rows[i, j]:g} is {why}"
             raise InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": "out_of_range"}])
 
@@ -152,9 +160,12 @@ def check_outputs(wanted: list[str] | None, available: tuple[str, ...] | None) -
             raise InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": "output"}])
 
 
-def run_batch(runtime: ModelRuntime, rows: npt.NDArray[np.float64]) -> tuple[ModelHandle, Outputs]:
+def run_batch(
+    runtime: ModelRuntime, rows: npt.NDArray[np.float64], field: str = "instances"
+) -> tuple[ModelHandle, Outputs]:
     """Check ``rows`` against the model's input types, queue them on the model's batcher
     and wait for their outputs, within what is left of ``SERVING_REQUEST_TIMEOUT_MS``.
+    ``field`` names where the rows came from in the request, for error locations.
 
     :raises NotReady: (503) when the model is not loaded yet or is stopping.
     :raises InvalidInput: (422) for a value the model's input type cannot hold.
@@ -165,7 +176,7 @@ def run_batch(runtime: ModelRuntime, rows: npt.NDArray[np.float64]) -> tuple[Mod
     """
     ctx = context()
     handle, batcher = runtime.require_ready()
-    check_range(rows, handle.input_dtype, handle.column_dtypes)
+    check_range(rows, handle.input_dtype, handle.column_dtypes, field, handle.feature_names)
     g.log_fields.update(instances=len(rows), model=handle.name, model_version=handle.version)
     elapsed_s = time.perf_counter() - g.started
     timeout_s = ctx.settings.request_timeout_ms / 1000 - elapsed_s

@@ -109,14 +109,16 @@ def invocations() -> Response:
         runtime = ctx.get_models().resolve()
         handle, _ = runtime.require_ready()
         rows = frame_matrix(columns, data, handle, "csv", "csv.header")
+        field = "csv (instance 0 is line 2)"
     elif mimetype == "application/json" or mimetype.endswith("+json"):
         body = parse_body(MlflowRequest, read_json_body(limit))
         runtime = ctx.get_models().resolve()
         handle, _ = runtime.require_ready()
         rows = _json_rows(body, handle)
+        field = next(name for name in MlflowRequest.model_fields if getattr(body, name))
     else:
         raise UnsupportedMediaType(request.content_type, "application/json or text/csv")
-    _, outputs = run_batch(runtime, rows)
+    _, outputs = run_batch(runtime, rows, field)
     return json_response({"predictions": jsonable(outputs["predictions"])})
 
 

@@ -73,6 +73,7 @@ def _object_rows(
 def row_matrix(
     instances: list[list[float]] | list[float] | list[dict[str, NamedValue]],
     handle: ModelHandle,
+    field: str = "instances",
 ) -> npt.NDArray[np.float64]:
     """Row format: lists of values in the model's order, numbers (one-feature models), or
     objects keyed by feature or input name.
@@ -82,10 +83,10 @@ def row_matrix(
     """
     first = instances[0]
     if isinstance(first, dict):
-        return _object_rows(instances, handle, "instances")  # type: ignore[arg-type]
+        return _object_rows(instances, handle, field)  # type: ignore[arg-type]
     if isinstance(first, list):
-        return to_matrix(instances, handle, "instances")  # type: ignore[arg-type]
-    return to_matrix([[value] for value in instances], handle, "instances")  # type: ignore[list-item]
+        return to_matrix(instances, handle, field)  # type: ignore[arg-type]
+    return to_matrix([[value] for value in instances], handle, field)  # type: ignore[list-item]
 
 
 def columnar_matrix(
@@ -103,7 +104,7 @@ def columnar_matrix(
         if not inputs:
             raise invalid("inputs", "no instances", "too_short")
         check_instance_count(len(inputs))
-        return row_matrix(inputs, handle)
+        return row_matrix(inputs, handle, "inputs")
     if not inputs:
         raise invalid("inputs", "no named inputs", "too_short")
     counts = {name: len(values) for name, values in inputs.items()}

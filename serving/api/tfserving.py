@@ -123,7 +123,7 @@ def predict(model_name: str, model_version: str | None) -> Response:
         _, outputs = run_batch(runtime, row_matrix(request.instances, handle))
         return json_response({"predictions": row_predictions(outputs)})
     assert request.inputs is not None  # the schema requires one of the two
-    _, outputs = run_batch(runtime, columnar_matrix(request.inputs, handle))
+    _, outputs = run_batch(runtime, columnar_matrix(request.inputs, handle), "inputs")
     return json_response({"outputs": columnar_outputs(outputs)})
 
 

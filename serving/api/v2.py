@@ -201,7 +201,7 @@ def infer(model_name: str, model_version: str | None) -> Response:
     wanted = [out.name for out in body.outputs] if body.outputs else None
     check_outputs(wanted, handle.output_names)
     rows = input_rows(body.inputs, binary, handle.input_specs(), handle.n_features)
-    handle, outputs = run_batch(runtime, rows)
+    handle, outputs = run_batch(runtime, rows, "inputs")
     check_outputs(wanted, tuple(outputs))
     binary_default = bool(body.parameters and body.parameters.binary_data_output)
     tensors, tail = encode_outputs(outputs, body.outputs, binary_default)

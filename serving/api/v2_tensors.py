@@ -112,7 +112,7 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
         want = f"a finite number within {tensor.datatype}'s range"
     if not all(fits):
         index = fits.index(False)
-        msg = f"input {tensor.name!r}: data[{index}] = {str(flat[index])[:32]} is not {want}"
+        msg = f"input {tensor.name!r}: data[{index}] = {repr(flat[index])[:32]} is not {want}"
         raise _invalid(loc, msg, "datatype")
     return np.array(flat, dtype=np.float64)
 
