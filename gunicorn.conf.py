@@ -22,6 +22,11 @@ loglevel = settings.log_level
 # Never preload: the model is loaded in each worker after fork (see serving/hooks.py),
 # because ONNX Runtime and BLAS thread pools do not survive fork().
 preload_app = False
+# Gunicorn 25+ opens a control socket at one per-user path (~/.gunicorn/gunicorn.ctl): a
+# second server on the host would take it over, and it can resize or stop the server.
+# Kubernetes, systemd and signals manage this service; delete this line to have one
+# anyway.
+control_socket_disable = True
 
 hooks.prepare_metrics_dir(settings)
 

@@ -56,5 +56,5 @@ def predict() -> Response:
         body["outputs"] = {name: jsonable(outputs[name]) for name in request.outputs}
     body["model_name"] = handle.name
     body["model_version"] = handle.version
-    body["latency_ms"] = (time.perf_counter() - g.started) * 1000.0
+    body["latency_ms"] = round((time.perf_counter() - g.started) * 1000.0, 3)
     return json_response(body)
