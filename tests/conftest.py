@@ -93,3 +93,14 @@ def named_app(
     app = create_app(settings, handle, metrics=metrics)
     yield app
     app.extensions["serving"].get_models().stop(timeout_s=10)
+
+
+def serve_runtimes(settings: Settings, metrics: ServingMetrics, runtimes: list[Any]) -> Flask:
+    """An app serving ``runtimes`` (loaded or not) as its ModelCache, first one the default."""
+    from serving.api.common import ServingContext
+    from serving.cache import ModelCache
+
+    app = create_app(settings, metrics=metrics)
+    models = ModelCache(settings, metrics, runtimes=runtimes)
+    app.extensions["serving"] = ServingContext(settings, metrics, lambda: models)
+    return app

@@ -9,14 +9,13 @@ import pytest
 from flask.testing import FlaskClient
 from prometheus_client import CollectorRegistry
 
-from serving.api.common import ServingContext
 from serving.app import create_app
-from serving.cache import ModelCache
 from serving.loaders import ModelHandle
 from serving.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
 from serving.schemas import ErrorResponse, HealthResponse, PredictResponse
 from serving.settings import Settings
+from tests.conftest import serve_runtimes
 from tests.models import FailsOnNegative
 
 
@@ -141,10 +140,7 @@ def test_model_failure_is_500_inference_error_and_counted(settings: Settings) ->
 def test_healthz_is_503_until_the_model_is_ready_then_200(settings: Settings) -> None:
     metrics = ServingMetrics(CollectorRegistry())
     runtime = ModelRuntime(settings, metrics)
-    app = create_app(settings, metrics=metrics)
-    models = ModelCache(settings, metrics, runtimes=[runtime])
-    app.extensions["serving"] = ServingContext(settings, metrics, lambda: models)
-    client = app.test_client()
+    client = serve_runtimes(settings, metrics, [runtime]).test_client()
 
     loading = client.get("/healthz")
     assert loading.status_code == 503

@@ -12,14 +12,13 @@ import pytest
 from flask import Flask
 from prometheus_client import CollectorRegistry
 
-from serving.api.common import ServingContext
-from serving.app import create_app
 from serving.cache import ModelCache
 from serving.errors import ModelNotFound, SettingsError, VersionConflict
 from serving.handle import ModelHandle
 from serving.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
 from serving.settings import Settings, load_settings
+from tests.conftest import serve_runtimes
 from tests.models import RowOffset
 
 DEMO = Path(__file__).resolve().parent.parent / "serving" / "demo" / "breast_cancer.joblib"
@@ -50,10 +49,10 @@ def loaded(settings: Settings, metrics: ServingMetrics, name: str, version: str,
 def two_versions(settings: Settings) -> tuple[Flask, Recording, Recording, ServingMetrics]:
     metrics = ServingMetrics(CollectorRegistry())
     v1, v2 = Recording(offset=0.0), Recording(offset=1000.0)
-    cache = ModelCache(
+    app = serve_runtimes(
         settings,
         metrics,
-        runtimes=[
+        [
             loaded(settings, metrics, "m", "1", v1),
             loaded(settings, metrics, "m", "2", v2),
             loaded(settings, metrics, "other", "a", Recording(offset=-1.0)),
@@ -61,10 +60,8 @@ def two_versions(settings: Settings) -> tuple[Flask, Recording, Recording, Servi
     )
     v1.batches.clear()  # the warmup's zero rows
     v2.batches.clear()
-    app = create_app(settings, metrics=metrics)
-    app.extensions["serving"] = ServingContext(settings, metrics, lambda: cache)
     yield app, v1, v2, metrics
-    cache.stop(timeout_s=10)
+    app.extensions["serving"].get_models().stop(timeout_s=10)
 
 
 def test_resolve_picks_the_default_model_and_version_or_refuses(settings: Settings) -> None:

@@ -20,14 +20,13 @@ from flask.testing import FlaskClient
 from prometheus_client import CollectorRegistry
 
 from serving import __version__
-from serving.api.common import ServingContext
 from serving.app import create_app
-from serving.cache import ModelCache
 from serving.handle import ModelHandle, TensorSpec
 from serving.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
 from serving.schemas_v2 import V2Error, V2InferResponse, V2ModelMetadata
 from serving.settings import Settings
+from tests.conftest import serve_runtimes
 
 ROOT = Path(__file__).resolve().parents[1]
 INFER = "/v2/models/echo/infer"
@@ -77,10 +76,7 @@ def test_v2_server_metadata_and_health_answer_200(client: FlaskClient) -> None:
 def test_v2_readiness_is_400_while_loading_and_infer_503(settings: Settings) -> None:
     metrics = ServingMetrics(CollectorRegistry())
     runtime = ModelRuntime(settings, metrics)
-    app = create_app(settings, metrics=metrics)
-    models = ModelCache(settings, metrics, runtimes=[runtime])
-    app.extensions["serving"] = ServingContext(settings, metrics, lambda: models)
-    client = app.test_client()
+    client = serve_runtimes(settings, metrics, [runtime]).test_client()
     name = runtime.model_name
 
     assert client.get("/v2/health/ready").status_code == 400
