@@ -119,24 +119,10 @@ class ModelCache:
 
         def target() -> None:
             for runtime in self.runtimes:
-                outcome: list[BaseException | None] = []
-                done = threading.Event()
-
-                def failed(exc: BaseException, outcome: list[BaseException | None] = outcome,
-                           done: threading.Event = done) -> None:  # fmt: skip
-                    outcome.append(exc)
-                    done.set()
-
-                def ready(outcome: list[BaseException | None] = outcome,
-                          done: threading.Event = done) -> None:  # fmt: skip
-                    outcome.append(None)
-                    done.set()
-
-                runtime.start_loading(failed, ready)
-                done.wait()
-                if outcome[0] is not None:
+                error = _load(runtime)
+                if error is not None:
                     if on_failure is not None:
-                        on_failure(outcome[0])
+                        on_failure(error)
                     return
             if on_ready is not None:
                 on_ready()
@@ -164,6 +150,20 @@ class ModelCache:
         for runtime in self.runtimes:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             runtime.stop(left)
+
+
+def _load(runtime: ModelRuntime) -> BaseException | None:
+    """Load one runtime (under its own load timeout); its error, or None once ready."""
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def failed(exc: BaseException) -> None:
+        failures.append(exc)
+        done.set()
+
+    runtime.start_loading(failed, done.set)
+    done.wait()
+    return failures[0] if failures else None
 
 
 _current: ModelCache | None = None
