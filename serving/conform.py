@@ -1,12 +1,16 @@
 """Decoded instances (``serving.instances``) -> the batch one model's batcher merges.
 
-``conform(instances, handle)`` checks a request's instances against the model's inputs
-(feature count, feature and input names, the values its input types can hold) and
-builds the ``(n_instances, n_features)`` float64 matrix the batcher concatenates with
-other requests' rows.
+``conform(instances, handle)`` checks a request's instances against the model's input
+schema (``handle.features``: names, kinds, missing values, categories) and builds its
+batch: a ``(n_instances, n_features)`` array when every feature has one element type
+(float64 for float features, int64 for integer ones: exact, never through float64), else
+a record array with one typed field per feature (strings as ``str`` objects). The
+batcher concatenates the batches of several requests into one predict call.
 
-Every refusal is ``InvalidInput`` (422) naming the instance and the feature, in the
-protocol's own terms (``instances[0].age``, ``inputs[1]``, ``csv[3].plan``).
+Every refusal is ``InvalidInput`` (422) naming the instance and the feature in the
+protocol's own terms: ``instances[0][3]`` for a list, ``instances[0].plan`` for an
+object, ``inputs.plan[2]`` for a column, ``inputs[1].data[0][2]`` for a tensor. Only the
+first refused value is reported: a body of many bad values costs one pass.
 
 Boundary: standard library, numpy and ``serving`` core modules (no Flask, no pydantic).
 """
@@ -14,7 +18,7 @@ Boundary: standard library, numpy and ``serving`` core modules (no Flask, no pyd
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,13 +26,12 @@ import numpy.typing as npt
 from serving.errors import InvalidInput
 from serving.handle import ModelHandle, TensorSpec
 from serving.instances import Columns, Frame, Instances, Records, Tensors
+from serving.schema import Feature, feature, structured_dtype, uniform_dtype
+from serving.values import Locate, column, matrix, refuse
 
-__all__ = ["check_names", "check_range", "conform", "invalid"]
+__all__ = ["check_names", "conform", "invalid"]
 
-
-def invalid(loc: str, msg: str, kind: str) -> InvalidInput:
-    """A 422 naming one location."""
-    return InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": kind}])
+invalid = refuse
 
 
 def check_names(keys: Sequence[str], names: Sequence[str], loc: str, what: str) -> None:
@@ -47,74 +50,144 @@ def check_names(keys: Sequence[str], names: Sequence[str], loc: str, what: str) 
         raise invalid(loc, f"{what} {twice!r} is given twice", f"duplicate_{what}")
 
 
-def conform(instances: Instances, handle: ModelHandle) -> npt.NDArray[np.float64]:
-    """``instances`` as the ``(n_instances, n_features)`` float64 rows of ``handle``'s model,
-    checked against its inputs.
+def conform(instances: Instances, handle: ModelHandle) -> npt.NDArray[Any]:
+    """``instances`` as the batch of ``handle``'s model, checked against its schema.
 
+    :returns: ``(n_instances, n_features)`` of ``handle.matrix_dtype``, or a record array
+        ``(n_instances,)`` of ``handle.batch_dtype``.
     :raises InvalidInput: (422) naming the first instance and feature that is wrong: a
-        wrong feature count, a missing, unknown or repeated name, a value the model's
-        input type cannot hold.
+        wrong feature count, a missing, unknown or repeated name, a value of the wrong
+        kind, a missing value the feature may not have, an unknown category, a number
+        the model's input type cannot hold.
     """
-    if isinstance(instances, Frame):
-        rows = _frame(instances, handle)
-    elif isinstance(instances, Records):
-        rows = _records(instances.rows, handle, instances.field)
-    elif isinstance(instances, Columns):
-        rows = _columns(instances, handle)
+    if isinstance(instances, Tensors):
+        return _tensors(instances, handle)
+    if isinstance(instances, Columns):
+        return _columns(instances, handle)
+    rows: Sequence[Sequence[Any]]
+    if isinstance(instances, Records):
+        rows, loc = _records(instances.rows, handle, instances.field)
     else:
-        rows = _tensors(instances, handle)
-    check_range(rows, handle.input_dtype, handle.column_dtypes, instances.field,
-                handle.feature_names)  # fmt: skip
-    return rows
+        rows, loc = _frame(instances, handle)
+    features = handle.features or _floats(len(rows[0]))
+    _check_lengths(rows, len(features), instances.field, handle.features is not None)
+    dtype = uniform_dtype(features)
+    if dtype is not None:
+        return matrix(rows, features, dtype, loc)
+    return _table([list(c) for c in zip(*rows, strict=True)], features, loc)
 
 
-def _matrix(
-    rows: Sequence[Sequence[Any]], handle: ModelHandle, field: str
-) -> npt.NDArray[np.float64]:
-    """Positional rows as float64, each checked to have the model's feature count."""
-    n_features = handle.n_features
-    expected = n_features if n_features is not None else len(rows[0])
+def _floats(n: int) -> tuple[Feature, ...]:
+    """The schema of a model that does not tell its width: ``n`` float features."""
+    return tuple(feature(str(j), "float", np.float64) for j in range(n))
+
+
+def _check_lengths(rows: Sequence[Any], n: int, field: str, known: bool) -> None:
     for index, row in enumerate(rows):
-        if isinstance(row, Mapping):
-            raise invalid(f"{field}[{index}]", "mixes lists and objects", "instance_kind")
-        if len(row) != expected:
-            source = "the model expects" if n_features is not None else "instances[0] has"
+        if isinstance(row, Mapping | str) or not isinstance(row, Sequence):
+            what = "mixes lists and objects" if isinstance(row, Mapping) else "is not a list"
+            raise invalid(f"{field}[{index}]", what, "instance_kind")
+        if len(row) != n:
+            source = "the model expects" if known else "instances[0] has"
             raise InvalidInput(
-                f"{field}[{index}] has {len(row)} features; {source} {expected}",
-                [
-                    {
-                        "loc": f"{field}[{index}]",
-                        "msg": f"expected {expected} features, got {len(row)}",
-                        "type": "feature_count",
-                    }
-                ],
-            )
-    return np.array(rows, dtype=np.float64)
+                f"{field}[{index}] has {len(row)} features; {source} {n}",
+                [{"loc": f"{field}[{index}]", "msg": f"expected {n} features, got {len(row)}",
+                  "type": "feature_count"}],
+            )  # fmt: skip
 
 
-def _frame(frame: Frame, handle: ModelHandle) -> npt.NDArray[np.float64]:
-    rows, columns = frame.rows, frame.columns
-    if columns is not None:
-        for index, row in enumerate(rows):
-            if len(row) != len(columns):
-                msg = f"has {len(row)} values for {len(columns)} columns"
-                raise invalid(f"{frame.field}[{index}]", msg, "row_length")
-        if handle.feature_names is not None:
-            names = [str(column) for column in columns]
-            check_names(names, handle.feature_names, frame.columns_field, "feature")
-            order = [names.index(name) for name in handle.feature_names]
-            rows = [[row[j] for j in order] for row in rows]
-    return _matrix(rows, handle, frame.field)
+def _table(
+    columns: Sequence[Sequence[Any]], features: Sequence[Feature], loc: Locate
+) -> npt.NDArray[Any]:
+    """Per-feature values (model order) as the batch: a matrix when one type holds them
+    all, else a record array."""
+    arrays = [
+        column(values, f, lambda i, j=j: loc(i, j))  # type: ignore[misc]
+        for j, (values, f) in enumerate(zip(columns, features, strict=True))
+    ]
+    dtype = uniform_dtype(features)
+    if dtype is not None:
+        return np.stack(arrays, axis=1).astype(dtype, copy=False)
+    out = np.empty(len(arrays[0]), dtype=structured_dtype(features))
+    for f, values in zip(features, arrays, strict=True):
+        out[f.name] = values
+    return out
+
+
+def _frame(frame: Frame, handle: ModelHandle) -> tuple[Sequence[Sequence[Any]], Locate]:
+    rows, columns, field = frame.rows, frame.columns, frame.field
+    if columns is None:
+        return rows, lambda i, j: f"{field}[{i}][{j}]"
+    for index, row in enumerate(rows):
+        if len(row) != len(columns):
+            msg = f"has {len(row)} values for {len(columns)} columns"
+            raise invalid(f"{field}[{index}]", msg, "row_length")
+    names = [str(c) for c in columns]
+    if handle.feature_names is None:
+        return rows, lambda i, j: f"{field}[{i}].{names[j]}"
+    check_names(names, handle.feature_names, frame.columns_field, "feature")
+    order = [names.index(name) for name in handle.feature_names]
+    if order != list(range(len(order))):
+        rows = [[row[j] for j in order] for row in rows]
+    model_names = handle.feature_names
+    return rows, lambda i, j: f"{field}[{i}].{model_names[j]}"
 
 
 def _by_input_name(handle: ModelHandle, keys: Sequence[str]) -> bool:
-    """True when objects are keyed by input name rather than by feature name."""
+    """True when objects are keyed by input name (a model with several inputs, some more
+    than one column wide) rather than by feature name."""
+    if handle.inputs is None:
+        return False
     features = handle.feature_names or ()
-    inputs = [spec.name for spec in handle.input_specs()]
     first = next(iter(keys), None)
     if first is not None and first in features:
         return False
-    return first in inputs or not features
+    return first in [spec.name for spec in handle.inputs] or not features
+
+
+def _records(
+    records: Sequence[Mapping[str, Any]], handle: ModelHandle, field: str
+) -> tuple[list[list[Any]], Locate]:
+    """Objects keyed by feature name (or input name) as rows in the model's feature order;
+    for a model without feature names, in the first record's key order."""
+    for index, record in enumerate(records):
+        if not isinstance(record, Mapping):
+            raise invalid(f"{field}[{index}]", "mixes lists and objects", "instance_kind")
+    if _by_input_name(handle, list(records[0])):
+        specs = handle.input_specs()
+        rows = [_input_row(record, specs, f"{field}[{i}]") for i, record in enumerate(records)]
+        flat = handle.feature_names or tuple(str(j) for j in range(len(rows[0])))
+        return rows, lambda i, j: f"{field}[{i}].{flat[j]}"
+    names = handle.feature_names
+    if names is None:
+        names = tuple(records[0])
+        for index, record in enumerate(records):
+            if record.keys() != set(names):
+                check_names(list(record), names, f"{field}[{index}]", "column")
+    known = set(names)
+    rows = []
+    for index, record in enumerate(records):
+        if len(record) != len(names) or not known.issuperset(record):
+            loc = f"{field}[{index}]"
+            missing = [name for name in names if name not in record]
+            if missing:
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                raise invalid(loc, f"missing feature {missing[0]!r}{more}", "missing_feature")
+            unknown = next(key for key in record if key not in known)
+            msg = f"unknown feature {unknown!r}; the model's features are {', '.join(names)}"
+            raise invalid(f"{loc}.{unknown}", msg, "unknown_feature")
+        rows.append([_scalar(record[name], field, index, name) for name in names])
+    final = names
+    return rows, lambda i, j: f"{field}[{i}].{final[j]}"
+
+
+def _scalar(value: Any, field: str, index: int, name: str) -> Any:
+    if isinstance(value, list):  # TF Serving allows [value] for a one-value feature
+        if len(value) != 1:
+            msg = f"a feature takes one value, got {len(value)}"
+            raise invalid(f"{field}[{index}].{name}", msg, "feature_width")
+        return value[0]
+    return value
 
 
 def _input_row(instance: Mapping[str, Any], specs: tuple[TensorSpec, ...], loc: str) -> list[Any]:
@@ -130,61 +203,38 @@ def _input_row(instance: Mapping[str, Any], specs: tuple[TensorSpec, ...], loc: 
     return row
 
 
-def _scalar(value: Any, loc: str) -> Any:
-    if isinstance(value, list):
-        if len(value) != 1:
-            raise invalid(loc, f"a feature takes one value, got {len(value)}", "feature_width")
-        return value[0]
-    return value
-
-
-def _records(
-    records: Sequence[Mapping[str, Any]], handle: ModelHandle, field: str
-) -> npt.NDArray[np.float64]:
-    """Objects keyed by feature name (or input name), in the model's feature order; for a
-    model without feature names, in the first record's key order."""
-    for index, record in enumerate(records):
-        if not isinstance(record, Mapping):
-            raise invalid(f"{field}[{index}]", "mixes lists and objects", "instance_kind")
-    if _by_input_name(handle, list(records[0])) and handle.inputs is not None:
-        specs = handle.input_specs()
-        rows = [_input_row(record, specs, f"{field}[{i}]") for i, record in enumerate(records)]
-        return _matrix(rows, handle, field)
+def _columns(columns: Columns, handle: ModelHandle) -> npt.NDArray[Any]:
+    """Named columns (feature or input names) in the model's order."""
+    field, data = columns.field, columns.data
+    keys = list(data)
+    if _by_input_name(handle, keys):
+        check_names(keys, [spec.name for spec in handle.input_specs()], field, "input")
+        records = [{name: values[i] for name, values in data.items()} for i in range(columns.n)]
+        rows, loc = _records(records, handle, field)
+        features = handle.features or _floats(len(rows[0]))
+        return _table([list(c) for c in zip(*rows, strict=True)], features, loc)
     names = handle.feature_names
     if names is None:
-        names = tuple(records[0])
-        for index, record in enumerate(records):
-            if record.keys() != set(names):
-                check_names(list(record), names, f"{field}[{index}]", "column")
-    known = set(names)
-    rows = []
-    for index, record in enumerate(records):
-        loc = f"{field}[{index}]"
-        missing = [name for name in names if name not in record]
-        if missing:
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise invalid(loc, f"missing feature {missing[0]!r}{more}", "missing_feature")
-        if len(record) != len(names):
-            unknown = next(key for key in record if key not in known)
-            msg = f"unknown feature {unknown!r}; the model's features are {', '.join(names)}"
-            raise invalid(f"{loc}.{unknown}", msg, "unknown_feature")
-        rows.append([_scalar(record[name], f"{loc}.{name}") for name in names])
-    return _matrix(rows, handle, field)
+        names = tuple(keys)
+    else:
+        check_names(keys, names, field, "feature")
+    features = handle.features or _floats(len(names))
+    if len(features) != len(names):
+        msg = f"has {len(names)} columns; the model expects {len(features)}"
+        raise invalid(field, msg, "feature_count")
+    order = names
+    values = [[_unwrap(v) for v in data[name]] for name in names]
+    return _table(values, features, lambda i, j: f"{field}.{order[j]}[{i}]")
 
 
-def _columns(columns: Columns, handle: ModelHandle) -> npt.NDArray[np.float64]:
-    keys = list(columns.data)
-    if handle.inputs is not None and _by_input_name(handle, keys):
-        check_names(keys, [spec.name for spec in handle.input_specs()], columns.field, "input")
-    elif handle.feature_names is not None:
-        check_names(keys, handle.feature_names, columns.field, "feature")
-    records = [{name: values[i] for name, values in columns.data.items()}
-               for i in range(columns.n)]  # fmt: skip
-    return _records(records, handle, columns.field)
+def _unwrap(value: Any) -> Any:
+    """TF Serving's ``[value]`` for a one-value feature (a longer list is refused later)."""
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
 
 
-def _tensors(tensors: Tensors, handle: ModelHandle) -> npt.NDArray[np.float64]:
-    """Each of the model's inputs sent once under its name, laid side by side."""
+def _tensors(tensors: Tensors, handle: ModelHandle) -> npt.NDArray[Any]:
+    """Each of the model's inputs sent once under its name; their columns are the
+    model's features, in input order."""
     specs = handle.input_specs()
     names = [spec.name for spec in specs]
     given: dict[str, int] = {}
@@ -200,10 +250,12 @@ def _tensors(tensors: Tensors, handle: ModelHandle) -> npt.NDArray[np.float64]:
     if missing:
         msg = f"missing input {missing[0]!r} (the model's inputs: {', '.join(names)})"
         raise invalid("inputs", msg, "input_name")
-    parts: list[npt.NDArray[np.float64]] = []
+    columns: list[Any] = []
+    where: list[tuple[int, int | None]] = []  # per feature: (request input, column or None)
+    n = None
     for spec in specs:
         index = given[spec.name]
-        values, loc = tensors.inputs[index][1], f"inputs[{index}]"
+        values = tensors.inputs[index][1]
         shape, width = list(values.shape), spec.width
         fits = (len(shape) == 2 and width in (-1, shape[1])) or (len(shape) == 1 and width == 1)
         if not fits or shape[0] == 0 or (len(shape) == 2 and shape[1] == 0):
@@ -211,60 +263,25 @@ def _tensors(tensors: Tensors, handle: ModelHandle) -> npt.NDArray[np.float64]:
                 f"input {spec.name!r} has shape {shape}; the model takes {list(spec.shape)} "
                 "(-1: any number of instances, at least one)"
             )
-            raise invalid(loc, msg, "shape")
-        rows = values.reshape(shape[0], -1).astype(np.float64)
-        if parts and len(rows) != len(parts[0]):
+            raise invalid(f"inputs[{index}]", msg, "shape")
+        if n is not None and shape[0] != n:
             first = tensors.inputs[given[specs[0].name]][0]
-            msg = f"input {spec.name!r} has {len(rows)} instances; input {first!r} has "
-            raise invalid(loc, msg + str(len(parts[0])), "shape")
-        parts.append(rows)
-    matrix = parts[0] if len(parts) == 1 else np.hstack(parts)
-    if handle.n_features is not None and matrix.shape[1] != handle.n_features:
-        msg = (
-            f"the inputs have {matrix.shape[1]} features in all; the model expects "
-            f"{handle.n_features}"
-        )
-        raise invalid("inputs", msg, "feature_count")
-    return np.ascontiguousarray(matrix, dtype=np.float64)
-
-
-def check_range(
-    rows: npt.NDArray[np.float64],
-    dtype: npt.DTypeLike,
-    column_dtypes: tuple[np.dtype[Any], ...] | None = None,
-    field: str = "instances",
-    feature_names: tuple[str, ...] | None = None,
-) -> None:
-    """Refuse values the model's input types cannot hold: 1e39 into a float32 graph would
-    become infinity inside the model, 2.5 into an int64 input would be truncated.
-
-    :param dtype: the element type of every column, unless ``column_dtypes`` gives one per
-        column (a multi-input ONNX graph).
-    :param field: where the rows came from, for the error's location: ``instances[i][j]``
-        for ``/predict``, else ``<field>: instance i, feature j ('name')``.
-    :raises InvalidInput: (422) naming the first such value's instance and feature.
-    """
-    kinds = column_dtypes if column_dtypes is not None else (np.dtype(dtype),)
-    for kind in dict.fromkeys(kinds):
-        columns = rows if column_dtypes is None else rows[:, [k == kind for k in kinds]]
-        if kind.kind == "f" and kind.itemsize < 8:
-            limit = float(np.finfo(cast(Any, kind)).max)
-            bad, why = np.abs(columns) > limit, f"outside the model's {kind.name} range"
-            why += f" (|x| <= {limit:.4g})"
-        elif kind.kind in "iu":
-            info = np.iinfo(cast(Any, kind))
-            bad = (columns != np.round(columns)) | (columns < info.min) | (columns > info.max)
-            why = f"not an integer the model's {kind.name} input can hold"
+            msg = f"input {spec.name!r} has {shape[0]} instances; input {first!r} has {n}"
+            raise invalid(f"inputs[{index}]", msg, "shape")
+        n = shape[0]
+        if len(shape) == 1:
+            columns.append(values)
+            where.append((index, None))
         else:
-            continue
-        if bad.any():
-            i, j = (int(k) for k in np.argwhere(bad)[0])
-            if column_dtypes is not None:
-                j = [c for c, k in enumerate(kinds) if k == kind][j]
-            if field == "instances":
-                loc = f"instances[{i}][{j}]"
-            else:
-                name = f" ({feature_names[j]!r})" if feature_names else ""
-                loc = f"{field}: instance {i}, feature {j}{name}"
-            msg = f"{rows[i, j]:g} is {why}"
-            raise InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": "out_of_range"}])
+            columns.extend(values[:, j] for j in range(shape[1]))
+            where.extend((index, j) for j in range(shape[1]))
+    features = handle.features or _floats(len(columns))
+    if len(columns) != len(features):
+        msg = f"the inputs have {len(columns)} features in all; the model expects {len(features)}"
+        raise invalid("inputs", msg, "feature_count")
+
+    def locate(i: int, j: int) -> str:
+        index, col = where[j]
+        return f"inputs[{index}].data[{i}]" + ("" if col is None else f"[{col}]")
+
+    return _table(columns, features, locate)

@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +33,22 @@ import numpy.typing as npt
 from serving.errors import ModelLoadError
 from serving.handle import ModelHandle, ModelLoader, Outputs, TensorSpec
 from serving.providers import CPU, ProviderError, ProviderSelection, select_providers
+from serving.schema import Feature, Kind, feature
 
 __all__ = ["OnnxLoader"]
 
 log = logging.getLogger(__name__)
 
-_ONNX_DTYPES: dict[str, type[np.generic]] = {
+_ONNX_DTYPES: dict[str, type[np.generic] | type[object]] = {
     "tensor(float)": np.float32,
     "tensor(double)": np.float64,
     "tensor(int64)": np.int64,
     "tensor(int32)": np.int32,
+    "tensor(bool)": np.bool_,
+    "tensor(string)": object,
 }
+_KINDS: dict[str, Kind] = {"f": "float", "i": "integer", "u": "integer", "b": "boolean",
+                           "O": "string"}  # fmt: skip
 _PROBABILITY_OUTPUTS = ("probabilities", "output_probability")
 _DYNAMIC_HINT = (
     "re-export it with a dynamic batch axis (skl2onnx: initial_types=[('X', "
@@ -54,7 +59,7 @@ _DYNAMIC_HINT = (
 @dataclass(frozen=True)
 class _Input:
     name: str
-    dtype: type[np.generic]
+    dtype: type[np.generic] | type[object]
     start: int  # first column in the merged matrix
     width: int  # columns; a (batch,) input has width 1 and is fed flat
     flat: bool
@@ -220,7 +225,13 @@ def _handle(
             keys[output.name] = output.name
     fetch = list(keys)
 
+    names = _feature_names(specs, meta)
+    features = _features(specs, names) if n_features is not None else None
+
     def feeds(rows: npt.NDArray[Any]) -> dict[str, npt.NDArray[Any]]:
+        if rows.dtype.names is not None:  # a record per instance: typed columns
+            assert features is not None
+            return {spec.name: _record_feed(rows, spec, features) for spec in specs}
         if len(specs) == 1 and not specs[0].flat:
             return {specs[0].name: rows.astype(specs[0].dtype, copy=False)}
         out = {}
@@ -258,14 +269,7 @@ def _handle(
             out["predictions"] = predictions.reshape(-1)
         return out
 
-    if classes is None and proba_name is not None and n_features is not None:
-        probe = session.run([proba_name], feeds(np.zeros((fixed_batch or 1, n_features))))
-        if isinstance(probe[0], list):  # ZipMap: one {class: probability} dict per row
-            classes = tuple(probe[0][0].keys())
-    dtypes = [np.dtype(spec.dtype) for spec in specs for _ in range(max(spec.width, 1))]
-    floats = [d for d in dtypes if d.kind == "f"]
-    input_dtype = min(floats, key=lambda d: d.itemsize) if floats else dtypes[0]
-    return ModelHandle(
+    handle = ModelHandle(
         name=name,
         version=version,
         format="onnx",
@@ -273,9 +277,9 @@ def _handle(
         source=path,
         n_features=n_features,
         classes=classes,
-        input_dtype=input_dtype,
-        feature_names=_feature_names(specs, meta),
-        column_dtypes=tuple(dtypes) if len(set(dtypes)) > 1 else None,
+        input_dtype=np.dtype(specs[0].dtype),
+        feature_names=names,
+        features=features,
         output_names=tuple(keys.values()),
         execution_provider=provider,
         device_id=device_id,
@@ -284,6 +288,33 @@ def _handle(
             for spec in specs
         ),
     )
+    if classes is None and proba_name is not None and features is not None:
+        probe = session.run([proba_name], feeds(handle.sample(fixed_batch or 1)))
+        if isinstance(probe[0], list):  # ZipMap: one {class: probability} dict per row
+            handle = replace(handle, classes=tuple(probe[0][0].keys()))
+    return handle
+
+
+def _features(specs: list[_Input], names: tuple[str, ...] | None) -> tuple[Feature, ...]:
+    """One feature per column of every input, of the input's element type (a string
+    input's values are Python ``str``)."""
+    dtypes = [np.dtype(spec.dtype) for spec in specs for _ in range(spec.width)]
+    labels = names or tuple(str(j) for j in range(len(dtypes)))
+    return tuple(
+        feature(label, _KINDS[dtype.kind], dtype)
+        for label, dtype in zip(labels, dtypes, strict=True)
+    )
+
+
+def _record_feed(
+    rows: npt.NDArray[Any], spec: _Input, features: tuple[Feature, ...]
+) -> npt.NDArray[Any]:
+    """One input's values from a typed batch: its columns, in its element type."""
+    columns = [rows[f.name] for f in features[spec.start : spec.start + spec.width]]
+    part = columns[0] if spec.flat else np.stack(columns, axis=1)
+    if spec.dtype is object:
+        return part.astype(object, copy=False)
+    return np.ascontiguousarray(part, dtype=spec.dtype)
 
 
 def _feature_names(specs: list[_Input], meta: dict[str, str]) -> tuple[str, ...] | None:
