@@ -33,7 +33,8 @@ import numpy.typing as npt
 from serving.errors import ModelLoadError
 from serving.handle import ModelHandle, ModelLoader, Outputs, TensorSpec
 from serving.providers import CPU, ProviderError, ProviderSelection, select_providers
-from serving.schema import Feature, Kind, feature
+from serving.schema import Feature, Kind
+from serving.schema_onnx import GraphFacts, InputFacts, graph_facts
 
 __all__ = ["OnnxLoader"]
 
@@ -213,7 +214,10 @@ def _handle(
     outputs = session.get_outputs()
     output_names = [o.name for o in outputs]
     meta = session.get_modelmeta().custom_metadata_map
-    classes = tuple(json.loads(meta["classes"])) if "classes" in meta else None
+    graph = graph_facts(path)
+    # The classes: our metadata entry, else the classifier node's labels (skl2onnx
+    # exports with zipmap=False carry no ZipMap keys to read them from).
+    classes = tuple(json.loads(meta["classes"])) if "classes" in meta else graph.classes
     proba_name = next((n for n in _PROBABILITY_OUTPUTS if n in output_names), None)
     label_name = "label" if "label" in output_names else output_names[0]
     keys = {label_name: "predictions"}
@@ -226,7 +230,7 @@ def _handle(
     fetch = list(keys)
 
     names = _feature_names(specs, meta)
-    features = _features(specs, names) if n_features is not None else None
+    features = _features(specs, names, graph) if n_features is not None else None
 
     def feeds(rows: npt.NDArray[Any]) -> dict[str, npt.NDArray[Any]]:
         if rows.dtype.names is not None:  # a record per instance: typed columns
@@ -295,15 +299,23 @@ def _handle(
     return handle
 
 
-def _features(specs: list[_Input], names: tuple[str, ...] | None) -> tuple[Feature, ...]:
+def _features(
+    specs: list[_Input], names: tuple[str, ...] | None, graph: GraphFacts
+) -> tuple[Feature, ...]:
     """One feature per column of every input, of the input's element type (a string
-    input's values are Python ``str``)."""
-    dtypes = [np.dtype(spec.dtype) for spec in specs for _ in range(spec.width)]
-    labels = names or tuple(str(j) for j in range(len(dtypes)))
-    return tuple(
-        feature(label, _KINDS[dtype.kind], dtype)
-        for label, dtype in zip(labels, dtypes, strict=True)
-    )
+    input's values are Python ``str``); a one-column input that feeds an encoder or an
+    imputer node takes its categories and missing values (``serving.schema_onnx``)."""
+    facts = graph.inputs
+    labels = iter(names or tuple(str(j) for j in range(sum(spec.width for spec in specs))))
+    features = []
+    for spec in specs:
+        dtype = np.dtype(spec.dtype)
+        known = facts.get(spec.name, InputFacts()) if spec.width == 1 else InputFacts()
+        missing = known.missing and dtype.kind == "f"
+        for _ in range(spec.width):
+            kind = _KINDS[dtype.kind]
+            features.append(Feature(next(labels), kind, dtype, missing, known.categories))
+    return tuple(features)
 
 
 def _record_feed(
