@@ -17,7 +17,8 @@ Boundary: standard library, numpy and ``serving`` core modules (no Flask, no pyd
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -70,11 +71,12 @@ def conform(instances: Instances, handle: ModelHandle) -> npt.NDArray[Any]:
     else:
         rows, loc = _frame(instances, handle)
     features = handle.features or _floats(len(rows[0]))
-    _check_lengths(rows, len(features), instances.field, handle.features is not None)
+    if isinstance(instances, Frame):
+        _check_lengths(rows, len(features), instances.field, handle.features is not None)
     dtype = uniform_dtype(features)
     if dtype is not None:
         return matrix(rows, features, dtype, loc)
-    return _table([list(c) for c in zip(*rows, strict=True)], features, loc)
+    return _table(_transposed(rows, len(features)), features, loc)
 
 
 def _floats(n: int) -> tuple[Feature, ...]:
@@ -84,7 +86,9 @@ def _floats(n: int) -> tuple[Feature, ...]:
 
 def _check_lengths(rows: Sequence[Any], n: int, field: str, known: bool) -> None:
     for index, row in enumerate(rows):
-        if isinstance(row, Mapping | str) or not isinstance(row, Sequence):
+        if type(row) is not list and (
+            isinstance(row, Mapping | str) or not isinstance(row, Sequence)
+        ):
             what = "mixes lists and objects" if isinstance(row, Mapping) else "is not a list"
             raise invalid(f"{field}[{index}]", what, "instance_kind")
         if len(row) != n:
@@ -96,8 +100,15 @@ def _check_lengths(rows: Sequence[Any], n: int, field: str, known: bool) -> None
             )  # fmt: skip
 
 
+def _transposed(rows: Sequence[Sequence[Any]], n: int) -> Iterator[list[Any]]:
+    """Each column of ``rows``, built when asked for: a batch refused in its first column
+    never holds a copy of the others."""
+    for j in range(n):
+        yield [row[j] for row in rows]
+
+
 def _table(
-    columns: Sequence[Sequence[Any]], features: Sequence[Feature], loc: Locate
+    columns: Iterable[Sequence[Any]], features: Sequence[Feature], loc: Locate
 ) -> npt.NDArray[Any]:
     """Per-feature values (model order) as the batch: a matrix when one type holds them
     all, else a record array."""
@@ -147,11 +158,11 @@ def _by_input_name(handle: ModelHandle, keys: Sequence[str]) -> bool:
 
 def _records(
     records: Sequence[Mapping[str, Any]], handle: ModelHandle, field: str
-) -> tuple[list[list[Any]], Locate]:
+) -> tuple[list[Any], Locate]:
     """Objects keyed by feature name (or input name) as rows in the model's feature order;
     for a model without feature names, in the first record's key order."""
     for index, record in enumerate(records):
-        if not isinstance(record, Mapping):
+        if type(record) is not dict and not isinstance(record, Mapping):
             raise invalid(f"{field}[{index}]", "mixes lists and objects", "instance_kind")
     if _by_input_name(handle, list(records[0])):
         specs = handle.input_specs()
@@ -164,21 +175,29 @@ def _records(
         for index, record in enumerate(records):
             if record.keys() != set(names):
                 check_names(list(record), names, f"{field}[{index}]", "column")
-    known = set(names)
-    rows = []
+    known, n = set(names), len(names)
+    get = itemgetter(*names) if n > 1 else (lambda record: (record[names[0]],))
+    values: list[Any] = []
     for index, record in enumerate(records):
-        if len(record) != len(names) or not known.issuperset(record):
-            loc = f"{field}[{index}]"
-            missing = [name for name in names if name not in record]
-            if missing:
-                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-                raise invalid(loc, f"missing feature {missing[0]!r}{more}", "missing_feature")
-            unknown = next(key for key in record if key not in known)
-            msg = f"unknown feature {unknown!r}; the model's features are {', '.join(names)}"
-            raise invalid(f"{loc}.{unknown}", msg, "unknown_feature")
-        rows.append([_scalar(record[name], field, index, name) for name in names])
+        if len(record) != n or not known.issuperset(record):
+            _refuse_keys(record, names, f"{field}[{index}]")
+        values.append(get(record))
+    if any(type(value) is list for row in values for value in row):
+        values = [[_scalar(v, field, i, names[j]) for j, v in enumerate(row)]
+                  for i, row in enumerate(values)]  # fmt: skip
     final = names
-    return rows, lambda i, j: f"{field}[{i}].{final[j]}"
+    return values, lambda i, j: f"{field}[{i}].{final[j]}"
+
+
+def _refuse_keys(record: Mapping[str, Any], names: Sequence[str], loc: str) -> None:
+    """:raises InvalidInput: naming the first missing, else the first unknown feature."""
+    missing = [name for name in names if name not in record]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise invalid(loc, f"missing feature {missing[0]!r}{more}", "missing_feature")
+    unknown = next(key for key in record if key not in names)
+    msg = f"unknown feature {unknown!r}; the model's features are {', '.join(names)}"
+    raise invalid(f"{loc}.{unknown}", msg, "unknown_feature")
 
 
 def _scalar(value: Any, field: str, index: int, name: str) -> Any:
@@ -212,7 +231,7 @@ def _columns(columns: Columns, handle: ModelHandle) -> npt.NDArray[Any]:
         records = [{name: values[i] for name, values in data.items()} for i in range(columns.n)]
         rows, loc = _records(records, handle, field)
         features = handle.features or _floats(len(rows[0]))
-        return _table([list(c) for c in zip(*rows, strict=True)], features, loc)
+        return _table(_transposed(rows, len(features)), features, loc)
     names = handle.feature_names
     if names is None:
         names = tuple(keys)
