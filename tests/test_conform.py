@@ -68,8 +68,7 @@ def test_conform_onnx_string_inputs_answer_as_onnxruntime(churn: Any) -> None:
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     feeds = {
-        name: np.array([[row[name]] for row in rows], dtype=object)
-        for name in ("plan", "region")
+        name: np.array([[row[name]] for row in rows], dtype=object) for name in ("plan", "region")
     } | {
         name: np.array([[np.nan if row[name] is None else row[name]] for row in rows], "f4")
         for name in ("seats", "usage_hours")
@@ -141,7 +140,9 @@ def test_conform_a_body_of_bad_values_reports_one_and_costs_no_more_than_a_good_
 ) -> None:
     _, handle, _, _ = churn
     good = [{"plan": "pro", "region": "emea", "seats": 3, "usage_hours": 1.5}] * 25_000
-    bad = [{"plan": 1, "region": 2, "seats": "x", "usage_hours": "y"}] * 25_000  # 100,000 bad values
+    bad = [
+        {"plan": 1, "region": 2, "seats": "x", "usage_hours": "y"}
+    ] * 25_000  # 100,000 bad values
 
     def peak(instances: Records) -> int:
         tracemalloc.start()

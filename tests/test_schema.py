@@ -65,7 +65,9 @@ def test_schema_missing_values_follow_the_estimator_tags(tmp_path: Path) -> None
     model, frame = hgb_with_missing()
     joblib.dump(model, tmp_path / "hgb.joblib")
     scaled = make_pipeline(StandardScaler(), LogisticRegression())
-    joblib.dump(scaled.fit(frame.fillna(0).to_numpy(), model.predict(frame)), tmp_path / "lr.joblib")
+    joblib.dump(
+        scaled.fit(frame.fillna(0).to_numpy(), model.predict(frame)), tmp_path / "lr.joblib"
+    )
 
     hgb = load_model(tmp_path / "hgb.joblib")
     lr = load_model(tmp_path / "lr.joblib")
@@ -73,7 +75,10 @@ def test_schema_missing_values_follow_the_estimator_tags(tmp_path: Path) -> None
     assert [f.missing for f in hgb.features or ()] == [True, True]
     assert hgb.matrix_dtype == np.float64
     assert lr.feature_names is None  # fitted on an array: positional
-    assert [f.missing for f in lr.features or ()] == [False, False]  # NaN reaches LogisticRegression
+    assert [f.missing for f in lr.features or ()] == [
+        False,
+        False,
+    ]  # NaN reaches LogisticRegression
 
 
 MLMODEL = """\
