@@ -28,7 +28,7 @@ from serving.errors import InvalidInput
 from serving.handle import ModelHandle, TensorSpec
 from serving.instances import Columns, Frame, Instances, Records, Tensors
 from serving.schema import Feature, feature, structured_dtype, uniform_dtype
-from serving.values import Locate, column, matrix, refuse
+from serving.values import Locate, column, from_text, matrix, refuse
 
 __all__ = ["check_names", "conform", "invalid"]
 
@@ -73,6 +73,8 @@ def conform(instances: Instances, handle: ModelHandle) -> npt.NDArray[Any]:
     features = handle.features or _floats(len(rows[0]))
     if isinstance(instances, Frame):
         _check_lengths(rows, len(features), instances.field, handle.features is not None)
+        if instances.text:
+            rows = [[from_text(v, f) for v, f in zip(row, features, strict=True)] for row in rows]
     dtype = uniform_dtype(features)
     if dtype is not None:
         return matrix(rows, features, dtype, loc)

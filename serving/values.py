@@ -17,6 +17,7 @@ Boundary: standard library, numpy and ``serving`` core modules.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any, cast
@@ -27,12 +28,57 @@ import numpy.typing as npt
 from serving.errors import InvalidInput
 from serving.schema import Feature
 
-__all__ = ["Locate", "column", "matrix", "refuse", "value_error"]
+__all__ = ["Locate", "column", "from_text", "matrix", "refuse", "value_error"]
 
 #: ``(instance, feature) -> location`` in the request's own terms (``instances[0].age``).
 Locate = Callable[[int, int], str]
 
 _NUMBERS = frozenset({int, float})
+#: CSV cells read as missing: pandas' ``read_csv`` default ``na_values``.
+_MISSING_TEXT = frozenset(
+    [
+        "",
+        "#N/A",
+        "#N/A N/A",
+        "#NA",
+        "-1.#IND",
+        "-1.#QNAN",
+        "-NaN",
+        "-nan",
+        "1.#IND",
+        "1.#QNAN",
+        "<NA>",
+        "N/A",
+        "NA",
+        "NULL",
+        "NaN",
+        "None",
+        "n/a",
+        "nan",
+        "null",
+    ]
+)
+_INTEGER_TEXT = re.compile(r"[+-]?\d+")
+_NUMBER_TEXT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_BOOL_TEXT = {"True": True, "TRUE": True, "true": True, "False": False, "FALSE": False,
+              "false": False}  # fmt: skip
+
+
+def from_text(cell: str, f: Feature) -> Any:
+    """A CSV cell as the value it stands for in feature ``f``, as pandas' ``read_csv``
+    reads it: a missing marker (empty, ``NaN``, ``NA``, ...) is None; numbers and booleans
+    are parsed; strings stay as they are. A cell that is not of the feature's kind stays
+    text, so that checking it names the value."""
+    if cell in _MISSING_TEXT and f.kind != "any":
+        return None
+    text = cell.strip()
+    if f.kind == "integer" and _INTEGER_TEXT.fullmatch(text):
+        return int(text)
+    if f.kind in ("float", "integer") and _NUMBER_TEXT.fullmatch(text):
+        return float(text)
+    if f.kind == "boolean" and text in _BOOL_TEXT:
+        return _BOOL_TEXT[text]
+    return cell
 
 
 def refuse(loc: str, msg: str, kind: str) -> InvalidInput:
