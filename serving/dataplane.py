@@ -17,8 +17,9 @@ A protocol's route reads its body, its codec decodes it into ``serving.instances
 The codec then encodes ``Inference.outputs`` into its response body. Requests of every
 protocol meet in the same batcher, so they are merged into the same predict calls.
 
-Boundary: no Flask, no pydantic (a test imports this module in a fresh interpreter).
-Deadlines are ``time.monotonic()`` values.
+Boundary: no Flask, werkzeug or request bodies (pydantic only through ``Settings``); a
+test imports this module in a fresh interpreter. Deadlines are ``time.monotonic()``
+values.
 """
 
 from __future__ import annotations
