@@ -107,12 +107,10 @@ def create_app(
     app.register_error_handler(HTTPException, functools.partial(_http_error, bodies))
     app.register_error_handler(Exception, functools.partial(_unexpected_error, bodies))
 
-    timeout_s = settings.request_timeout_ms / 1000
-
     @app.before_request
     def _start() -> None:
         g.started = time.perf_counter()
-        g.deadline = time.monotonic() + timeout_s
+        g.deadline = plane.deadline()  # SERVING_REQUEST_TIMEOUT_MS from now
         g.log_fields = {}
         incoming = request.headers.get("X-Request-ID", "")
         g.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
