@@ -12,8 +12,9 @@ from prometheus_client import CollectorRegistry
 from serving.app import create_app
 from serving.loaders import ModelHandle
 from serving.metrics import ServingMetrics
+from serving.protocols.predict.schemas import PredictResponse
+from serving.protocols.schemas import ErrorResponse, HealthResponse
 from serving.runtime import ModelRuntime
-from serving.schemas import ErrorResponse, HealthResponse, PredictResponse
 from serving.settings import Settings
 from tests.conftest import serve_runtimes
 from tests.models import FailsOnNegative
@@ -123,7 +124,7 @@ def test_model_failure_is_500_inference_error_and_counted(settings: Settings) ->
     metrics = ServingMetrics(CollectorRegistry())
     model = FailsOnNegative(n_features=3)
     handle = ModelHandle.from_callable(model.predict, name="f", version="1", n_features=3)
-    app = create_app(settings, handle, metrics=metrics)
+    app = create_app(settings, models=[handle], metrics=metrics)
     try:
         response = app.test_client().post("/predict", json={"instances": [[-1, 0, 0]]})
     finally:
@@ -218,7 +219,7 @@ def test_predict_serializes_non_contiguous_model_outputs(
     model = GaussianNB() if estimator == "GaussianNB" else OneVsRestClassifier(LogisticRegression())
     model.fit(X, y)
     handle = estimator_handle(model, name="iris", version="1", format="joblib")
-    app = create_app(settings, handle, metrics=ServingMetrics(CollectorRegistry()))
+    app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
     try:
         response = app.test_client().post("/predict", json={"instances": X[:3].tolist()})
     finally:
@@ -251,7 +252,9 @@ def test_an_overflowing_request_fails_alone_and_co_batched_requests_succeed(
             "max_batch_size": 17,
         }
     )
-    app = create_app(slow, load_model(DEMO_MODEL_PATH), metrics=ServingMetrics(CollectorRegistry()))
+    app = create_app(
+        slow, models=[load_model(DEMO_MODEL_PATH)], metrics=ServingMetrics(CollectorRegistry())
+    )
     client_lock = threading.Lock()
     barrier = threading.Barrier(17)
 
@@ -281,7 +284,7 @@ def test_an_overflowing_request_fails_alone_and_co_batched_requests_succeed(
 def test_values_outside_a_float32_models_range_are_422(settings: Settings) -> None:
     handle = ModelHandle.from_callable(lambda X: X[:, 0], name="f32", version="1", n_features=2)
     handle = ModelHandle(**{**handle.__dict__, "input_dtype": np.float32})
-    app = create_app(settings, handle, metrics=ServingMetrics(CollectorRegistry()))
+    app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
     client = app.test_client()
     try:
         bad = client.post("/predict", json={"instances": [[1.0, 2.0], [3.0, -1e39]]})
@@ -305,7 +308,7 @@ def test_non_finite_model_outputs_become_null_in_valid_json(settings: Settings) 
         return {"predictions": out, "probabilities": np.array([[np.inf, -np.inf]] * len(X))}
 
     handle = ModelHandle.from_callable(model, name="nan", version="1", n_features=1)
-    app = create_app(settings, handle, metrics=ServingMetrics(CollectorRegistry()))
+    app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
     try:
         response = app.test_client().post("/predict", json={"instances": [[1.0], [2.0]]})
     finally:
@@ -331,7 +334,7 @@ def test_overloaded_is_503_with_retry_after_and_counted(settings: Settings) -> N
     small = Settings(**{**settings.model_dump(), "max_queue_depth": 1, "max_batch_size": 1})
     metrics = ServingMetrics(CollectorRegistry())
     handle = ModelHandle.from_callable(slow, name="slow", version="1", n_features=1)
-    app = create_app(small, handle, metrics=metrics)
+    app = create_app(small, models=[handle], metrics=metrics)
     runtime = app.extensions["serving"].get_models().default
     from concurrent.futures import ThreadPoolExecutor
 
@@ -372,7 +375,7 @@ def test_string_labels_and_numpy_outputs_serialize_as_json(settings: Settings) -
     names = np.array(["setosa", "versicolor", "virginica"])[y]
     model = LogisticRegression(max_iter=1000).fit(X, names)
     handle = estimator_handle(model, name="iris", version="1", format="joblib")
-    app = create_app(settings, handle, metrics=ServingMetrics(CollectorRegistry()))
+    app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
     try:
         response = app.test_client().post("/predict", json={"instances": X[[0, 60, 120]].tolist()})
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.api.inference import check_range
+from serving.conform import check_range
 from serving.errors import InvalidInput
 
 

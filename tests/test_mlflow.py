@@ -16,8 +16,8 @@ from flask.testing import FlaskClient
 from serving.app import create_app
 from serving.loaders import ModelHandle
 from serving.metrics import ServingMetrics
-from serving.schemas import parse_body
-from serving.schemas_mlflow import MlflowErrorResponse, MlflowRequest, MlflowResponse
+from serving.protocols.mlflow.schemas import MlflowErrorResponse, MlflowRequest, MlflowResponse
+from serving.protocols.schemas import parse_body
 from serving.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ def test_mlflow_ping_is_open_and_invocations_need_the_api_key(
 ) -> None:
     key = "k" * 20
     keyed = Settings(**{**settings.model_dump(), "api_keys": key})
-    app = create_app(keyed, model_handle, metrics=metrics)
+    app = create_app(keyed, models=[model_handle], metrics=metrics)
     client = app.test_client()
     body = {"instances": [[1, 2, 3]]}
     try:

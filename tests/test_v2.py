@@ -23,8 +23,8 @@ from serving import __version__
 from serving.app import create_app
 from serving.handle import ModelHandle, TensorSpec
 from serving.metrics import ServingMetrics
+from serving.protocols.v2.schemas import V2Error, V2InferResponse, V2ModelMetadata
 from serving.runtime import ModelRuntime
-from serving.schemas_v2 import V2Error, V2InferResponse, V2ModelMetadata
 from serving.settings import Settings
 from tests.conftest import serve_runtimes
 
@@ -51,7 +51,7 @@ def make_client(settings: Settings) -> Iterator[MakeClient]:
 
     def make(handle: ModelHandle, **overrides: Any) -> FlaskClient:
         configured = Settings(**{**settings.model_dump(), **overrides})
-        app = create_app(configured, handle, metrics=ServingMetrics(CollectorRegistry()))
+        app = create_app(configured, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
         apps.append(app)
         return app.test_client()
 

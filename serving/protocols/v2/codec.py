@@ -1,11 +1,14 @@
-"""KServe V2 tensors <-> the batcher's ``(n_instances, n_features)`` float64 matrix.
+"""KServe V2 bodies <-> the data plane: input tensors -> ``serving.instances.Tensors``,
+model outputs -> output tensors.
 
-Inputs: each of the model's inputs (``ModelHandle.input_specs()``) must be sent once under
-its name, ``shape`` ``[n, width]`` (or ``[n]`` for a one-column input), with ``data`` as
-JSON (flat or nested, row-major) or as raw little-endian bytes (Triton's binary tensor
-data extension). Any numeric ``datatype`` is accepted for any input: values become
-float64 like ``/predict``'s JSON numbers, and ``run_batch`` refuses those the model's own
-input type cannot hold. ``BYTES`` and ``BF16`` inputs are refused.
+Inputs: each tensor's ``data`` as JSON (flat or nested, row-major) or as raw
+little-endian bytes (Triton's binary tensor data extension), checked against its
+``datatype`` and ``shape`` and decoded to an array of that shape, without the model:
+``serving.conform`` then matches the names to the model's inputs (each sent once,
+``[n, width]`` or ``[n]`` for a one-column input) and refuses values the model's own
+input type cannot hold. Any numeric ``datatype`` is accepted for any input: values become
+float64 like ``/predict``'s JSON numbers. ``BYTES`` and ``BF16`` inputs are refused, as
+are shared-memory tensors and the classification extension.
 
 Outputs: each named output array becomes ``{name, datatype, shape, data}`` (flattened), or
 its raw bytes after the JSON header when ``binary_data`` is asked for; string labels are
@@ -25,10 +28,16 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InvalidInput
-from serving.handle import Outputs, TensorSpec
-from serving.schemas_v2 import Datatype, V2RequestInput, V2RequestOutput
+from serving.handle import Outputs
+from serving.instances import Tensors
+from serving.protocols.v2.schemas import (
+    Datatype,
+    V2InferRequest,
+    V2RequestInput,
+    V2RequestOutput,
+)
 
-__all__ = ["HEADER_LENGTH", "datatype_of", "encode_outputs", "input_rows", "split_body"]
+__all__ = ["HEADER_LENGTH", "datatype_of", "decode", "encode_outputs", "split_body"]
 
 #: The binary extension's header: the JSON part's length in bytes.
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -155,59 +164,39 @@ def _chunks(inputs: Sequence[V2RequestInput], binary: bytes) -> list[bytes | Non
     return chunks
 
 
-def _rows(
-    tensor: V2RequestInput, spec: TensorSpec, values: npt.NDArray[np.float64], loc: str
-) -> npt.NDArray[np.float64]:
-    """``values`` as ``(n_instances, width)`` after checking ``tensor.shape`` fits ``spec``."""
-    shape, width = tensor.shape, spec.width
-    fits = (len(shape) == 2 and width in (-1, shape[1])) or (len(shape) == 1 and width == 1)
-    if not fits or shape[0] == 0 or (len(shape) == 2 and shape[1] == 0):
-        msg = (
-            f"input {tensor.name!r} has shape {shape}; the model takes {list(spec.shape)} "
-            "(-1: any number of instances, at least one)"
-        )
-        raise _invalid(loc, msg, "shape")
-    return values.reshape(shape[0], -1)
+def _refuse_unsupported(body: V2InferRequest) -> None:
+    """:raises InvalidInput: for shared-memory tensors and the classification extension."""
+    for index, tensor in enumerate(body.inputs):
+        if tensor.parameters and "shared_memory_region" in (tensor.parameters.model_extra or {}):
+            msg = "shared memory is not supported: send the data in the body"
+            raise InvalidInput(f"inputs[{index}]: {msg}")
+    for index, out in enumerate(body.outputs or ()):
+        extra = (out.parameters.model_extra or {}) if out.parameters else {}
+        if "shared_memory_region" in extra:
+            msg = "shared memory is not supported: outputs come back in the body"
+            raise InvalidInput(f"outputs[{index}]: {msg}")
+        if "classification" in extra:
+            msg = "the classification extension is not supported: ask for 'probabilities'"
+            raise InvalidInput(f"outputs[{index}]: {msg}")
 
 
-def input_rows(
-    inputs: Sequence[V2RequestInput],
-    binary: bytes,
-    specs: tuple[TensorSpec, ...],
-    n_features: int | None,
-) -> npt.NDArray[np.float64]:
-    """The ``(n_instances, n_features)`` float64 matrix of a request's ``inputs``: each
-    input's columns side by side, in ``specs`` order.
+def decode(body: V2InferRequest, binary: bytes) -> Tensors:
+    """The request's input tensors, in request order, each as an array of its declared
+    ``shape`` (float64 for every numeric ``datatype``, as today).
 
     :param binary: the body after the JSON header (binary tensor data extension).
-    :raises InvalidInput: naming the input: unknown, missing or repeated name, datatype not
-        numeric or values it cannot hold, data length != product(shape), a shape that does
-        not fit the model's input, inputs with different instance counts, binary sizes
-        that do not add up to the body.
+    :raises InvalidInput: naming the input: a datatype that is not numeric or values it
+        cannot hold, data length != product(shape), binary sizes that do not add up to
+        the body; or a shared-memory tensor, the classification extension.
     """
-    chunks = _chunks(inputs, binary)
-    names = [spec.name for spec in specs]
-    given: dict[str, int] = {}
-    for index, tensor in enumerate(inputs):
+    _refuse_unsupported(body)
+    chunks = _chunks(body.inputs, binary)
+    decoded: list[tuple[str, npt.NDArray[Any]]] = []
+    for index, tensor in enumerate(body.inputs):
         loc = f"inputs[{index}]"
-        if tensor.name not in names:
-            msg = f"the model has no input {tensor.name!r} (its inputs: {', '.join(names)})"
-            raise _invalid(loc, msg, "input_name")
-        if tensor.name in given:
-            raise _invalid(loc, f"input {tensor.name!r} is given twice", "input_name")
-        given[tensor.name] = index
-    missing = [name for name in names if name not in given]
-    if missing:
-        msg = f"missing input {missing[0]!r} (the model's inputs: {', '.join(names)})"
-        raise _invalid("inputs", msg, "input_name")
-    columns: list[npt.NDArray[np.float64]] = []
-    for spec in specs:
-        index = given[spec.name]
-        tensor, loc = inputs[index], f"inputs[{index}]"
         if tensor.datatype not in _NUMPY:
             msg = (
-                f"input {tensor.name!r}: datatype {tensor.datatype} is not supported; send "
-                f"numbers (the model computes in {datatype_of(spec.dtype)})"
+                f"input {tensor.name!r}: datatype {tensor.datatype} is not supported; send numbers"
             )
             raise _invalid(loc, msg, "datatype")
         kind = _NUMPY[tensor.datatype]
@@ -216,20 +205,8 @@ def input_rows(
             values = _json_values(tensor, kind, loc)
         else:
             values = _binary_values(tensor, kind, chunk, loc)
-        rows = _rows(tensor, spec, values, loc)
-        if columns and len(rows) != len(columns[0]):
-            first = inputs[given[specs[0].name]].name
-            msg = (
-                f"input {tensor.name!r} has {len(rows)} instances; input {first!r} has "
-                f"{len(columns[0])}"
-            )
-            raise _invalid(loc, msg, "shape")
-        columns.append(rows)
-    matrix = columns[0] if len(columns) == 1 else np.hstack(columns)
-    if n_features is not None and matrix.shape[1] != n_features:
-        msg = f"the inputs have {matrix.shape[1]} features in all; the model expects {n_features}"
-        raise _invalid("inputs", msg, "feature_count")
-    return np.ascontiguousarray(matrix, dtype=np.float64)
+        decoded.append((tensor.name, values.reshape(tensor.shape)))
+    return Tensors(decoded)
 
 
 def _bytes_elements(array: npt.NDArray[Any]) -> list[bytes]:

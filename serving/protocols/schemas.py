@@ -1,4 +1,5 @@
-"""Request and response bodies shared by the blueprints (pydantic v2).
+"""Bodies every protocol shares (pydantic v2): ``parse_body``, the service's error shape,
+and the probes' responses. Each protocol's own bodies are in its ``schemas.py``.
 
 Requests are validated strictly, straight from the raw body bytes
 (``model_validate_json``): a number must be a JSON number (not ``"1.5"``, not ``true``),
@@ -10,7 +11,7 @@ are serialized with orjson from plain dicts; the response models below document 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -22,8 +23,7 @@ __all__ = [
     "HealthResponse",
     "LivenessResponse",
     "OpenAPIDocument",
-    "PredictRequest",
-    "PredictResponse",
+    "Strict",
     "parse_body",
 ]
 
@@ -31,53 +31,12 @@ __all__ = [
 MAX_ERROR_DETAILS = 20
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """Strict JSON: numbers are finite JSON numbers, unknown fields are refused."""
+
     model_config = ConfigDict(
         strict=True, extra="forbid", allow_inf_nan=False, protected_namespaces=()
     )
-
-
-class PredictRequest(_Strict):
-    """``POST /predict``: ``instances`` is ``(n_instances, n_features)`` numbers, row-major."""
-
-    instances: (
-        Annotated[list[list[float]], Field(min_length=1)]
-        | Annotated[list[dict[str, float]], Field(min_length=1)]
-    ) = Field(
-        description="One instance per entry: a list of feature values in the model's "
-        "order, or an object keyed by feature name (models that know their feature names).",
-    )
-    model_version: str | None = Field(
-        None,
-        min_length=1,
-        max_length=128,
-        description="Pin the model version; a replica serving another answers 409.",
-    )
-    outputs: list[str] | None = Field(
-        None,
-        min_length=1,
-        max_length=64,
-        description="Also return these named model outputs (an ONNX graph's other outputs) "
-        "under outputs, one row per instance.",
-    )
-
-
-class PredictResponse(BaseModel):
-    """One prediction per instance, in request order."""
-
-    model_config = ConfigDict(protected_namespaces=())
-
-    predictions: list[Any] = Field(description="Class label or value per instance.")
-    probabilities: list[list[float | None]] | None = Field(
-        None, description="(n_instances, n_classes), columns in the order of classes."
-    )
-    classes: list[Any] | None = Field(None, description="Class labels, probability column order.")
-    outputs: dict[str, list[Any]] | None = Field(
-        None, description="The named outputs the request asked for, one row per instance."
-    )
-    model_name: str
-    model_version: str
-    latency_ms: float = Field(description="Server-side time from request to answer, in ms.")
 
 
 class LivenessResponse(BaseModel):

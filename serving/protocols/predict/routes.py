@@ -1,0 +1,45 @@
+"""``POST /predict``: ``{"instances": [[...], ...]}`` -> one prediction per instance."""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, g
+
+from serving.openapi import Operation, errors
+from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_json_body
+from serving.protocols.predict import codec
+from serving.protocols.predict.schemas import PredictRequest, PredictResponse
+from serving.protocols.schemas import ErrorResponse, parse_body
+
+__all__ = ["OPERATIONS", "PROTOCOL", "bp"]
+
+bp = Blueprint("predict", __name__)
+
+OPERATIONS = [
+    Operation(
+        "post",
+        "/predict",
+        "One prediction per instance from the default model (or its pinned version)",
+        {200: PredictResponse}
+        | errors(ErrorResponse, 400, 401, 404, 408, 409, 413, 415, 422, 500, 503, 504),
+        request=PredictRequest,
+    )
+]
+
+#: Errors in the service's own shape.
+PROTOCOL = ProtocolSpec(bp, OPERATIONS)
+
+
+@bp.post("/predict", provide_automatic_options=False)
+def predict() -> Response:
+    """Predict with the default model (the first of ``SERVING_MODELS``); ``model_version``
+    picks another version of it, or is refused with 409 when this replica lacks it."""
+    plane = dataplane()
+    body = parse_body(PredictRequest, read_json_body(plane.settings.max_body_bytes))
+    answer = plane.infer(
+        None, body.model_version, codec.decode(body),
+        deadline=g.deadline, outputs=body.outputs, log=g.log_fields,
+    )  # fmt: skip
+    latency_ms = round((time.perf_counter() - g.started) * 1000.0, 3)
+    return json_response(codec.encode(answer, body.outputs, latency_ms))
