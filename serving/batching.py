@@ -3,7 +3,8 @@
 Request threads call ``ThreadedBatcher.submit_many(rows)`` and block; the batcher's one
 background thread takes queued instances off a ``queue.SimpleQueue`` (the ``queue``
 module's C-implemented FIFO: no Python-level locking per put/get) and makes one
-``predict_batch`` call per batch on a single ``(n_instances, n_features)`` array built from
+``predict_batch`` call per batch on a single ``(n_instances, n_features)`` array (or a
+record array of typed columns, ``serving.conform``) built from
 instances of different requests, then hands each caller exactly its own output rows.
 
 Two flush policies (``docs/batching.md`` draws both):
@@ -85,9 +86,10 @@ class FlushStats:
     error: BaseException | None
 
 
-def _key(rows: npt.NDArray[Any]) -> tuple[int, ...]:
-    """What rows must share to be merged into one predict call: their width."""
-    return rows.shape[1:]
+def _key(rows: npt.NDArray[Any]) -> tuple[Any, ...]:
+    """What rows must share to be merged into one predict call: their width and element
+    type (a record array's fields, for typed batches)."""
+    return (rows.dtype, rows.shape[1:])
 
 
 def _merge(parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
@@ -180,7 +182,8 @@ class ThreadedBatcher:
     ) -> dict[str, npt.NDArray[Any]]:
         """Queue ``instances`` and block until all of them are answered.
 
-        :param instances: array of shape ``(n_instances, n_features)``, ``n_instances >= 1``.
+        :param instances: array of shape ``(n_instances, n_features)``, or a record array
+            of ``(n_instances,)`` with one typed field per feature; ``n_instances >= 1``.
         :param timeout_s: longest to wait for the answer, in seconds; ``None`` waits until
             the batcher answers (it always does: every queued instance is answered or failed).
             Instances still queued when it has passed are dropped, not computed.
@@ -195,9 +198,11 @@ class ThreadedBatcher:
             raised or returned a wrong number of rows.
         :raises InferenceTimeout: when ``timeout_s`` passed first.
         """
-        if instances.ndim != 2 or len(instances) == 0:
+        typed = instances.ndim == 1 and instances.dtype.names is not None
+        if not (instances.ndim == 2 or typed) or len(instances) == 0:
             raise ValueError(
-                f"instances must be (n_instances >= 1, n_features), got {instances.shape}"
+                "instances must be (n_instances >= 1, n_features), or a record array of "
+                f"(n_instances >= 1,), got {instances.shape}"
             )
         request = PendingRequest(instances, timeout_s)
         with self._lock:

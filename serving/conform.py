@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from serving.errors import InvalidInput
 from serving.handle import ModelHandle, TensorSpec
-from serving.instances import Columns, Frame, Instances, Records, Tensors
+from serving.instances import Columns, Frame, Instances, Records, Tensors, Unnamed
 from serving.schema import Feature, feature, structured_dtype, uniform_dtype
 from serving.values import Locate, column, from_text, matrix, refuse
 
@@ -67,7 +67,7 @@ def conform(instances: Instances, handle: ModelHandle) -> npt.NDArray[Any]:
         return _columns(instances, handle)
     rows: Sequence[Sequence[Any]]
     if isinstance(instances, Records):
-        rows, loc = _records(instances.rows, handle, instances.field)
+        rows, loc = _records(instances.rows, handle, instances.field, instances.unnamed)
     else:
         rows, loc = _frame(instances, handle)
     features = handle.features or _floats(len(rows[0]))
@@ -147,22 +147,21 @@ def _frame(frame: Frame, handle: ModelHandle) -> tuple[Sequence[Sequence[Any]], 
 
 
 def _by_input_name(handle: ModelHandle, keys: Sequence[str]) -> bool:
-    """True when objects are keyed by input name (a model with several inputs, some more
-    than one column wide) rather than by feature name."""
-    if handle.inputs is None:
-        return False
-    features = handle.feature_names or ()
-    first = next(iter(keys), None)
-    if first is not None and first in features:
-        return False
-    return first in [spec.name for spec in handle.inputs] or not features
+    """True when objects are keyed by input name (``input-0`` with a list of the row's
+    values, or each input of a multi-input graph) rather than by feature name."""
+    features = set(handle.feature_names or ())
+    inputs = {spec.name for spec in handle.input_specs()}
+    return any(key in inputs and key not in features for key in keys)
 
 
 def _records(
-    records: Sequence[Mapping[str, Any]], handle: ModelHandle, field: str
+    records: Sequence[Mapping[str, Any]],
+    handle: ModelHandle,
+    field: str,
+    unnamed: Unnamed = "key_order",
 ) -> tuple[list[Any], Locate]:
     """Objects keyed by feature name (or input name) as rows in the model's feature order;
-    for a model without feature names, in the first record's key order."""
+    for a model without feature names, in the first record's key order, or refused."""
     for index, record in enumerate(records):
         if type(record) is not dict and not isinstance(record, Mapping):
             raise invalid(f"{field}[{index}]", "mixes lists and objects", "instance_kind")
@@ -173,6 +172,11 @@ def _records(
         return rows, lambda i, j: f"{field}[{i}].{flat[j]}"
     names = handle.feature_names
     if names is None:
+        if unnamed == "refuse":
+            raise invalid(
+                f"{field}[0]", "the model does not know its feature names; send each "
+                "instance as a list of values in training order", "feature_names",
+            )  # fmt: skip
         names = tuple(records[0])
         for index, record in enumerate(records):
             if record.keys() != set(names):

@@ -19,11 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy.typing as npt
 
-__all__ = ["Columns", "Frame", "Instances", "Records", "Tensors"]
+__all__ = ["Columns", "Frame", "Instances", "Records", "Tensors", "Unnamed"]
+
+#: What object keys mean for a model that knows no feature names: nothing (refused, as
+#: ``/predict`` does), or the columns in the first object's key order (MLflow records).
+Unnamed = Literal["refuse", "key_order"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +54,7 @@ class Records:
 
     rows: Sequence[Mapping[str, Any]]
     field: str = "instances"
+    unnamed: Unnamed = "refuse"
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -63,6 +68,7 @@ class Columns:
     data: Mapping[str, Sequence[Any]]
     n: int
     field: str = "inputs"
+    unnamed: Unnamed = "key_order"
 
     def __len__(self) -> int:
         return self.n

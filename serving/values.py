@@ -98,12 +98,12 @@ def value_error(value: Any, f: Feature) -> tuple[str, str] | None:  # noqa: PLR0
     if value is None or _is_nan(value):
         if f.missing:
             return None
-        return f"missing value: feature {f.name!r} may not be missing", "missing_value"
+        return "missing value: this feature may not be missing", "missing_value"
     if f.kind == "any":
         return None
     if f.kind == "string":
         if type(value) is not str:
-            return f"{_show(value)} is not a string ({f.name!r} is categorical)", "string_type"
+            return f"{_show(value)} is not a string (the feature is categorical)", "string_type"
     elif f.kind == "boolean":
         if type(value) is not bool:
             return f"{_show(value)} is not true or false", "bool_type"
@@ -143,7 +143,7 @@ def _unknown(value: Any, f: Feature) -> str:
     assert f.categories is not None
     known = sorted(f.categories, key=repr)
     shown = ", ".join(repr(v) for v in known[:10]) + (", ..." if len(known) > 10 else "")
-    return f"unknown category {_show(value)} for feature {f.name!r} (known: {shown})"
+    return f"unknown category {_show(value)} (known: {shown})"
 
 
 def _checked(values: Sequence[Any], f: Feature, loc: Callable[[int], str]) -> npt.NDArray[Any]:

@@ -60,6 +60,7 @@ def test_data_plane_imports_no_web_framework(module: str) -> None:
     ("method", "path", "body"),
     [
         ("post", "/predict", {"json": {"instances": [[1, 2, 3]]}}),
+        ("post", "/predict/echo", {"json": {"instances": [[1, 2, 3]]}}),
         ("post", "/v2/models/echo/infer", {"json": {"inputs": [
             {"name": "input-0", "shape": [1, 3], "datatype": "FP64", "data": [1, 2, 3]}
         ]}}),
@@ -95,6 +96,7 @@ def test_every_post_route_is_a_prediction_route_checked_above(app: Flask) -> Non
     posts = {rule.rule for rule in app.url_map.iter_rules() if "POST" in (rule.methods or ())}
     assert posts == {
         "/predict",
+        "/predict/<model_name>",
         "/v2/models/<model_name>/infer",
         "/v2/models/<model_name>/versions/<model_version>/infer",
         "/v1/models/<tf_model:model_name>:predict",

@@ -82,7 +82,7 @@ def test_conform_onnx_string_inputs_answer_as_onnxruntime(churn: Any) -> None:
     ("change", "loc", "kind", "words"),
     [
         ({"plan": "gold"}, "instances[0].plan", "unknown_category", "unknown category 'gold'"),
-        ({"plan": None}, "instances[0].plan", "missing_value", "'plan' may not be missing"),
+        ({"plan": None}, "instances[0].plan", "missing_value", "this feature may not be missing"),
         ({"plan": 3}, "instances[0].plan", "string_type", "3 is not a string"),
         ({"usage_hours": "12"}, "instances[0].usage_hours", "float_type", "'12' is not a number"),
         ({"seats": 1e999}, "instances[0].seats", "finite_number", "inf is not a finite number"),
@@ -100,8 +100,9 @@ def test_conform_refuses_a_bad_value_naming_instance_and_feature(
 
 
 def test_conform_missing_values_reach_a_model_built_for_them() -> None:
-    model, frame = hgb_with_missing()
     from serving.loaders import estimator_handle
+
+    model, _ = hgb_with_missing()
 
     handle = estimator_handle(model, name="hgb", version="1", format="joblib")
     rows = [{"tenure": None, "spend": 10.0}, {"tenure": 30.5, "spend": None}]
@@ -156,3 +157,20 @@ def test_conform_a_body_of_bad_values_reports_one_and_costs_no_more_than_a_good_
         return top
 
     assert peak(Records(bad)) <= peak(Records(good))
+
+
+@pytest.mark.parametrize(
+    ("instances", "loc"),
+    [
+        (Frame([[1.0] * 30, [1e39] + [1.0] * 29]), "instances[1][0]"),
+        (Frame([[1.0] * 30, [1e39] + [1.0] * 29], field="inputs"), "inputs[1][0]"),
+        (Tensors([("X", np.array([[1.0] * 30, [1e39] + [1.0] * 29]))]), "inputs[0].data[1][0]"),
+    ],
+)
+def test_conform_refuses_a_value_outside_a_float32_graphs_range(instances: Any, loc: str) -> None:
+    from serving.settings import DEMO_MODEL_PATH
+
+    handle = load_model(DEMO_MODEL_PATH.with_suffix(".onnx"))
+    detail = _refused(instances, handle)
+    assert (detail["loc"], detail["type"]) == (loc, "out_of_range")
+    assert detail["msg"].startswith("1e+39 is outside the model's float32 range")

@@ -66,7 +66,12 @@ def test_dataplane_infer_answers_the_default_model_and_fills_the_log(plane: Data
 
 def test_dataplane_infer_picks_the_model_and_version_asked_for(plane: DataPlane) -> None:
     pinned = plane.infer("offset", "2", Frame([[1.0, 2, 3]]), deadline=soon(plane))
-    other = plane.infer("echo", None, Records([{"a": 5.0, "b": 6, "c": 7}]), deadline=soon(plane))
+    other = plane.infer(
+        "echo",
+        None,
+        Records([{"a": 5.0, "b": 6, "c": 7}], unnamed="key_order"),
+        deadline=soon(plane),
+    )
 
     np.testing.assert_array_equal(pinned.outputs["predictions"], [101.0])
     assert other.handle.name == "echo" and other.outputs["predictions"].tolist() == [5.0]

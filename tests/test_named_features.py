@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
@@ -53,12 +52,6 @@ def test_predict_missing_or_unknown_feature_is_422_naming_it(
     assert "unknown feature 'mean colour'" in unknown_error.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="serving.conform takes objects for a model without feature names in the first "
-    "object's key order (MLflow records semantics) on every protocol, /predict included; "
-    "the codec cannot tell without the model. Decision left to conform's owner.",
-)
 def test_predict_objects_for_a_model_without_feature_names_are_422(client: FlaskClient) -> None:
     response = client.post("/predict", json={"instances": [{"a": 1, "b": 2, "c": 3}]})
 

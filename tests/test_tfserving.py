@@ -104,15 +104,6 @@ def test_tfserving_predict_unknown_model_is_404_and_unserved_version_409(
     assert ok(client.post("/v1/models/echo/versions/7:predict", json=body))["predictions"]
 
 
-#: conform takes object keys of a model without ``inputs`` (every non-ONNX model) as
-#: feature names or, without those, positionally in key order (MLflow records) - never
-#: as input names, which TF Serving's objects are. The codec cannot tell without the
-#: model; conform needs a hint from it (see the branch's report).
-CONFORM_INPUT_NAMES = pytest.mark.xfail(
-    strict=True, reason="serving.conform does not take TF object keys as input names"
-)
-
-
 @pytest.mark.parametrize(
     ("body", "status", "code", "words"),
     [
@@ -125,7 +116,6 @@ CONFORM_INPUT_NAMES = pytest.mark.xfail(
             422,
             "invalid_input",
             "'b'",
-            marks=CONFORM_INPUT_NAMES,
         ),
         ({"inputs": {"input-0": [[1, 2, 3], [4, 5]], "b": [1]}}, 422, "invalid_input", "one per"),
         pytest.param(
@@ -133,7 +123,6 @@ CONFORM_INPUT_NAMES = pytest.mark.xfail(
             422,
             "invalid_input",
             "takes 3 values",
-            marks=CONFORM_INPUT_NAMES,
         ),
         ({"instances": [[1, 2, "3"]]}, 422, "invalid_input", "instances[0][2]"),
         ({"instances": [[1, 2, 3]] * 17}, 413, "payload_too_large", "17 instances"),
@@ -229,7 +218,6 @@ def test_tfserving_metadata_of_a_model_without_feature_names_says_null(
     assert ok(client.get("/v1/models/echo/metadata"))["metadata"]["feature_names"] is None
 
 
-@CONFORM_INPUT_NAMES
 def test_tfserving_named_instances_and_columns_are_reordered_to_the_models_features(
     named_app: Flask, frame_classifier: Frame
 ) -> None:

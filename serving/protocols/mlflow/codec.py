@@ -7,24 +7,20 @@ positionally when the model knows none. pandas' default integer column labels ar
 positions: the codec puts the values in position order and sends unnamed rows.
 
 CSV is read with the standard ``csv`` module, as pandas' ``read_csv`` reads it by default
-(first row = column names, blank lines skipped), but strictly: every cell must be a
-finite decimal number.
+(first row = column names, blank lines skipped, an unnamed first column is the index);
+each cell is read by its feature's kind (numbers, strings, pandas' missing markers).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import math
-import re
 
 from serving.conform import invalid
 from serving.instances import Columns, Frame, Instances, Records
 from serving.protocols.mlflow.schemas import DataframeSplit, MlflowRequest
 
 __all__ = ["decode", "decode_csv", "parse_csv"]
-
-_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 
 
 def decode_csv(body: bytes) -> Frame:
@@ -33,7 +29,7 @@ def decode_csv(body: bytes) -> Frame:
     :raises InvalidInput: (422) as ``parse_csv``.
     """
     columns, rows = parse_csv(body)
-    return Frame(rows, columns, field="csv", columns_field="csv.header")
+    return Frame(rows, columns, field="csv", columns_field="csv.header", text=True)
 
 
 def decode(body: MlflowRequest) -> Instances:
@@ -46,10 +42,10 @@ def decode(body: MlflowRequest) -> Instances:
     if body.dataframe_split is not None:
         return _split(body.dataframe_split)
     if body.dataframe_records is not None:
-        return Records(body.dataframe_records, "dataframe_records")
+        return Records(body.dataframe_records, "dataframe_records", "key_order")
     if body.instances is not None:
         if isinstance(body.instances[0], dict):
-            return Records(body.instances, "instances")
+            return Records(body.instances, "instances", "key_order")
         return Frame(body.instances, field="instances")
     inputs = body.inputs
     assert inputs is not None
@@ -91,11 +87,15 @@ def _split(split: DataframeSplit) -> Frame:
     return Frame([[row[j] for j in order] for row in split.data], None, field, columns_field)
 
 
-def parse_csv(body: bytes) -> tuple[list[str], list[list[float]]]:
-    """``text/csv`` bytes (UTF-8, optional BOM) -> column names and rows of numbers.
+def parse_csv(body: bytes) -> tuple[list[str], list[list[str]]]:
+    """``text/csv`` bytes (UTF-8, optional BOM) -> column names and rows of text cells,
+    read as pandas' ``read_csv`` reads them by default (first row = column names, blank
+    lines skipped). A first column with an empty name is pandas' default index (what
+    ``DataFrame.to_csv()`` writes) and is dropped. Cells are typed later, by each
+    feature's kind (``serving.values.from_text``).
 
     :raises InvalidInput: (422) when the body is not UTF-8, has no header or no data row,
-        or a cell is not a finite number (naming the line and column).
+        or a row's length is not the header's (naming the line).
     """
     try:
         text = body.decode("utf-8-sig")
@@ -111,18 +111,12 @@ def parse_csv(body: bytes) -> tuple[list[str], list[list[float]]]:
     header = lines[0][1]
     if len(lines) == 1:
         raise invalid("body", "text/csv body has a header row and no data rows", "too_short")
-    rows: list[list[float]] = []
+    rows: list[list[str]] = []
     for line, row in lines[1:]:
         if len(row) != len(header):
             msg = f"line {line} has {len(row)} values for {len(header)} columns"
             raise invalid(f"csv[{len(rows)}]", msg, "row_length")
-        values = []
-        for column, cell in zip(header, row, strict=True):
-            value = cell.strip()
-            number = float(value) if _NUMBER.fullmatch(value) else math.nan
-            if not math.isfinite(number):
-                msg = f"line {line}, column {column!r}: {cell[:40]!r} is not a finite number"
-                raise invalid(f"csv[{len(rows)}].{column}", msg, "float_parsing")
-            values.append(number)
-        rows.append(values)
+        rows.append(row)
+    if header[0] == "" and len(header) > 1:  # pandas' unnamed index column
+        return header[1:], [row[1:] for row in rows]
     return header, rows

@@ -16,6 +16,7 @@ from typing import Any
 
 from flask import Blueprint, Response, g, request
 
+from serving import __version__
 from serving.errors import UnsupportedMediaType
 from serving.instances import Instances
 from serving.openapi import Operation, errors
@@ -41,13 +42,24 @@ __all__ = ["OPERATIONS", "PROTOCOL", "bp"]
 bp = Blueprint("mlflow", __name__)
 
 OPERATIONS = [
+    *(
+        Operation(
+            "get",
+            path,
+            "SageMaker/MLflow health check: 200 when every model is ready, 503 otherwise",
+            {200: PingResponse, 503: PingResponse},
+            tag="mlflow",
+            security=False,
+        )
+        for path in ("/ping", "/health")
+    ),
     Operation(
         "get",
-        "/ping",
-        "SageMaker/MLflow health check: 200 when every model is ready, 503 otherwise",
-        {200: PingResponse, 503: PingResponse},
+        "/version",
+        "The server's version, as text (MLflow's scoring server answers its own)",
+        {200: None} | errors(MlflowErrorResponse, 401),
         tag="mlflow",
-        security=False,
+        text_responses={200: "text/plain"},
     ),
     Operation(
         "post",
@@ -82,10 +94,18 @@ def _error_body(
     return {"error_code": _error_code(status), "message": message, "code": code}
 
 
-PROTOCOL = ProtocolSpec(bp, OPERATIONS, _error_body, ("/invocations", "/ping"))
+PROTOCOL = ProtocolSpec(
+    bp, OPERATIONS, _error_body, ("/invocations", "/ping", "/health", "/version")
+)
+
+
+@bp.get("/version")
+def version() -> Response:
+    return Response(__version__, mimetype="text/plain")
 
 
 @bp.get("/ping")
+@bp.get("/health")
 def ping() -> Response:
     """200 ``{"status": "ready"}`` once every model of this worker is ready, else 503 with
     the state (SageMaker and ``mlflow models serve`` clients poll it before scoring)."""

@@ -1,5 +1,5 @@
 """``POST /predict`` bodies (pydantic v2), validated as ``serving.protocols.schemas``
-describes: strict JSON numbers, unknown fields refused."""
+describes: unknown fields refused, values checked against the model by the data plane."""
 
 from __future__ import annotations
 
@@ -7,20 +7,27 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from serving.protocols.schemas import Strict
+from serving.protocols.schemas import Strict, Value
 
 __all__ = ["PredictRequest", "PredictResponse"]
 
 
 class PredictRequest(Strict):
-    """``POST /predict``: ``instances`` is ``(n_instances, n_features)`` numbers, row-major."""
+    """``POST /predict``: ``instances`` is ``(n_instances, n_features)`` values, row-major."""
 
     instances: (
-        Annotated[list[list[float]], Field(min_length=1)]
-        | Annotated[list[dict[str, float]], Field(min_length=1)]
+        Annotated[list[list[Value]], Field(min_length=1)]
+        | Annotated[list[dict[str, Value]], Field(min_length=1)]
     ) = Field(
         description="One instance per entry: a list of feature values in the model's "
-        "order, or an object keyed by feature name (models that know their feature names).",
+        "order, or an object keyed by feature name (models that know their feature names). "
+        "Values are numbers, strings (categorical features), booleans or null (missing).",
+    )
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="The model to ask (any served name); default: the first of SERVING_MODELS.",
     )
     model_version: str | None = Field(
         None,

@@ -6,9 +6,11 @@ little-endian bytes (Triton's binary tensor data extension), checked against its
 ``datatype`` and ``shape`` and decoded to an array of that shape, without the model:
 ``serving.conform`` then matches the names to the model's inputs (each sent once,
 ``[n, width]`` or ``[n]`` for a one-column input) and refuses values the model's own
-input type cannot hold. Any numeric ``datatype`` is accepted for any input: values become
-float64 like ``/predict``'s JSON numbers. ``BYTES`` and ``BF16`` inputs are refused, as
-are shared-memory tensors and the classification extension.
+input type cannot hold. Integer datatypes stay integers (``INT64`` is exact end to end),
+floats become float64 (``null`` in JSON, NaN in binary: a missing value, refused unless
+the feature may be missing), ``BYTES`` become ``str`` (UTF-8) for string features.
+``BF16`` inputs are refused, as are shared-memory tensors and the classification
+extension.
 
 Outputs: each named output array becomes ``{name, datatype, shape, data}`` (flattened), or
 its raw bytes after the JSON header when ``binary_data`` is asked for; string labels are
@@ -98,7 +100,8 @@ def _flatten(data: list[Any]) -> list[Any]:
 
 
 def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.NDArray[Any]:
-    """``tensor.data`` as a flat float64 array, each value checked against ``datatype``."""
+    """``tensor.data`` as a flat array of ``datatype`` (floats as float64, ``BYTES`` as
+    ``str`` objects), each value checked against it."""
     if tensor.data is None:
         msg = f"input {tensor.name!r} has no data (send data, or parameters.binary_data_size)"
         raise _invalid(loc, msg, "missing_data")
@@ -107,7 +110,10 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
     if len(flat) != expected:
         msg = f"input {tensor.name!r} has {len(flat)} values; shape {tensor.shape} needs {expected}"
         raise _invalid(loc, msg, "data_length")
-    if kind.kind == "b":
+    if kind.kind == "O":
+        fits = [type(value) is str or value is None for value in flat]
+        want = "a string (or null)"
+    elif kind.kind == "b":
         fits = [type(value) is bool for value in flat]
         want = "true or false"
     elif kind.kind in "iu":
@@ -117,13 +123,20 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
     else:
         limit = float(np.finfo(kind).max)
         # abs(NaN) <= limit is False, and a huge int is compared without overflow
-        fits = [type(value) in (int, float) and abs(value) <= limit for value in flat]
-        want = f"a finite number within {tensor.datatype}'s range"
+        fits = [value is None or (type(value) in (int, float) and abs(value) <= limit)
+                for value in flat]  # fmt: skip
+        want = f"a finite number within {tensor.datatype}'s range, or null"
     if not all(fits):
         index = fits.index(False)
         msg = f"input {tensor.name!r}: data[{index}] = {repr(flat[index])[:32]} is not {want}"
         raise _invalid(loc, msg, "datatype")
-    return np.array(flat, dtype=np.float64)
+    if kind.kind == "O":
+        values = np.empty(len(flat), dtype=object)
+        values[:] = flat
+        return values
+    if kind.kind == "f":
+        return np.array([math.nan if v is None else v for v in flat], dtype=np.float64)
+    return np.array(flat, dtype=kind)
 
 
 def _binary_values(
@@ -139,11 +152,41 @@ def _binary_values(
             f"of {tensor.datatype} needs {expected} bytes"
         )
         raise _invalid(loc, msg, "binary_data")
-    values = np.frombuffer(chunk, dtype=kind.newbyteorder("<")).astype(np.float64)
-    if kind.kind == "f" and not np.isfinite(values).all():
-        index = int(np.argmin(np.isfinite(values)))
-        msg = f"input {tensor.name!r}: value {index} is {values[index]}, not a finite number"
-        raise _invalid(loc, msg, "datatype")
+    values = np.frombuffer(chunk, dtype=kind.newbyteorder("<"))
+    return values.astype(np.float64 if kind.kind == "f" else kind.newbyteorder("="))
+
+
+def _binary_strings(tensor: V2RequestInput, chunk: bytes, loc: str) -> npt.NDArray[Any]:
+    """``BYTES`` elements of the binary extension (each a 4-byte little-endian length,
+    then its bytes) as ``str`` objects.
+
+    :raises InvalidInput: when the lengths do not add up to the chunk, or an element is
+        not UTF-8.
+    """
+    if tensor.data is not None:
+        msg = f"input {tensor.name!r} has both data and parameters.binary_data_size"
+        raise _invalid(loc, msg, "binary_data")
+    count = math.prod(tensor.shape)
+    values = np.empty(count, dtype=object)
+    offset = 0
+    for index in range(count):
+        if offset + 4 > len(chunk):
+            msg = f"input {tensor.name!r}: element {index} runs past its binary data"
+            raise _invalid(loc, msg, "binary_data")
+        (size,) = struct.unpack_from("<I", chunk, offset)
+        raw = chunk[offset + 4 : offset + 4 + size]
+        if len(raw) != size:
+            msg = f"input {tensor.name!r}: element {index} runs past its binary data"
+            raise _invalid(loc, msg, "binary_data")
+        try:
+            values[index] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            msg = f"input {tensor.name!r}: element {index} is not UTF-8 text"
+            raise _invalid(loc, msg, "datatype") from None
+        offset += 4 + size
+    if offset != len(chunk):
+        msg = f"input {tensor.name!r}: {len(chunk) - offset} bytes after its {count} elements"
+        raise _invalid(loc, msg, "binary_data")
     return values
 
 
@@ -182,27 +225,28 @@ def _refuse_unsupported(body: V2InferRequest) -> None:
 
 def decode(body: V2InferRequest, binary: bytes) -> Tensors:
     """The request's input tensors, in request order, each as an array of its declared
-    ``shape`` (float64 for every numeric ``datatype``, as today).
+    ``shape``: integers and booleans of their datatype, floats as float64, ``BYTES`` as
+    ``str`` objects.
 
     :param binary: the body after the JSON header (binary tensor data extension).
-    :raises InvalidInput: naming the input: a datatype that is not numeric or values it
-        cannot hold, data length != product(shape), binary sizes that do not add up to
-        the body; or a shared-memory tensor, the classification extension.
+    :raises InvalidInput: naming the input: ``BF16``, values the datatype cannot hold,
+        data length != product(shape), binary sizes that do not add up to the body; or a
+        shared-memory tensor, the classification extension.
     """
     _refuse_unsupported(body)
     chunks = _chunks(body.inputs, binary)
     decoded: list[tuple[str, npt.NDArray[Any]]] = []
     for index, tensor in enumerate(body.inputs):
         loc = f"inputs[{index}]"
-        if tensor.datatype not in _NUMPY:
-            msg = (
-                f"input {tensor.name!r}: datatype {tensor.datatype} is not supported; send numbers"
-            )
+        if tensor.datatype not in _NUMPY and tensor.datatype != "BYTES":
+            msg = f"input {tensor.name!r}: datatype {tensor.datatype} is not supported"
             raise _invalid(loc, msg, "datatype")
-        kind = _NUMPY[tensor.datatype]
+        kind = _NUMPY.get(tensor.datatype, np.dtype(object))
         chunk = chunks[index]
         if chunk is None:
             values = _json_values(tensor, kind, loc)
+        elif kind.kind == "O":
+            values = _binary_strings(tensor, chunk, loc)
         else:
             values = _binary_values(tensor, kind, chunk, loc)
         decoded.append((tensor.name, values.reshape(tensor.shape)))
