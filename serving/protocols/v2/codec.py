@@ -122,9 +122,14 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
         want = f"an integer within {tensor.datatype}'s range"
     else:
         limit = float(np.finfo(kind).max)
-        # abs(NaN) <= limit is False, and a huge int is compared without overflow
-        fits = [value is None or (type(value) in (int, float) and abs(value) <= limit)
-                for value in flat]  # fmt: skip
+        # NaN (tritonclient writes numpy's NaN as JSON NaN) and null are missing values,
+        # for conform to accept or refuse; a huge int is compared without overflow
+        fits = [
+            value is None
+            or (type(value) is float and math.isnan(value))
+            or (type(value) in (int, float) and abs(value) <= limit)
+            for value in flat
+        ]
         want = f"a finite number within {tensor.datatype}'s range, or null"
     if not all(fits):
         index = fits.index(False)
