@@ -140,12 +140,27 @@ class ModelHandle:
         """The outputs of one sample instance, as specs (one ``predict_batch`` call); empty
         when ``n_features`` is unknown. Used for metadata, computed once per load."""
         if self.features is None:
-            return ()
+            return self._declared_outputs()
         outputs = self.predict_batch(self.sample(1))
         return tuple(
             TensorSpec(name, np.asarray(value).dtype, (-1, *np.asarray(value).shape[1:]))
             for name, value in outputs.items()
         )
+
+    def _declared_outputs(self) -> tuple[TensorSpec, ...]:
+        """For a model that does not tell its width (so cannot be run on a sample): the
+        outputs it names, typed from what is known (the classes' type for a classifier's
+        predictions, float64 otherwise), so metadata still lists them."""
+        labels = np.asarray(self.classes).dtype if self.classes else np.dtype(np.float64)
+        specs = []
+        for name in self.output_names or ():
+            if name == "probabilities":
+                width = len(self.classes) if self.classes else -1
+                specs.append(TensorSpec(name, np.dtype(np.float64), (-1, width)))
+            else:
+                dtype = labels if name == "predictions" else np.dtype(np.float64)
+                specs.append(TensorSpec(name, dtype, (-1,)))
+        return tuple(specs)
 
     @classmethod
     def from_callable(

@@ -168,6 +168,7 @@ def test_healthz_is_503_until_the_model_is_ready_then_200(settings: Settings) ->
                 "version": "1",
                 "status": "ready",
                 "queue_depth": 0,
+                "max_queue_depth": 2048,
                 "execution_provider": "cpu",
             }
         ],

@@ -286,3 +286,28 @@ def test_tfserving_readme_examples_are_valid_requests() -> None:
     for body in bodies:
         request = parse_body(TFPredictRequest, body.encode())
         assert request.instances is not None or json.loads(body)["inputs"]
+
+
+def test_tfserving_float32_outputs_print_as_on_predict(
+    settings: Any, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """A float32 probability reads the same on both routes (its shortest float32 form)."""
+    from prometheus_client import CollectorRegistry
+
+    from serving.app import create_app
+    from serving.loaders import load_model
+    from serving.metrics import ServingMetrics
+    from serving.settings import DEMO_MODEL_PATH
+
+    graph = load_model(DEMO_MODEL_PATH.with_suffix(".onnx"), name="bc")
+    app = create_app(settings, models=[graph], metrics=ServingMetrics(CollectorRegistry()))
+    client = app.test_client()
+    rows = breast_cancer[0][1:2].tolist()  # probabilities 0.9999643..., not 0 or 1
+    try:
+        predict = client.post("/predict", json={"instances": rows}).get_json()
+        tf = client.post("/v1/models/bc:predict", json={"inputs": rows}).get_json()
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    assert tf["outputs"]["probabilities"] == predict["probabilities"]
+    assert predict["probabilities"][0][0] == 0.99996436  # float32's digits, not float64's

@@ -84,8 +84,8 @@ def healthz() -> Response:
         "status": state,
         "model_name": models.model_name,
         "model_version": models.model_version,
-        "queue_depth": models.queue_depth,
-        "max_queue_depth": models.max_queue_depth,
+        "queue_depth": default.queue_depth,
+        "max_queue_depth": default.settings.max_queue_depth,
         "execution_provider": default.handle.execution_provider if default.handle else None,
         "models": [
             {
@@ -93,6 +93,7 @@ def healthz() -> Response:
                 "version": runtime.model_version,
                 "status": runtime.state,
                 "queue_depth": runtime.queue_depth,
+                "max_queue_depth": runtime.settings.max_queue_depth,
                 "execution_provider": runtime.handle.execution_provider if runtime.handle else None,
             }
             for runtime in models.runtimes

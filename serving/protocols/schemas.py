@@ -69,6 +69,7 @@ class ModelHealth(BaseModel):
     version: str
     status: Literal["loading", "ready", "failed", "stopping"]
     queue_depth: int
+    max_queue_depth: int
     execution_provider: str | None
 
 
@@ -80,8 +81,11 @@ class HealthResponse(BaseModel):
     status: Literal["loading", "ready", "failed", "stopping"]
     model_name: str
     model_version: str
-    queue_depth: int = Field(description="Instances queued in this worker's batcher.")
-    max_queue_depth: int = Field(description="Queue limit; past it requests get 503 overloaded.")
+    queue_depth: int = Field(description="Instances queued in the default model's batcher.")
+    max_queue_depth: int = Field(
+        description="The default model's queue limit; past it requests get 503 overloaded "
+        "(each model has its own: see models)."
+    )
     execution_provider: str | None = Field(
         description="Where the model runs once loaded: ONNX Runtime's provider "
         "(CUDAExecutionProvider, CPUExecutionProvider) or cpu for Python models."

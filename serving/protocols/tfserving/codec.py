@@ -79,6 +79,11 @@ def columnar_outputs(outputs: Outputs) -> list[Any] | dict[str, list[Any]]:
 
 
 def _tolist(array: npt.NDArray[Any]) -> list[Any]:
-    """Plain Python values (labels of any dtype); orjson writes NaN and Infinity as null."""
-    values: list[Any] = np.asarray(array).tolist()
+    """One entry per instance, as plain Python values, except narrow floats: a float32
+    stays a numpy value, which orjson writes in its shortest float32 form, as ``/predict``
+    does (``0.65431726``, not float64's ``0.6543172597885132``). NaN becomes null."""
+    array = np.asarray(array)
+    if array.dtype.kind == "f" and array.dtype.itemsize < 8:
+        return list(np.ascontiguousarray(array))
+    values: list[Any] = array.tolist()
     return values
