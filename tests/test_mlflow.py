@@ -143,7 +143,7 @@ def test_mlflow_missing_or_unknown_column_is_422_naming_it(
     from_csv = client.post("/invocations", **csv(renamed))
 
     def message(response: Any) -> str:
-        return mlflow_error(response, 422, "BAD_REQUEST", "invalid_input")
+        return mlflow_error(response, 422, "INVALID_PARAMETER_VALUE", "invalid_input")
 
     assert "dataframe_split.columns: missing feature 'mean texture'" in message(split)
     assert "dataframe_records[0]: missing feature 'mean area'" in message(records)
@@ -169,7 +169,7 @@ def test_mlflow_invocations_refuse_bad_json_in_mlflows_error_shape(
 ) -> None:
     response = client.post("/invocations", json=body)
 
-    assert words in mlflow_error(response, 422, "BAD_REQUEST", "invalid_input")
+    assert words in mlflow_error(response, 422, "INVALID_PARAMETER_VALUE", "invalid_input")
 
 
 @pytest.mark.parametrize(
@@ -189,7 +189,7 @@ def test_mlflow_invocations_refuse_bad_csv_naming_the_line(
 ) -> None:
     response = client.post("/invocations", data=text, content_type="text/csv")
 
-    assert words in mlflow_error(response, 422, "BAD_REQUEST", "invalid_input")
+    assert words in mlflow_error(response, 422, "INVALID_PARAMETER_VALUE", "invalid_input")
 
 
 def test_mlflow_invocations_map_statuses_to_mlflow_error_codes(client: FlaskClient) -> None:
@@ -203,7 +203,7 @@ def test_mlflow_invocations_map_statuses_to_mlflow_error_codes(client: FlaskClie
         as_text, 415, "BAD_REQUEST", "unsupported_media_type"
     )
     mlflow_error(too_many, 413, "BAD_REQUEST", "payload_too_large")
-    assert "not UTF-8" in mlflow_error(latin1, 422, "BAD_REQUEST", "invalid_input")
+    assert "not UTF-8" in mlflow_error(latin1, 422, "INVALID_PARAMETER_VALUE", "invalid_input")
 
 
 def test_mlflow_operations_are_documented_with_json_and_csv_bodies(client: FlaskClient) -> None:

@@ -85,6 +85,6 @@ def test_mlflow_invocations_answer_like_predict_with_named_columns_in_any_order(
     assert as_json.status_code == as_csv.status_code == 200, as_json.text + as_csv.text
     assert as_json.json() == as_csv.json() == {"predictions": expected}
     assert missing.status_code == 422
-    assert missing.json()["error_code"] == "BAD_REQUEST"
+    assert missing.json()["error_code"] == "INVALID_PARAMETER_VALUE"
     assert "missing feature 'mean area'" in missing.json()["message"]
     assert server.terminate() == 0

@@ -75,6 +75,7 @@ OPERATIONS = [
 
 _ERROR_CODES = {
     400: "MALFORMED_REQUEST",
+    422: "INVALID_PARAMETER_VALUE",  # as MLflow answers a body its schema refuses
     401: "UNAUTHENTICATED",
     500: "INTERNAL_ERROR",
     503: "TEMPORARILY_UNAVAILABLE",

@@ -92,7 +92,8 @@ class MlflowErrorResponse(BaseModel):
     """MLflow's error shape, plus our stable ``code``."""
 
     error_code: str = Field(
-        description="MLflow's error code: MALFORMED_REQUEST (400), BAD_REQUEST (other 4xx), "
+        description="MLflow's error code: MALFORMED_REQUEST (400), INVALID_PARAMETER_VALUE "
+        "(422: values the model's schema refuses), BAD_REQUEST (other 4xx), "
         "UNAUTHENTICATED (401), TEMPORARILY_UNAVAILABLE (503), DEADLINE_EXCEEDED (504), "
         "INTERNAL_ERROR (500)."
     )
