@@ -123,7 +123,9 @@ def main() -> None:
         medians[name] = rps
         p50 = statistics.median(r["p50_us"] for r in runs) / 1000
         p99 = statistics.median(r["p99_us"] for r in runs) / 1000
-        errors = sum(r["errors"] for r in runs)
+        kinds = ("connect_errors", "read_errors", "write_errors", "status_errors", "timeouts")
+        errors = ",".join(f"{k.split('_')[0]}:{sum(r[k] for r in runs)}" for k in kinds
+                          if any(r[k] for r in runs)) or "0"  # fmt: skip
         rounds = ", ".join(f"{r['rps']:.0f}" for r in runs)
         print(f"{name:<34} {rps:>8.0f} {p50:>8.2f} {p99:>8.2f} {errors:>7}  {rounds}")
     ratio = medians["demo, after"] / medians["demo, before"]
