@@ -29,6 +29,7 @@ def fresh_python(code: str) -> str:
         "serving.handle",
         "serving.loaders",
         "serving.onnx_loader",
+        "serving.custom",
         "serving.providers",
         "serving.errors",
     ],
