@@ -22,7 +22,7 @@ import requests
 import tritonclient.http as triton
 import yaml
 
-from serving.settings import DEMO_MODEL_PATH
+from serving.settings import DEMO_MODEL_PATH, Settings
 from tests.deploy.kserve_pod import (
     MODEL_MOUNT,
     kserve_problems,
@@ -141,6 +141,19 @@ def test_inference_services_pick_this_runtime_for_a_format_it_declares(name: str
     if model["modelFormat"]["name"] == "serving-python":
         env = {e["name"]: e["value"] for e in model["env"]}
         assert env["SERVING_MODEL_CLASS"] == "custom_model:ShapeRatioModel"
+
+
+def test_raw_mode_keda_target_is_half_a_batch_per_worker() -> None:
+    """As deploy/k8s/hpa.yaml: half a full batch (default max_batch_size) per worker
+    waiting, with the workers the runtime's CPU limit gives."""
+    (metric,) = load("inferenceservice-raw.yaml")["spec"]["predictor"]["autoScaling"]["metrics"]
+    workers = int(runtime_container()["resources"]["limits"]["cpu"])
+    batch = Settings.model_fields["max_batch_size"].default
+    assert metric["external"]["target"] == {
+        "type": "AverageValue",
+        "averageValue": str(workers * batch // 2),
+    }
+    assert "inference_queue_depth{" in metric["external"]["metric"]["query"]
 
 
 def test_examples_cover_both_deployment_modes() -> None:
