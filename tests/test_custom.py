@@ -136,3 +136,29 @@ def test_example_custom_model_answers_as_its_own_pipeline(
     assert handle.n_features == 30 and handle.classes == (0, 1)
     assert engineer(X).shape == (569, 42)
     assert float(np.mean(outputs["predictions"] == y)) > 0.95
+
+
+def test_models_entry_with_a_class_loads_through_the_runtime_and_batches(
+    factor_file: Path,
+) -> None:
+    """A SERVING_MODELS entry with "class" goes the way every model goes: runtime, warmup
+    (feature_names gives the width), batcher."""
+    from prometheus_client import CollectorRegistry
+
+    from serving.metrics import ServingMetrics
+    from serving.runtime import ModelRuntime
+    from serving.settings import ModelSpec, Settings
+
+    spec = ModelSpec(name="scaled", path=factor_file, **{"class": f"{__name__}:Scaled"})
+    settings = Settings(models=[spec], workers=1)
+    runtime = ModelRuntime(settings.for_model(spec), ServingMetrics(CollectorRegistry()))
+    runtime.load()
+    try:
+        handle, batcher = runtime.require_ready()
+        assert (handle.name, handle.format, handle.n_features) == ("scaled", "python", 2)
+        assert runtime.state == "ready"
+        outputs = batcher.submit_many(np.array([[1.0, 1.0]]), timeout_s=10)
+        assert outputs["predictions"].tolist() == [12.0]  # (2 + 2) * 3
+        assert outputs["doubled"].tolist() == [24.0]
+    finally:
+        runtime.stop(timeout_s=5)
