@@ -72,16 +72,21 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check_format(self) -> ModelSpec:
-        check_format(self.path, self.format, self.class_)
+        check_format(self.path, self.format, self.class_, self.sha256)
         return self
 
 
-def check_format(path: Path | None, fmt: str | None, class_path: str | None) -> None:
+def check_format(
+    path: Path | None, fmt: str | None, class_path: str | None, sha256: str | None = None
+) -> None:
     """Refuse a model whose format cannot be known or contradicts its class.
 
     :raises ValueError: naming the problem: no class for format python, a class with another
-        format, no single artifact in a directory, or an unknown extension.
+        format, no single artifact in a directory, an unknown extension, or a SHA-256 for a
+        directory a class reads (a digest pins one file).
     """
+    if sha256 is not None and class_path is not None and path is not None and path.is_dir():
+        raise ValueError("a SHA-256 pins one file; a class reading a directory has none")
     if class_path is not None and fmt not in (None, "python"):
         raise ValueError(f"a model class is set, so the format is python, not {fmt}")
     if fmt == "python" and class_path is None:
@@ -348,7 +353,8 @@ class Settings(BaseSettings):
     def _check_format(self) -> Settings:
         if self.model_path is not None and self.model_dir is not None:
             raise ValueError("set SERVING_MODEL_PATH or SERVING_MODEL_DIR, not both")
-        check_format(self.model_path or self.model_dir, self.model_format, self.model_class)
+        path = self.model_path or self.model_dir
+        check_format(path, self.model_format, self.model_class, self.model_sha256)
         return self
 
     @property

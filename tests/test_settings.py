@@ -222,6 +222,14 @@ def test_model_class_implies_python_and_keeps_the_directory(
         ),
         ({"SERVING_MODEL_CLASS": "not a class"}, "SERVING_MODEL_CLASS"),
         ({"SERVING_MODEL_PATH": str(DEMO_MODEL_PATH), "SERVING_MODEL_DIR": "."}, "not both"),
+        (
+            {
+                "SERVING_MODEL_CLASS": "m:C",
+                "SERVING_MODEL_DIR": ".",
+                "SERVING_MODEL_SHA256": "a" * 64,
+            },
+            "a SHA-256 pins one file",
+        ),
     ],
 )
 def test_python_format_settings_are_checked_at_start_up(
