@@ -342,6 +342,15 @@ class Settings(BaseSettings):
         parse_providers(value)  # raises ValueError naming the unknown entry
         return value
 
+    @field_validator("model_dir")
+    @classmethod
+    def _check_model_dir(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None and info.data.get("model_path") is not None:
+            raise ValueError("set SERVING_MODEL_PATH or SERVING_MODEL_DIR, not both")
+        if value is not None and info.data.get("model_class") is None:
+            find_artifact(value)  # raises ValueError naming what the directory holds
+        return value
+
     @field_validator("metrics_dir")
     @classmethod
     def _check_metrics_dir(cls, value: Path | None) -> Path | None:
@@ -351,8 +360,6 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_format(self) -> Settings:
-        if self.model_path is not None and self.model_dir is not None:
-            raise ValueError("set SERVING_MODEL_PATH or SERVING_MODEL_DIR, not both")
         path = self.model_path or self.model_dir
         check_format(path, self.model_format, self.model_class, self.model_sha256)
         return self
