@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import re
 import subprocess
@@ -122,29 +121,18 @@ def render_predictor_container(runtime: dict[str, Any], service: dict[str, Any])
     return rendered
 
 
-def _cpus(quantity: str) -> float:
-    """A Kubernetes CPU quantity (``2``, ``500m``) in CPUs."""
-    return int(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
-
-
 def process_env(container: dict[str, Any], mounts: dict[str, Path]) -> dict[str, str]:
-    """The environment the kubelet gives the container's process: literal values and
-    ``resourceFieldRef`` CPU values (rounded up, as the kubelet does), with each mount path
-    in ``mounts`` replaced by the directory standing in for it here.
+    """The environment the kubelet gives the container's process, with each mount path in
+    ``mounts`` replaced by the directory standing in for it here.
 
-    :raises AssertionError: for a ``valueFrom`` other than a CPU resourceFieldRef.
+    :raises AssertionError: for a ``valueFrom`` entry (none is expected: Knative refuses
+        field references by default).
     """
     env: dict[str, str] = {}
     for entry in container.get("env", []):
-        if "value" in entry:
-            value = str(entry["value"])
-            for mount, directory in mounts.items():
-                value = value.replace(mount, str(directory))
-            env[entry["name"]] = value
-            continue
-        field = entry["valueFrom"]["resourceFieldRef"]
-        assert field["resource"] in {"limits.cpu", "requests.cpu"}, entry
-        kind, _, resource = field["resource"].partition(".")
-        quantity = container["resources"][kind][resource]
-        env[entry["name"]] = str(math.ceil(_cpus(quantity) / _cpus(field.get("divisor", "1"))))
+        assert "value" in entry, f"{entry['name']}: only literal values"
+        value = str(entry["value"])
+        for mount, directory in mounts.items():
+            value = value.replace(mount, str(directory))
+        env[entry["name"]] = value
     return env

@@ -117,6 +117,9 @@ def test_runtime_meets_the_custom_runtime_contract() -> None:
     assert env["SERVING_BIND"] == "0.0.0.0:8080"
     assert env["SERVING_MODEL_DIR"] == MODEL_MOUNT
     assert env["SERVING_MODEL_NAME"] == "{{.Name}}"
+    # One worker per CPU of the limit, as deploy/k8s/deployment.yaml.
+    assert env["SERVING_WORKERS"] == container["resources"]["limits"]["cpu"]
+    assert container["resources"]["requests"] == container["resources"]["limits"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8080}
     assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8080}
     # No command or args: the image's CMD runs (args alone would replace it).
