@@ -1,4 +1,6 @@
-"""``create_app()``: the one place the service is wired (settings, blueprints, errors, metrics)."""
+"""``create_app()``: the one place the service is wired: settings, the data plane over the
+models served, each protocol's blueprint and error shape, API keys, error handlers, the
+access log and request metrics."""
 
 from __future__ import annotations
 
@@ -7,21 +9,22 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable, Sequence
 
 import orjson
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from serving import __version__
-from serving.api import docs, health, mlflow, predict, tfserving, v2
-from serving.api import metrics as metrics_api
-from serving.api.common import ServingContext, error_body, json_response
-from serving.auth import OPEN_ROUTES, check_api_key, load_api_keys
+from serving.auth import check_api_key, load_api_keys
 from serving.cache import ModelCache, current_cache
+from serving.dataplane import DataPlane
 from serving.errors import ServingError
 from serving.loaders import ModelHandle
 from serving.metrics import ServingMetrics, default_metrics
 from serving.openapi import build_document
+from serving.protocols import mlflow, predict, probes, tfserving, v2
+from serving.protocols.base import ErrorBodies, ProtocolSpec, json_response
 from serving.runtime import ModelRuntime
 from serving.settings import Settings, load_settings
 
@@ -34,48 +37,64 @@ access_log = logging.getLogger("serving.access")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
+#: Every protocol served, in registration order.
+PROTOCOLS: tuple[ProtocolSpec, ...] = (
+    predict.PROTOCOL,
+    v2.PROTOCOL,
+    tfserving.PROTOCOL,
+    mlflow.PROTOCOL,
+    probes.PROTOCOL,
+)
+
+
 def create_app(
     settings: Settings | None = None,
     model_handle: ModelHandle | None = None,
     *,
+    models: ModelCache | Sequence[ModelHandle] | None = None,
     metrics: ServingMetrics | None = None,
 ) -> Flask:
-    """Build the WSGI app. Does no I/O: importing ``wsgi.py`` before fork stays cheap.
+    """Build the WSGI app. Does no I/O unless given handles: importing ``wsgi.py`` before
+    fork stays cheap.
 
     :param settings: defaults to ``load_settings()`` (the ``SERVING_*`` environment).
-    :param model_handle: serve this in-memory model, loaded and batched at once (tests,
-        embedding). Without it the app serves this process's ``ModelCache`` (the models of
-        ``SERVING_MODELS``, or the one model), which the Gunicorn ``post_fork`` hook
-        builds; under another WSGI server the first request builds it and starts loading
-        in the background.
+    :param models: the models to serve: a ``ModelCache`` (loaded or not, served as is), or
+        in-memory ``ModelHandle``s, each loaded and batched at once (tests, embedding),
+        the first the default. Without it the app serves this process's ``ModelCache``
+        (the models of ``SERVING_MODELS``, or the one model), which the Gunicorn
+        ``post_fork`` hook builds; under another WSGI server the first request builds it
+        and starts loading in the background.
+    :param model_handle: one handle, as ``models=[model_handle]``.
     :param metrics: defaults to the process's metrics in prometheus-client's default registry.
     :raises SettingsError: when ``settings`` is None and the environment has a bad value.
+
+    Usage::
+
+        app = create_app(settings, models=[ModelHandle.from_callable(f, n_features=3)])
+        app.extensions["serving"].models.stop()     # the DataPlane; stops the batchers
     """
     settings = settings or load_settings()
     metrics = metrics or default_metrics()
     if model_handle is not None:
-        runtime = ModelRuntime(settings, metrics)
-        runtime.load(model_handle)
-        cache = ModelCache(settings, metrics, runtimes=[runtime])
-
-        def get_models() -> ModelCache:
-            return cache
-    else:
-
-        def get_models() -> ModelCache:
-            return current_cache(lambda: ModelCache(settings, metrics))
+        models = [model_handle]
+    plane = DataPlane(settings, metrics, _models_getter(settings, metrics, models))
 
     app = Flask("serving")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    app.extensions["serving"] = ServingContext(settings, metrics, get_models)
+    app.extensions["serving"] = plane
+    for protocol in PROTOCOLS:
+        app.register_blueprint(protocol.bp)
 
-    modules = (predict, v2, tfserving, mlflow, health, metrics_api, docs)
-    for module in modules:
-        app.register_blueprint(module.bp)
+    api_keys = load_api_keys(settings)
+    operations = [op for protocol in PROTOCOLS for op in protocol.operations]
+    # Open without a key: the operations documented without security (probes, health),
+    # and /metrics unless SERVING_METRICS_REQUIRE_AUTH.
+    open_routes = {op.path for op in operations if not op.security}
+    if not settings.metrics_require_auth:
+        open_routes.add("/metrics")
 
     @functools.cache
     def openapi_document() -> bytes:
-        operations = [op for module in modules for op in module.OPERATIONS]
         document = build_document(
             operations, title="serving", version=__version__, api_keys=bool(api_keys)
         )
@@ -83,16 +102,15 @@ def create_app(
 
     app.extensions["serving_openapi"] = openapi_document
 
-    app.register_error_handler(ServingError, _serving_error)
-    app.register_error_handler(HTTPException, _http_error)
-    app.register_error_handler(Exception, _unexpected_error)
-
-    api_keys = load_api_keys(settings)
-    open_routes = OPEN_ROUTES - ({"/metrics"} if settings.metrics_require_auth else set())
+    bodies = ErrorBodies.of(PROTOCOLS)
+    app.register_error_handler(ServingError, functools.partial(_serving_error, bodies))
+    app.register_error_handler(HTTPException, functools.partial(_http_error, bodies))
+    app.register_error_handler(Exception, functools.partial(_unexpected_error, bodies))
 
     @app.before_request
     def _start() -> None:
         g.started = time.perf_counter()
+        g.deadline = plane.deadline()  # SERVING_REQUEST_TIMEOUT_MS from now
         g.log_fields = {}
         incoming = request.headers.get("X-Request-ID", "")
         g.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
@@ -106,7 +124,7 @@ def create_app(
         duration_s = time.perf_counter() - g.get("started", time.perf_counter())
         metrics.observe_request(request.method, route, response.status_code, duration_s)
         if settings.access_log:
-            models = get_models()
+            served = plane.models
             access_log.info(
                 "request",
                 extra={
@@ -115,14 +133,33 @@ def create_app(
                     "route": route,
                     "status": response.status_code,
                     "latency_ms": round(duration_s * 1000, 3),
-                    "model": models.model_name,
-                    "model_version": models.model_version,
+                    "model": served.model_name,
+                    "model_version": served.model_version,
                     **g.get("log_fields", {}),
                 },
             )
         return response
 
     return app
+
+
+def _models_getter(
+    settings: Settings, metrics: ServingMetrics, models: ModelCache | Sequence[ModelHandle] | None
+) -> Callable[[], ModelCache]:
+    """How the data plane finds the models it serves: those given, else this process's."""
+    if models is None:
+        return lambda: current_cache(lambda: ModelCache(settings, metrics))
+    if not isinstance(models, ModelCache):
+        if not models:
+            raise ValueError("models: give at least one ModelHandle, or a ModelCache")
+        runtimes = []
+        for handle in models:
+            runtime = ModelRuntime(settings, metrics)
+            runtime.load(handle)
+            runtimes.append(runtime)
+        models = ModelCache(settings, metrics, runtimes=runtimes)
+    cache = models
+    return lambda: cache
 
 
 @functools.cache
@@ -132,10 +169,11 @@ def _template(rule: str) -> str:
     return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule)
 
 
-def _serving_error(exc: ServingError) -> Response:
+def _serving_error(bodies: ErrorBodies, exc: ServingError) -> Response:
     if exc.status >= 500 and exc.status != 503:  # 503s are expected; metrics count them
         log.error("request %s failed: %s %s", g.get("request_id"), exc.code, exc.message)
-    response = json_response(error_body(exc.status, exc.code, exc.message, exc.details), exc.status)
+    body = bodies.build(exc.status, exc.code, exc.message, exc.details)
+    response = json_response(body, exc.status)
     if exc.status == 503:
         response.headers["Retry-After"] = "1"
     elif exc.status == 401:
@@ -143,7 +181,7 @@ def _serving_error(exc: ServingError) -> Response:
     return response
 
 
-def _http_error(exc: HTTPException) -> Response:
+def _http_error(bodies: ErrorBodies, exc: HTTPException) -> Response:
     status = exc.code or 500
     code = re.sub(r"\W+", "_", (exc.name or "http_error").lower()).strip("_")
     target = f"{request.method[:16]} {request.path[:200]}"
@@ -154,12 +192,12 @@ def _http_error(exc: HTTPException) -> Response:
         message = f"{target}: method not allowed; allowed: {', '.join(allow)}"
     else:
         message = exc.description or exc.name
-    response = json_response(error_body(status, code, message, []), status)
+    response = json_response(bodies.build(status, code, message, []), status)
     if allow:
         response.headers["Allow"] = ", ".join(allow)
     return response
 
 
-def _unexpected_error(exc: Exception) -> Response:
+def _unexpected_error(bodies: ErrorBodies, exc: Exception) -> Response:
     log.exception("request %s failed with an unexpected error", g.get("request_id"))
-    return json_response(error_body(500, "internal_error", "internal server error", []), 500)
+    return json_response(bodies.build(500, "internal_error", "internal server error", []), 500)

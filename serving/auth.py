@@ -4,6 +4,8 @@ Keys come from ``SERVING_API_KEYS`` (comma list) and/or ``SERVING_API_KEYS_FILE`
 line, ``#`` comments). A presented key is compared with every configured key in constant
 time (``hmac.compare_digest``), so neither the key nor which key matched leaks through
 timing. Keys never appear in logs, responses or the settings' repr (``SecretStr``).
+Which routes are open without a key is declared by the protocols' operations
+(``security=False``) and collected by ``serving.app.create_app``.
 """
 
 from __future__ import annotations
@@ -14,22 +16,7 @@ from typing import Protocol
 from serving.errors import SettingsError, Unauthorized
 from serving.settings import Settings
 
-__all__ = ["OPEN_ROUTES", "check_api_key", "load_api_keys"]
-
-#: Routes probes and scrapers reach without a key (``/metrics`` unless
-#: ``SERVING_METRICS_REQUIRE_AUTH`` is set), KServe V2's health routes and ``/ping``
-#: (SageMaker's health check) included.
-OPEN_ROUTES = frozenset(
-    {
-        "/livez",
-        "/healthz",
-        "/metrics",
-        "/openapi.json",
-        "/ping",
-        "/v2/health/live",
-        "/v2/health/ready",
-    }
-)
+__all__ = ["check_api_key", "load_api_keys"]
 
 
 def load_api_keys(settings: Settings) -> tuple[bytes, ...]:

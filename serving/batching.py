@@ -3,7 +3,8 @@
 Request threads call ``ThreadedBatcher.submit_many(rows)`` and block; the batcher's one
 background thread takes queued instances off a ``queue.SimpleQueue`` (the ``queue``
 module's C-implemented FIFO: no Python-level locking per put/get) and makes one
-``predict_batch`` call per batch on a single ``(n_instances, n_features)`` array built from
+``predict_batch`` call per batch on a single ``(n_instances, n_features)`` array (or a
+record array of typed columns, ``serving.conform``) built from
 instances of different requests, then hands each caller exactly its own output rows.
 
 Two flush policies (``docs/batching.md`` draws both):
@@ -40,7 +41,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -85,8 +86,15 @@ class FlushStats:
     error: BaseException | None
 
 
-# A run of one request's rows waiting in the queue: (request, start, stop).
-_Chunk = tuple[PendingRequest, int, int]
+def _key(rows: npt.NDArray[Any]) -> tuple[Any, ...]:
+    """What rows must share to be merged into one predict call: their width and element
+    type (a record array's fields, for typed batches)."""
+    return (rows.dtype, rows.shape[1:])
+
+
+def _merge(parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
+    """The rows of several requests as one batch, in order."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 class ThreadedBatcher:
@@ -138,7 +146,7 @@ class ThreadedBatcher:
         self._lock = threading.Lock()  # orders submit against stop: nothing lands after _STOP
         self._accepting = False
         self._depth = 0
-        self._carry: _Chunk | None = None
+        self._carry: PendingRequest | None = None
         self._stop_seen = False
         self._busy_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -170,11 +178,12 @@ class ThreadedBatcher:
         self,
         instances: npt.NDArray[Any],
         timeout_s: float | None = None,
-        stats: dict[str, int] | None = None,
+        stats: MutableMapping[str, Any] | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
         """Queue ``instances`` and block until all of them are answered.
 
-        :param instances: array of shape ``(n_instances, n_features)``, ``n_instances >= 1``.
+        :param instances: array of shape ``(n_instances, n_features)``, or a record array
+            of ``(n_instances,)`` with one typed field per feature; ``n_instances >= 1``.
         :param timeout_s: longest to wait for the answer, in seconds; ``None`` waits until
             the batcher answers (it always does: every queued instance is answered or failed).
             Instances still queued when it has passed are dropped, not computed.
@@ -189,9 +198,11 @@ class ThreadedBatcher:
             raised or returned a wrong number of rows.
         :raises InferenceTimeout: when ``timeout_s`` passed first.
         """
-        if instances.ndim != 2 or len(instances) == 0:
+        typed = instances.ndim == 1 and instances.dtype.names is not None
+        if not (instances.ndim == 2 or typed) or len(instances) == 0:
             raise ValueError(
-                f"instances must be (n_instances >= 1, n_features), got {instances.shape}"
+                "instances must be (n_instances >= 1, n_features), or a record array of "
+                f"(n_instances >= 1,), got {instances.shape}"
             )
         request = PendingRequest(instances, timeout_s)
         with self._lock:
@@ -204,7 +215,7 @@ class ThreadedBatcher:
                     f"limit of {self.max_queue_depth} (SERVING_MAX_QUEUE_DEPTH)"
                 )
             self._depth = depth + len(instances)
-            self._queue.put((request, 0, len(instances)))
+            self._queue.put(request)
         if not request.wait(timeout_s):
             assert timeout_s is not None
             raise InferenceTimeout(f"no prediction within {timeout_s * 1000:.0f} ms")
@@ -237,8 +248,8 @@ class ThreadedBatcher:
             self._fail_all(f"the batcher failed: {exc}", exc)
             raise
 
-    def _next(self, timeout_s: float | None) -> _Chunk | None:
-        """The next chunk: the carried-over rest first, then the queue; None when none came."""
+    def _next(self, timeout_s: float | None) -> PendingRequest | None:
+        """The next request: the carried-over one first, then the queue; None when none came."""
         if self._carry is not None:
             carried, self._carry = self._carry, None
             return carried
@@ -254,54 +265,53 @@ class ThreadedBatcher:
         if item is _STOP:
             self._stop_seen = True
             return None
-        chunk: _Chunk = item
-        return chunk
+        request: PendingRequest = item
+        return request
 
-    def _collect(self) -> list[_Chunk] | None:
-        """Block for a first instance, then fill the batch until it is full or its time is up."""
-        chunk = self._next(None)
-        while chunk is not None and chunk[0].dead():
-            self._discard(chunk)  # failed already, or its caller has given up waiting
-            chunk = self._next(None)
-        if chunk is None:
+    def _collect(self) -> list[PendingRequest] | None:
+        """Block for a first request, then fill the batch until it is full or its time is up."""
+        request = self._next(None)
+        while request is not None and request.dead():
+            self._discard(request)  # failed already, or its caller has given up waiting
+            request = self._next(None)
+        if request is None:
             return None
-        width = chunk[0].rows.shape[1]
-        deadline = chunk[0].enqueued_at + self._latency_s
-        batch: list[_Chunk] = []
+        key = _key(request.rows)
+        deadline = request.enqueued_at + self._latency_s
+        batch: list[PendingRequest] = []
         size = 0
-        while chunk is not None:
-            request, start, stop = chunk
+        while request is not None:
             if request.dead():
-                self._discard(chunk)
-            elif request.rows.shape[1] != width:
-                self._carry = chunk
+                self._discard(request)
+            elif _key(request.rows) != key:
+                self._carry = request
                 break
             else:
-                if batch and size + stop - start > self.max_batch_size:
-                    self._carry = chunk  # does not fit: it opens the next batch, whole
+                if batch and size + len(request.rows) > self.max_batch_size:
+                    self._carry = request  # does not fit: it opens the next batch
                     break
-                batch.append(chunk)
-                size += stop - start
+                batch.append(request)
+                size += len(request.rows)
                 if size >= self.max_batch_size:
                     break
-            chunk = self._next(deadline - time.monotonic())
+            request = self._next(deadline - time.monotonic())
         return batch
 
-    def _discard(self, chunk: _Chunk) -> None:
+    def _discard(self, request: PendingRequest) -> None:
         with self._lock:
-            self._depth -= chunk[2] - chunk[1]
+            self._depth -= len(request.rows)
 
-    def _flush(self, batch: list[_Chunk]) -> None:
+    def _flush(self, batch: list[PendingRequest]) -> None:
         with self._lock:
-            self._depth -= sum(stop - start for _, start, stop in batch)
+            self._depth -= sum(len(request.rows) for request in batch)
         try:
             self._isolate(batch)
         except BaseException as exc:  # a bug of ours: still, nobody in this batch may hang
             log.exception("batcher failed on a batch; failing its requests")
-            for request, _, _ in batch:
+            for request in batch:
                 request.fail(f"the batcher failed: {type(exc).__name__}: {exc}", exc)
 
-    def _isolate(self, batch: list[_Chunk]) -> None:
+    def _isolate(self, batch: list[PendingRequest]) -> None:
         """Predict on ``batch``; if the call fails and holds several requests, bisect by
         request and retry each half, so only the requests whose instances make the model
         fail get its error and every other request still gets its predictions. A failing
@@ -317,18 +327,14 @@ class ThreadedBatcher:
         if isinstance(error, ServingError):
             message = error.message
         else:
-            rows = batch[0][2] - batch[0][1]
+            rows = len(batch[0].rows)
             message = f"model failed on {rows} instances: {type(error).__name__}: {error}"
-        batch[0][0].fail(message, error)
+        batch[0].fail(message, error)
 
-    def _call(self, batch: list[_Chunk]) -> BaseException | None:
+    def _call(self, batch: list[PendingRequest]) -> BaseException | None:
         """One predict call: answers the requests of ``batch``, or returns the error."""
-        sizes = [stop - start for _, start, stop in batch]
-        request, start, stop = batch[0]
-        if len(batch) == 1 and start == 0 and stop == len(request.rows):
-            rows = request.rows
-        else:
-            rows = np.concatenate([r.rows[a:b] for r, a, b in batch])
+        sizes = [len(request.rows) for request in batch]
+        rows = _merge([request.rows for request in batch])
         error: BaseException | None = None
         self._busy_since = time.monotonic()
         started = time.perf_counter()
@@ -339,9 +345,8 @@ class ThreadedBatcher:
         duration_s = time.perf_counter() - started
         self._busy_since = None
         if error is None:
-            for (request, start, stop), outputs in zip(batch, parts, strict=True):
-                request.batch_size = max(request.batch_size, len(rows))
-                request.answer(start, stop - start, outputs)
+            for request, outputs in zip(batch, parts, strict=True):
+                request.answer(outputs, len(rows))
         if self._on_flush is not None:
             stats = FlushStats(len(rows), len(batch), duration_s, self._depth, error)
             try:
@@ -352,11 +357,11 @@ class ThreadedBatcher:
 
     def _fail_all(self, message: str, cause: BaseException) -> None:
         if self._carry is not None:
-            self._carry[0].fail(message, cause)
+            self._carry.fail(message, cause)
         while True:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
             if item is not _STOP:
-                item[0].fail(message, cause)
+                item.fail(message, cause)

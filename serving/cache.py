@@ -78,10 +78,6 @@ class ModelCache:
         """Instances queued in all of this worker's batchers."""
         return sum(runtime.queue_depth for runtime in self.runtimes)
 
-    @property
-    def max_queue_depth(self) -> int:
-        return sum(runtime.settings.max_queue_depth for runtime in self.runtimes)
-
     def names(self) -> list[str]:
         """The model names served, each once, in configuration order."""
         return list(dict.fromkeys(runtime.model_name for runtime in self.runtimes))

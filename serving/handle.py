@@ -15,6 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from serving.schema import Feature, feature, sample_batch, structured_dtype, uniform_dtype
+
 __all__ = ["ModelHandle", "ModelLoader", "Outputs", "Predictor", "TensorSpec"]
 
 Outputs = dict[str, npt.NDArray[Any]]
@@ -46,16 +48,21 @@ class TensorSpec:
 class ModelHandle:
     """A loaded model, ready to be called by the batcher.
 
-    :param predict_batch: ``(n_instances, n_features)`` float64 -> outputs of ``n_instances``
-        rows (``predictions``, optionally ``probabilities`` and other named outputs).
+    :param predict_batch: a batch of ``n_instances`` -> outputs of ``n_instances`` rows
+        (``predictions``, optionally ``probabilities`` and other named outputs). The batch
+        is ``(n_instances, n_features)`` of ``matrix_dtype`` (float64, or int64 for
+        integer features) when every feature has that type, else a record array of
+        ``(n_instances,)`` with one field per feature (``batch_dtype``).
     :param n_features: features per instance when the model tells it, else ``None``.
     :param classes: class labels in the column order of ``probabilities``, if known.
-    :param input_dtype: the element type the model computes in (``np.float32`` for most
-        ONNX graphs); values outside its range are refused before they reach the model.
+    :param input_dtype: for a model without ``features``: the element type of every
+        feature (``np.float32`` for most ONNX graphs); values outside its range are refused
+        before they reach the model.
     :param feature_names: the name of each feature column, in order, when the model knows
         them (scikit-learn's ``feature_names_in_``, an ONNX graph's input names).
-    :param column_dtypes: per-column element types when they differ (a multi-input ONNX
-        graph with an ``int64`` input); ``None`` means ``input_dtype`` for every column.
+    :param features: the input schema (``serving.schema``): kind, element type, missing
+        values and categories per feature; by default ``n_features`` floats of
+        ``input_dtype``, named by ``feature_names`` or by position.
     :param output_names: the keys ``predict_batch`` returns, when known.
     :param inputs: the model's named inputs, laid side by side as the feature columns
         (one ``input-0`` for Python estimators; an ONNX graph's own inputs), when known.
@@ -78,28 +85,82 @@ class ModelHandle:
     classes: tuple[Any, ...] | None = None
     input_dtype: npt.DTypeLike = np.float64
     feature_names: tuple[str, ...] | None = None
-    column_dtypes: tuple[np.dtype[Any], ...] | None = None
+    features: tuple[Feature, ...] | None = None
     output_names: tuple[str, ...] | None = None
     execution_provider: str = "cpu"
     device_id: int | None = None
     inputs: tuple[TensorSpec, ...] | None = None
 
+    def __post_init__(self) -> None:
+        if self.features is not None:
+            object.__setattr__(self, "n_features", len(self.features))
+        elif self.n_features is not None:
+            names = self.feature_names or tuple(str(j) for j in range(self.n_features))
+            dtype = np.dtype(self.input_dtype)
+            floats = tuple(feature(name, "float", dtype) for name in names)
+            object.__setattr__(self, "features", floats)
+
+    @property
+    def matrix_dtype(self) -> np.dtype[Any] | None:
+        """The element type of the ``(n_instances, n_features)`` batch, or None when the
+        features need a record per instance (``batch_dtype``)."""
+        return uniform_dtype(self.features) if self.features else np.dtype(np.float64)
+
+    @property
+    def column_dtypes(self) -> tuple[np.dtype[Any], ...] | None:
+        """Per-column element types when they differ, else None."""
+        dtypes = tuple(f.dtype for f in self.features or ())
+        return dtypes if len(set(dtypes)) > 1 else None
+
+    @property
+    def batch_dtype(self) -> np.dtype[Any]:
+        """The record type of a typed batch: one field per feature."""
+        assert self.features is not None
+        return structured_dtype(self.features)
+
     def input_specs(self) -> tuple[TensorSpec, ...]:
-        """``inputs``, or one ``input-0`` of ``(-1, n_features)`` in ``input_dtype``."""
+        """``inputs``; else one ``input-0`` of ``(-1, n_features)`` when every feature has
+        one type, or one ``(-1,)`` input per feature, named after it, when they differ
+        (a DataFrame with a string column: as MLServer's pandas codec lays it out)."""
         if self.inputs is not None:
             return self.inputs
-        return (TensorSpec("input-0", np.dtype(self.input_dtype), (-1, self.n_features or -1)),)
+        features = self.features or ()
+        if self.matrix_dtype is None:
+            return tuple(TensorSpec(f.name, f.dtype, (-1,)) for f in features)
+        dtype = min((f.dtype for f in features), key=lambda d: d.itemsize, default=None)
+        dtype = np.dtype(self.input_dtype) if dtype is None else dtype
+        return (TensorSpec("input-0", dtype, (-1, self.n_features or -1)),)
+
+    def sample(self, n: int) -> npt.NDArray[Any]:
+        """``n`` valid instances (zeros, false, a known category) for warmup and specs."""
+        assert self.features is not None
+        return sample_batch(self.features, n)
 
     def output_specs(self) -> tuple[TensorSpec, ...]:
-        """The outputs of one zero instance, as specs (one ``predict_batch`` call); empty
+        """The outputs of one sample instance, as specs (one ``predict_batch`` call); empty
         when ``n_features`` is unknown. Used for metadata, computed once per load."""
-        if self.n_features is None:
-            return ()
-        outputs = self.predict_batch(np.zeros((1, self.n_features)))
+        if self.features is None:
+            return self._declared_outputs()
+        outputs = self.predict_batch(self.sample(1))
         return tuple(
             TensorSpec(name, np.asarray(value).dtype, (-1, *np.asarray(value).shape[1:]))
             for name, value in outputs.items()
         )
+
+    def _declared_outputs(self) -> tuple[TensorSpec, ...]:
+        """For a model that does not tell its width (so cannot be run on a sample): the
+        outputs it names, typed from what is known (the classes' type for a classifier's
+        predictions, float64 otherwise), so metadata still lists them."""
+        labels = np.asarray(self.classes).dtype if self.classes else np.dtype(np.float64)
+        specs = []
+        for name in self.output_names or ():
+            if name == "probabilities":
+                width = len(self.classes) if self.classes else -1
+                specs.append(TensorSpec(name, np.dtype(np.float64), (-1, width)))
+            else:
+                dtype = labels if name == "predictions" else np.dtype(np.float64)
+                specs.append(TensorSpec(name, dtype, (-1,)))
+        return tuple(specs)
 
     @classmethod
     def from_callable(
@@ -133,10 +194,10 @@ class ModelHandle:
         request does not pay for lazy initialisation (on CUDA: context creation and kernel
         selection, which are per input shape). Returns False (and does nothing) when
         ``n_features`` is unknown. Exceptions from the model propagate."""
-        if self.n_features is None:
+        if self.features is None:
             return False
         for size in sorted(set(n_instances)):
-            self.predict_batch(np.zeros((size, self.n_features)))
+            self.predict_batch(self.sample(size))
         return True
 
 

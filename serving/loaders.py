@@ -18,7 +18,7 @@ import logging
 import pickle
 import re
 import stat
-import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ import numpy.typing as npt
 from serving.errors import InvalidInput, ModelLoadError
 from serving.handle import ModelHandle, ModelLoader, Outputs, Predictor
 from serving.onnx_loader import OnnxLoader
+from serving.schema import Feature, feature, features_from_file, merge_features, schema_file
+from serving.schema_sklearn import estimator_features, estimator_missing
 
 __all__ = [
     "JoblibLoader",
@@ -75,12 +77,25 @@ def _final_estimator(model: object) -> object:
 
 
 def estimator_handle(
-    model: Predictor, *, name: str, version: str, format: str, source: Path | None = None
+    model: Predictor,
+    *,
+    name: str,
+    version: str,
+    format: str,
+    source: Path | None = None,
+    declared: tuple[Feature, ...] | None = None,
 ) -> ModelHandle:
     """A handle for a scikit-learn style estimator (pipelines included).
 
     ``n_features`` comes from ``n_features_in_`` and ``classes`` from ``classes_`` where
     the estimator has them; ``probabilities`` is produced when ``predict_proba`` exists.
+    The input schema is ``declared`` (a schema file beside the model), with what the
+    estimator tells (``serving.schema_sklearn``). A model fitted on a DataFrame
+    (``feature_names_in_``) is called with a pandas DataFrame of its training column
+    names, each column of its feature's type; others get the batch array.
+
+    :raises ModelLoadError: when the object has no ``predict``, or ``declared`` names
+        features the model was not fitted on.
     """
     if not callable(getattr(model, "predict", None)):
         raise ModelLoadError(source, f"the loaded {type(model).__name__} object has no predict()")
@@ -89,15 +104,18 @@ def estimator_handle(
     predict_proba = getattr(model, "predict_proba", None)
     classes = getattr(model, "classes_", None)
     n_features = getattr(model, "n_features_in_", None)
-    names = getattr(model, "feature_names_in_", None)
-    feature_names = tuple(str(n) for n in names) if names is not None else None
-    if feature_names is not None:
-        # Fitted on a DataFrame, called with the batcher's ndarray, whose columns are in
-        # feature_names_in_ order (the request path reorders named features): the warning
-        # scikit-learn gives for every such call says nothing here.
-        warnings.filterwarnings(
-            "ignore", message="X does not have valid feature names", category=UserWarning
-        )
+    inferred = estimator_features(model)
+    if inferred is None and n_features is not None:
+        missing = estimator_missing(model)
+        inferred = tuple(feature(str(j), "float", np.float64, missing=missing)
+                         for j in range(int(n_features)))  # fmt: skip
+    try:
+        features = merge_features(declared, inferred)
+    except ValueError as exc:
+        raise ModelLoadError(source, str(exc)) from None
+    named = getattr(model, "feature_names_in_", None) is not None
+    feature_names = tuple(f.name for f in features) if features and (named or declared) else None
+    to_input = _frame_builder(features) if named and features else _array_input
     final = _final_estimator(model)
     from_proba = (
         predict_proba is not None
@@ -124,7 +142,8 @@ def estimator_handle(
                 ) from exc
             raise
 
-    def predict_outputs(rows: npt.NDArray[Any]) -> Outputs:
+    def predict_outputs(batch: npt.NDArray[Any]) -> Outputs:
+        rows = to_input(batch)
         if from_proba:
             assert predict_proba is not None and label_array is not None
             probabilities = np.asarray(predict_proba(rows))
@@ -146,8 +165,45 @@ def estimator_handle(
         n_features=int(n_features) if n_features is not None else None,
         classes=tuple(label_array.tolist()) if label_array is not None else None,
         feature_names=feature_names,
+        features=features,
         output_names=("predictions",) + (("probabilities",) if predict_proba is not None else ()),
     )
+
+
+def _array_input(batch: npt.NDArray[Any]) -> Any:
+    """A record batch as a 2-D object array for a model fitted on an array; a matrix as is."""
+    if batch.dtype.names is None:
+        return batch
+    return np.stack([batch[name].astype(object) for name in batch.dtype.names], axis=1)
+
+
+def _frame_builder(features: tuple[Feature, ...]) -> Callable[[npt.NDArray[Any]], Any]:
+    """``batch -> DataFrame`` with the training column names, one column per feature of
+    its type (float64, int64, bool, or object holding ``str``)."""
+    import pandas as pd
+
+    columns = [f.name for f in features]
+
+    def to_frame(batch: npt.NDArray[Any]) -> Any:
+        if batch.dtype.names is None:
+            return pd.DataFrame(batch, columns=columns, copy=False)
+        return pd.DataFrame({name: batch[name] for name in columns})
+
+    return to_frame
+
+
+def declared_features(path: Path) -> tuple[Feature, ...] | None:
+    """The features of the schema file beside ``path`` (``serving.schema``), if any.
+
+    :raises ModelLoadError: when the schema file cannot be read.
+    """
+    found = schema_file(path)
+    if found is None:
+        return None
+    try:
+        return features_from_file(found)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(path, f"schema file {found.name}: {exc}") from None
 
 
 class PickleLoader(ModelLoader):
@@ -156,7 +212,10 @@ class PickleLoader(ModelLoader):
     def load(self, path: Path, *, name: str, version: str, threads: int = 1) -> ModelHandle:
         with path.open("rb") as file:
             model = pickle.load(file)
-        return estimator_handle(model, name=name, version=version, format="pickle", source=path)
+        return estimator_handle(
+            model, name=name, version=version, format="pickle", source=path,
+            declared=declared_features(path),
+        )  # fmt: skip
 
 
 class JoblibLoader(ModelLoader):
@@ -166,7 +225,10 @@ class JoblibLoader(ModelLoader):
         import joblib
 
         model = joblib.load(path)
-        return estimator_handle(model, name=name, version=version, format="joblib", source=path)
+        return estimator_handle(
+            model, name=name, version=version, format="joblib", source=path,
+            declared=declared_features(path),
+        )  # fmt: skip
 
 
 def check_artifact(

@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +33,23 @@ import numpy.typing as npt
 from serving.errors import ModelLoadError
 from serving.handle import ModelHandle, ModelLoader, Outputs, TensorSpec
 from serving.providers import CPU, ProviderError, ProviderSelection, select_providers
+from serving.schema import Feature, Kind
+from serving.schema_onnx import GraphFacts, InputFacts, graph_facts
 
 __all__ = ["OnnxLoader"]
 
 log = logging.getLogger(__name__)
 
-_ONNX_DTYPES: dict[str, type[np.generic]] = {
+_ONNX_DTYPES: dict[str, type[np.generic] | type[object]] = {
     "tensor(float)": np.float32,
     "tensor(double)": np.float64,
     "tensor(int64)": np.int64,
     "tensor(int32)": np.int32,
+    "tensor(bool)": np.bool_,
+    "tensor(string)": object,
 }
+_KINDS: dict[str, Kind] = {"f": "float", "i": "integer", "u": "integer", "b": "boolean",
+                           "O": "string"}  # fmt: skip
 _PROBABILITY_OUTPUTS = ("probabilities", "output_probability")
 _DYNAMIC_HINT = (
     "re-export it with a dynamic batch axis (skl2onnx: initial_types=[('X', "
@@ -54,7 +60,7 @@ _DYNAMIC_HINT = (
 @dataclass(frozen=True)
 class _Input:
     name: str
-    dtype: type[np.generic]
+    dtype: type[np.generic] | type[object]
     start: int  # first column in the merged matrix
     width: int  # columns; a (batch,) input has width 1 and is fed flat
     flat: bool
@@ -208,7 +214,10 @@ def _handle(
     outputs = session.get_outputs()
     output_names = [o.name for o in outputs]
     meta = session.get_modelmeta().custom_metadata_map
-    classes = tuple(json.loads(meta["classes"])) if "classes" in meta else None
+    graph = graph_facts(path)
+    # The classes: our metadata entry, else the classifier node's labels (skl2onnx
+    # exports with zipmap=False carry no ZipMap keys to read them from).
+    classes = tuple(json.loads(meta["classes"])) if "classes" in meta else graph.classes
     proba_name = next((n for n in _PROBABILITY_OUTPUTS if n in output_names), None)
     label_name = "label" if "label" in output_names else output_names[0]
     keys = {label_name: "predictions"}
@@ -220,7 +229,13 @@ def _handle(
             keys[output.name] = output.name
     fetch = list(keys)
 
+    names = _feature_names(specs, meta)
+    features = _features(specs, names, graph) if n_features is not None else None
+
     def feeds(rows: npt.NDArray[Any]) -> dict[str, npt.NDArray[Any]]:
+        if rows.dtype.names is not None:  # a record per instance: typed columns
+            assert features is not None
+            return {spec.name: _record_feed(rows, spec, features) for spec in specs}
         if len(specs) == 1 and not specs[0].flat:
             return {specs[0].name: rows.astype(specs[0].dtype, copy=False)}
         out = {}
@@ -258,14 +273,7 @@ def _handle(
             out["predictions"] = predictions.reshape(-1)
         return out
 
-    if classes is None and proba_name is not None and n_features is not None:
-        probe = session.run([proba_name], feeds(np.zeros((fixed_batch or 1, n_features))))
-        if isinstance(probe[0], list):  # ZipMap: one {class: probability} dict per row
-            classes = tuple(probe[0][0].keys())
-    dtypes = [np.dtype(spec.dtype) for spec in specs for _ in range(max(spec.width, 1))]
-    floats = [d for d in dtypes if d.kind == "f"]
-    input_dtype = min(floats, key=lambda d: d.itemsize) if floats else dtypes[0]
-    return ModelHandle(
+    handle = ModelHandle(
         name=name,
         version=version,
         format="onnx",
@@ -273,9 +281,9 @@ def _handle(
         source=path,
         n_features=n_features,
         classes=classes,
-        input_dtype=input_dtype,
-        feature_names=_feature_names(specs, meta),
-        column_dtypes=tuple(dtypes) if len(set(dtypes)) > 1 else None,
+        input_dtype=np.dtype(specs[0].dtype),
+        feature_names=names,
+        features=features,
         output_names=tuple(keys.values()),
         execution_provider=provider,
         device_id=device_id,
@@ -284,6 +292,41 @@ def _handle(
             for spec in specs
         ),
     )
+    if classes is None and proba_name is not None and features is not None:
+        probe = session.run([proba_name], feeds(handle.sample(fixed_batch or 1)))
+        if isinstance(probe[0], list):  # ZipMap: one {class: probability} dict per row
+            handle = replace(handle, classes=tuple(probe[0][0].keys()))
+    return handle
+
+
+def _features(
+    specs: list[_Input], names: tuple[str, ...] | None, graph: GraphFacts
+) -> tuple[Feature, ...]:
+    """One feature per column of every input, of the input's element type (a string
+    input's values are Python ``str``); a one-column input that feeds an encoder or an
+    imputer node takes its categories and missing values (``serving.schema_onnx``)."""
+    facts = graph.inputs
+    labels = iter(names or tuple(str(j) for j in range(sum(spec.width for spec in specs))))
+    features = []
+    for spec in specs:
+        dtype = np.dtype(spec.dtype)
+        known = facts.get(spec.name, InputFacts()) if spec.width == 1 else InputFacts()
+        missing = known.missing and dtype.kind == "f"
+        for _ in range(spec.width):
+            kind = _KINDS[dtype.kind]
+            features.append(Feature(next(labels), kind, dtype, missing, known.categories))
+    return tuple(features)
+
+
+def _record_feed(
+    rows: npt.NDArray[Any], spec: _Input, features: tuple[Feature, ...]
+) -> npt.NDArray[Any]:
+    """One input's values from a typed batch: its columns, in its element type."""
+    columns = [rows[f.name] for f in features[spec.start : spec.start + spec.width]]
+    part = columns[0] if spec.flat else np.stack(columns, axis=1)
+    if spec.dtype is object:
+        return part.astype(object, copy=False)
+    return np.ascontiguousarray(part, dtype=spec.dtype)
 
 
 def _feature_names(specs: list[_Input], meta: dict[str, str]) -> tuple[str, ...] | None:

@@ -1,7 +1,8 @@
 """The caller's side of a batch: a pending request and the split of a batch's outputs.
 
-``PendingRequest`` holds one caller's rows, the output parts answered so far and a lock
-the caller blocks on until every row is answered or the request failed. ``split_outputs``
+``PendingRequest`` holds one caller's rows, its outputs once answered and a lock the
+caller blocks on until the request is answered (once, by one predict call: requests are
+never split) or failed. ``split_outputs``
 cuts a merged call's outputs back into per-request parts and refuses outputs whose row
 count does not match, so nobody is ever handed another caller's rows.
 
@@ -27,21 +28,20 @@ BatchOutputs = Mapping[str, npt.NDArray[Any]]
 
 
 class PendingRequest:
-    """One caller's rows ``(n_instances, n_features)`` and the outputs answered so far.
+    """One caller's rows ``(n_instances, n_features)`` and, once answered, its outputs.
 
     Written by the batcher thread only (``answer``, ``fail``); read by the caller after
     ``wait`` returns True.
     """
 
     __slots__ = (
-        "_done", "batch_size", "cause", "deadline", "enqueued_at", "error", "finished", "parts",
-        "remaining", "rows",
+        "_done", "batch_size", "cause", "deadline", "enqueued_at", "error", "finished",
+        "outputs", "rows",
     )  # fmt: skip
 
     def __init__(self, rows: npt.NDArray[Any], timeout_s: float | None = None) -> None:
         self.rows = rows
-        self.remaining = len(rows)
-        self.parts: list[tuple[int, dict[str, npt.NDArray[Any]]]] = []
+        self.outputs: dict[str, npt.NDArray[Any]] | None = None
         self.error: str | None = None
         self.cause: BaseException | None = None
         # A lock held until the answer is complete: cheaper than threading.Event (no
@@ -49,7 +49,7 @@ class PendingRequest:
         self._done = threading.Lock()
         self._done.acquire()
         self.finished = False
-        self.batch_size = 0  # the largest predict call that answered some of these rows
+        self.batch_size = 0  # the size of the predict call that answered these rows
         self.enqueued_at = time.monotonic()
         self.deadline = self.enqueued_at + timeout_s if timeout_s is not None else float("inf")
 
@@ -57,11 +57,10 @@ class PendingRequest:
         """Failed already, or past its deadline: its queued rows need not be computed."""
         return self.error is not None or time.monotonic() > self.deadline
 
-    def answer(self, start: int, n: int, outputs: dict[str, npt.NDArray[Any]]) -> None:
-        self.parts.append((start, outputs))
-        self.remaining -= n
-        if self.remaining == 0:
-            self._finish()
+    def answer(self, outputs: dict[str, npt.NDArray[Any]], batch_size: int) -> None:
+        """These rows' outputs, from a predict call on ``batch_size`` instances."""
+        self.outputs, self.batch_size = outputs, batch_size
+        self._finish()
 
     def fail(self, message: str, cause: BaseException | None) -> None:
         if self.error is None:
@@ -84,13 +83,8 @@ class PendingRequest:
             if isinstance(self.cause, InvalidInput):
                 raise InvalidInput(self.error, self.cause.details) from self.cause
             raise InferenceError(self.error) from self.cause
-        if len(self.parts) == 1:
-            return self.parts[0][1]
-        self.parts.sort(key=lambda part: part[0])
-        return {
-            name: np.concatenate([outputs[name] for _, outputs in self.parts])
-            for name in self.parts[0][1]
-        }
+        assert self.outputs is not None  # wait() returned True: answered or failed
+        return self.outputs
 
 
 def split_outputs(outputs: BatchOutputs, sizes: list[int]) -> list[dict[str, npt.NDArray[Any]]]:

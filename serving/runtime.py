@@ -136,13 +136,12 @@ class ModelRuntime:
             self.error = exc
             raise
         log.info(
-            "model %r version %r ready to serve (%s on %s, %s features, %.2f s to load and "
-            "warm up)",
+            "model %r version %r ready to serve (%s on %s, %s, %.2f s to load and warm up)",
             handle.name,
             handle.version,
             handle.format,
             handle.execution_provider,
-            handle.n_features,
+            _describe_features(handle),
             time.perf_counter() - started,
         )
 
@@ -229,3 +228,16 @@ class ModelRuntime:
         self._stopping = True
         if self.batcher is not None:
             self.batcher.stop(0 if broken else timeout_s)
+
+
+def _describe_features(handle: ModelHandle) -> str:
+    """``30 features``, ``4 features (2 string, 2 float)`` or ``features not known``."""
+    if not handle.features:
+        return "features not known (each request's own width)"
+    kinds: dict[str, int] = {}
+    for f in handle.features:
+        kinds[f.kind] = kinds.get(f.kind, 0) + 1
+    if len(kinds) == 1:
+        return f"{len(handle.features)} {next(iter(kinds))} features"
+    parts = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+    return f"{len(handle.features)} features ({parts})"

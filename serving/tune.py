@@ -190,11 +190,12 @@ def main() -> None:
     handle = load_model(args.model, args.format)
     n_features = handle.n_features or 30
     data = load_breast_cancer().data
-    rows = (
-        data
-        if n_features == data.shape[1]
-        else np.random.default_rng(0).normal(size=(1024, n_features))
-    )
+    if handle.matrix_dtype is None:  # typed columns (strings): the schema's own sample
+        rows = handle.sample(1024)
+    elif n_features == data.shape[1]:
+        rows = data
+    else:
+        rows = np.random.default_rng(0).normal(size=(1024, n_features))
     points = sweep(handle, rows)
     print(f"{'batch':>6} {'ms/call':>9} {'rows/s':>12} {'us/row':>9}")
     plateau = plateau_start(points)

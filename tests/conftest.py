@@ -63,7 +63,7 @@ def model_handle() -> ModelHandle:
 
 @pytest.fixture
 def app(settings: Settings, model_handle: ModelHandle, metrics: ServingMetrics) -> Iterator[Flask]:
-    app = create_app(settings, model_handle, metrics=metrics)
+    app = create_app(settings, models=[model_handle], metrics=metrics)
     yield app
     app.extensions["serving"].get_models().stop(timeout_s=10)
 
@@ -90,17 +90,14 @@ def named_app(
     """The app serving ``frame_classifier`` as model ``cancer`` version ``2``."""
     model, _ = frame_classifier
     handle = estimator_handle(model, name="cancer", version="2", format="pickle")
-    app = create_app(settings, handle, metrics=metrics)
+    app = create_app(settings, models=[handle], metrics=metrics)
     yield app
     app.extensions["serving"].get_models().stop(timeout_s=10)
 
 
 def serve_runtimes(settings: Settings, metrics: ServingMetrics, runtimes: list[Any]) -> Flask:
     """An app serving ``runtimes`` (loaded or not) as its ModelCache, first one the default."""
-    from serving.api.common import ServingContext
     from serving.cache import ModelCache
 
-    app = create_app(settings, metrics=metrics)
     models = ModelCache(settings, metrics, runtimes=runtimes)
-    app.extensions["serving"] = ServingContext(settings, metrics, lambda: models)
-    return app
+    return create_app(settings, models=models, metrics=metrics)

@@ -71,3 +71,14 @@ def image_graph(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 8, 8])],
     )
     return _save(graph, path)
+
+
+def int_identity_graph(path: Path) -> Path:
+    """``y = x`` for ``x`` int64 (batch, 1): answers each instance's integer back, exactly."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "int_identity",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, ["batch", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["batch", 1])],
+    )
+    return _save(graph, path)

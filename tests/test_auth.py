@@ -20,7 +20,7 @@ ROW = {"instances": [[1.0, 2.0, 3.0]]}
 
 def make_client(settings: Settings, model_handle: ModelHandle, **overrides: object):  # type: ignore[no-untyped-def]
     configured = Settings(**{**settings.model_dump(), **overrides})
-    app = create_app(configured, model_handle, metrics=ServingMetrics(CollectorRegistry()))
+    app = create_app(configured, models=[model_handle], metrics=ServingMetrics(CollectorRegistry()))
     return app, app.test_client()
 
 

@@ -16,8 +16,8 @@ from flask.testing import FlaskClient
 from serving.app import create_app
 from serving.loaders import ModelHandle
 from serving.metrics import ServingMetrics
-from serving.schemas import parse_body
-from serving.schemas_mlflow import MlflowErrorResponse, MlflowRequest, MlflowResponse
+from serving.protocols.mlflow.schemas import MlflowErrorResponse, MlflowRequest, MlflowResponse
+from serving.protocols.schemas import parse_body
 from serving.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ def test_mlflow_ping_is_open_and_invocations_need_the_api_key(
 ) -> None:
     key = "k" * 20
     keyed = Settings(**{**settings.model_dump(), "api_keys": key})
-    app = create_app(keyed, model_handle, metrics=metrics)
+    app = create_app(keyed, models=[model_handle], metrics=metrics)
     client = app.test_client()
     body = {"instances": [[1, 2, 3]]}
     try:
@@ -175,10 +175,10 @@ def test_mlflow_invocations_refuse_bad_json_in_mlflows_error_shape(
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("a,b,c\n1,2,x\n", "line 2, column 'c': 'x' is not a finite number"),
-        ("a,b,c\n1,2,nan\n", "'nan' is not a finite number"),
-        ("a,b,c\n1,2,1e999\n", "'1e999' is not a finite number"),
-        ("a,b,c\n1,2,1_0\n", "'1_0' is not a finite number"),
+        ("a,b,c\n1,2,x\n", "csv[0].c: 'x' is not a number"),
+        ("a,b,c\n1,2,nan\n", "csv[0].c: missing value: this feature may not be missing"),
+        ("a,b,c\n1,2,1e999\n", "csv[0].c: inf is not a finite number"),
+        ("a,b,c\n1,2,1_0\n", "csv[0].c: '1_0' is not a number"),
         ("a,b,c\n1,2\n", "line 2 has 2 values for 3 columns"),
         ("a,b,c\n", "no data rows"),
         ("", "empty"),

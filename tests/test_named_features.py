@@ -9,7 +9,7 @@ import pandas as pd
 from flask import Flask
 from flask.testing import FlaskClient
 
-from serving.schemas import ErrorResponse
+from serving.protocols.schemas import ErrorResponse
 
 Frame = tuple[Any, pd.DataFrame]
 

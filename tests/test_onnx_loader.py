@@ -156,7 +156,7 @@ def multi_input_client(settings: Settings, tmp_path: Path) -> Iterator[FlaskClie
     from serving.metrics import ServingMetrics
 
     handle = load_model(multi_input_graph(tmp_path / "multi.onnx"), name="multi")
-    app = create_app(settings, handle, metrics=ServingMetrics(CollectorRegistry()))
+    app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
     yield app.test_client()
     app.extensions["serving"].get_models().stop(timeout_s=10)
 

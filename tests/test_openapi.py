@@ -49,7 +49,7 @@ def test_predict_operation_uses_the_models_the_blueprint_validates_with(
     assert request == {"$ref": "#/components/schemas/PredictRequest"}
     schema = spec["components"]["schemas"]["PredictRequest"]
     assert schema["additionalProperties"] is False  # extra="forbid"
-    assert set(schema["properties"]) == {"instances", "model_version", "outputs"}
+    assert set(schema["properties"]) == {"instances", "model", "model_version", "outputs"}
     assert {"200", "409", "422", "503"} <= set(operation["responses"])
     error = operation["responses"]["422"]["content"]["application/json"]["schema"]
     assert error == {"$ref": "#/components/schemas/ErrorResponse"}

@@ -53,7 +53,7 @@ def test_every_readme_request_body_matches_the_openapi_schema(client: FlaskClien
 
 def test_the_readme_predict_example_is_answered_by_the_demo_model(settings: Settings) -> None:
     demo = load_model(DEMO_MODEL_PATH, version="1")  # what the README's command serves
-    app = create_app(settings, demo, metrics=ServingMetrics(CollectorRegistry()))
+    app = create_app(settings, models=[demo], metrics=ServingMetrics(CollectorRegistry()))
     try:
         path, body = next((p, b) for p, b in readme_requests() if p == "/predict")
         response = app.test_client().post(path, json=body)

@@ -18,8 +18,8 @@ from flask.testing import FlaskClient
 from serving.app import create_app
 from serving.loaders import ModelHandle
 from serving.metrics import ServingMetrics
-from serving.schemas import parse_body
-from serving.schemas_tf import (
+from serving.protocols.schemas import parse_body
+from serving.protocols.tfserving.schemas import (
     TFErrorResponse,
     TFMetadataResponse,
     TFPredictRequest,
@@ -75,7 +75,7 @@ def test_tfserving_single_output_model_answers_plain_values(
     handle = ModelHandle.from_callable(
         lambda X: X[:, 0] / 2 + 3, name="half_plus_three", version="123", n_features=1
     )
-    app = create_app(settings, handle, metrics=metrics)
+    app = create_app(settings, models=[handle], metrics=metrics)
     client = app.test_client()
     try:
         url = "/v1/models/half_plus_three:predict"
@@ -111,9 +111,19 @@ def test_tfserving_predict_unknown_model_is_404_and_unserved_version_409(
         ({}, 422, "invalid_input", "exactly one"),
         ({"instances": [[1, 2]]}, 422, "invalid_input", "instances[0] has 2 features"),
         ({"instances": [[1, 2, 3]], "signature_name": "x"}, 422, "invalid_input", "'x'"),
-        ({"inputs": {"input-0": [[1, 2, 3]], "b": [[1]]}}, 422, "invalid_input", "'b'"),
+        pytest.param(
+            {"inputs": {"input-0": [[1, 2, 3]], "b": [[1]]}},
+            422,
+            "invalid_input",
+            "'b'",
+        ),
         ({"inputs": {"input-0": [[1, 2, 3], [4, 5]], "b": [1]}}, 422, "invalid_input", "one per"),
-        ({"instances": [{"input-0": [1, 2]}]}, 422, "invalid_input", "takes 3 values"),
+        pytest.param(
+            {"instances": [{"input-0": [1, 2]}]},
+            422,
+            "invalid_input",
+            "takes 3 values",
+        ),
         ({"instances": [[1, 2, "3"]]}, 422, "invalid_input", "instances[0][2]"),
         ({"instances": [[1, 2, 3]] * 17}, 413, "payload_too_large", "17 instances"),
         ({"inputs": [[1, 2, 3]] * 17}, 413, "payload_too_large", "17 instances"),
@@ -142,7 +152,7 @@ def test_tfserving_routes_split_the_model_name_at_the_colon(
     settings: Settings, metrics: ServingMetrics, model_handle: ModelHandle
 ) -> None:
     handle = dataclasses.replace(model_handle, version="2024:06")
-    app = create_app(settings, handle, metrics=metrics)
+    app = create_app(settings, models=[handle], metrics=metrics)
     client = app.test_client()
     body = {"instances": [[1, 2, 3]]}
     try:
@@ -276,3 +286,28 @@ def test_tfserving_readme_examples_are_valid_requests() -> None:
     for body in bodies:
         request = parse_body(TFPredictRequest, body.encode())
         assert request.instances is not None or json.loads(body)["inputs"]
+
+
+def test_tfserving_float32_outputs_print_as_on_predict(
+    settings: Any, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """A float32 probability reads the same on both routes (its shortest float32 form)."""
+    from prometheus_client import CollectorRegistry
+
+    from serving.app import create_app
+    from serving.loaders import load_model
+    from serving.metrics import ServingMetrics
+    from serving.settings import DEMO_MODEL_PATH
+
+    graph = load_model(DEMO_MODEL_PATH.with_suffix(".onnx"), name="bc")
+    app = create_app(settings, models=[graph], metrics=ServingMetrics(CollectorRegistry()))
+    client = app.test_client()
+    rows = breast_cancer[0][1:2].tolist()  # probabilities 0.9999643..., not 0 or 1
+    try:
+        predict = client.post("/predict", json={"instances": rows}).get_json()
+        tf = client.post("/v1/models/bc:predict", json={"inputs": rows}).get_json()
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    assert tf["outputs"]["probabilities"] == predict["probabilities"]
+    assert predict["probabilities"][0][0] == 0.9999644  # float32's digits, not float64's

@@ -23,8 +23,8 @@ from serving import __version__
 from serving.app import create_app
 from serving.handle import ModelHandle, TensorSpec
 from serving.metrics import ServingMetrics
+from serving.protocols.v2.schemas import V2Error, V2InferResponse, V2ModelMetadata
 from serving.runtime import ModelRuntime
-from serving.schemas_v2 import V2Error, V2InferResponse, V2ModelMetadata
 from serving.settings import Settings
 from tests.conftest import serve_runtimes
 
@@ -51,7 +51,7 @@ def make_client(settings: Settings) -> Iterator[MakeClient]:
 
     def make(handle: ModelHandle, **overrides: Any) -> FlaskClient:
         configured = Settings(**{**settings.model_dump(), **overrides})
-        app = create_app(configured, handle, metrics=ServingMetrics(CollectorRegistry()))
+        app = create_app(configured, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
         apps.append(app)
         return app.test_client()
 
@@ -186,7 +186,7 @@ def test_v2_infer_takes_integral_float_shapes_as_json_schema_integers(client: Fl
         ([tensor([1, 2, 3], [1, 3], name="x")], "no input 'x'"),
         ([tensor([1, 2, 3], [1, 3]), tensor([1, 2, 3], [1, 3])], "'input-0' is given twice"),
         ([tensor([1, 2, 3], [1, 3]), tensor([1], [1], name="extra")], "no input 'extra'"),
-        ([tensor(["a", "b", "c"], [1, 3], datatype="BYTES")], "datatype BYTES is not supported"),
+        ([tensor(["a", "b", "c"], [1, 3], datatype="BYTES")], "data[0][0]: 'a' is not a number"),
         ([tensor([1, 2.5, 3], [1, 3], datatype="INT64")], "data[1] = 2.5 is not an integer"),
         ([tensor([1, True, 3], [1, 3])], "data[1] = True is not a finite number"),
         ([tensor([1, 300, 3], [1, 3], datatype="INT8")], "data[1] = 300 is not an integer"),
@@ -207,7 +207,7 @@ def test_v2_infer_refuses_bad_inputs_with_400_naming_the_input(
     error = error_of(response)
     assert error.code == "invalid_input"
     assert where in error.error
-    assert re.match(r"inputs(\[\d\])?: ", error.error)
+    assert re.match(r"inputs(\[\d\])?(\.data(\[\d+\])+)?: ", error.error)
 
 
 ONE = b'{"name": "input-0", "shape": [1, 3], "datatype": "FP64", "data": '

@@ -1,6 +1,6 @@
 """MLflow / SageMaker scoring bodies (``POST /invocations``, ``GET /ping``), as MLflow's
 pyfunc scoring server (``mlflow models serve``) defines them, validated as strictly as
-``/predict``: finite JSON numbers only, unknown fields refused.
+``/predict``: unknown fields refused, values checked against the model's schema.
 
 Source: MLflow's "Deploy MLflow models" docs, scoring-server request formats:
 ``dataframe_split`` (pandas ``orient="split"``), ``dataframe_records`` (``orient="records"``),
@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from serving.protocols.schemas import Value
 
 __all__ = [
     "DataframeSplit",
@@ -42,7 +44,7 @@ class DataframeSplit(_Strict):
         "them; without them (or for a model without names) columns are positional. "
         "Integers (pandas' default column labels) are feature positions 0..n-1.",
     )
-    data: list[list[float]] = Field(min_length=1, description="(n_instances, n_columns).")
+    data: list[list[Value]] = Field(min_length=1, description="(n_instances, n_columns).")
     index: list[int | str] | None = Field(None, description="Row labels; not used.")
 
 
@@ -50,13 +52,13 @@ class MlflowRequest(_Strict):
     """``POST /invocations`` JSON: exactly one of the four data fields."""
 
     dataframe_split: DataframeSplit | None = None
-    dataframe_records: list[dict[str, float]] | None = Field(
+    dataframe_records: list[dict[str, Value]] | None = Field(
         None, min_length=1, description="One object per instance, keyed by column name."
     )
-    instances: list[list[float]] | list[dict[str, float]] | None = Field(
+    instances: list[list[Value]] | list[dict[str, Value]] | None = Field(
         None, min_length=1, description="Rows of values, or objects keyed by column name."
     )
-    inputs: list[list[float]] | dict[str, list[float]] | None = Field(
+    inputs: list[list[Value]] | dict[str, list[Value]] | None = Field(
         None, description="Rows of values, or an object of columns (name -> values)."
     )
     params: dict[str, Any] | None = Field(

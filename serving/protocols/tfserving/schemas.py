@@ -1,10 +1,9 @@
 """TF Serving REST bodies (``/v1/models/...``), as TensorFlow Serving's ``api_rest.md``
-defines them, validated as strictly as ``/predict`` (finite JSON numbers, no unknown
-fields; TF Serving's own ``NaN``/``Infinity`` tokens are refused like everywhere else).
+defines them, validated as ``/predict`` is (no unknown fields; values are JSON scalars
+checked against the model's schema, strings for ``DT_STRING`` features).
 
 Source: https://www.tensorflow.org/tfx/serving/api_rest (predict, model status, model
-metadata). Only numeric tensors: ``b64`` binary values and ``:classify``/``:regress`` are
-not served.
+metadata). ``b64`` binary values and ``:classify``/``:regress`` are not served.
 """
 
 from __future__ import annotations
@@ -12,6 +11,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from serving.protocols.schemas import Value
 
 __all__ = [
     "TFErrorResponse",
@@ -23,7 +24,7 @@ __all__ = [
 
 #: A named value in an object instance: a scalar for a one-column input or feature, else
 #: the input's values.
-NamedValue = float | list[float]
+NamedValue = Value | list[Value]
 
 
 class _Strict(BaseModel):
@@ -39,14 +40,14 @@ class TFPredictRequest(_Strict):
     signature_name: str | None = Field(
         None, description="Only serving_default (the model's one signature) is served."
     )
-    instances: list[list[float]] | list[float] | list[dict[str, NamedValue]] | None = Field(
+    instances: list[list[Value]] | list[dict[str, NamedValue]] | list[Value] | None = Field(
         None,
         min_length=1,
         description="Row format, one entry per instance: a list of the feature values in "
         "the model's order, a number (one-feature models), or an object keyed by feature "
         "name or by input name (metadata lists both).",
     )
-    inputs: list[list[float]] | list[float] | dict[str, list[NamedValue]] | None = Field(
+    inputs: list[list[Value]] | dict[str, list[NamedValue]] | list[Value] | None = Field(
         None,
         description="Columnar format: the one input tensor (n_instances, n_features), or "
         "an object mapping each feature or input name to its values, one per instance.",

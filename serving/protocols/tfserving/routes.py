@@ -1,9 +1,9 @@
 """TF Serving's REST API: ``POST /v1/models/{name}[/versions/{version}]:predict``, model
 status and model metadata, so TensorFlow Serving clients can call this server unchanged.
 
-Source: https://www.tensorflow.org/tfx/serving/api_rest. Requests go through the shared
-request path (``serving.api.inference``) and the model's batcher, merged with ``/predict``
-and the other protocols. Errors are TF Serving's ``{"error": message}`` plus our stable
+Source: https://www.tensorflow.org/tfx/serving/api_rest. Requests go through the data
+plane (``serving.dataplane``) and the model's batcher, merged with ``/predict`` and the
+other protocols. Errors are TF Serving's ``{"error": message}`` plus our stable
 ``code``, with the service's statuses (404 unknown model, 409 version not served, 422
 invalid input). ``signature_name`` may only name the one signature, ``serving_default``.
 Model names cannot contain ``:`` or ``/`` (``SERVING_MODELS`` refuses them), so
@@ -15,27 +15,26 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flask import Blueprint, Response
+from flask import Blueprint, Response, g
 from flask.blueprints import BlueprintSetupState
 from werkzeug.routing import BaseConverter
 
-from serving.api.common import context, json_response, read_json_body, register_error_body
-from serving.api.inference import check_instance_count, run_batch
-from serving.api.tf_tensors import columnar_matrix, columnar_outputs, row_matrix, row_predictions
 from serving.errors import InvalidInput
 from serving.handle import TensorSpec
 from serving.openapi import Operation, errors
-from serving.runtime import ModelRuntime, State
-from serving.schemas import parse_body
-from serving.schemas_tf import (
+from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_json_body
+from serving.protocols.schemas import parse_body
+from serving.protocols.tfserving.codec import columnar_outputs, decode, row_predictions
+from serving.protocols.tfserving.schemas import (
     TFErrorResponse,
     TFMetadataResponse,
     TFPredictRequest,
     TFPredictResponse,
     TFStatusResponse,
 )
+from serving.runtime import ModelRuntime, State
 
-__all__ = ["OPERATIONS", "bp"]
+__all__ = ["OPERATIONS", "PROTOCOL", "bp"]
 
 bp = Blueprint("tfserving", __name__)
 
@@ -99,32 +98,32 @@ def _add_converter(state: BlueprintSetupState) -> None:  # before the rules belo
     state.app.url_map.converters["tf_model"] = ModelNameConverter
 
 
-register_error_body("tfserving", lambda status, code, message, details: {
-    "error": message, "code": code,
-}, "/v1/")  # fmt: skip
+def _error_body(
+    status: int, code: str, message: str, details: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {"error": message, "code": code}
+
+
+PROTOCOL = ProtocolSpec(bp, OPERATIONS, _error_body, ("/v1/",))
 
 
 @bp.post(_MODEL + ":predict", defaults={"model_version": None}, provide_automatic_options=False)
 @bp.post(_VERSION + ":predict", provide_automatic_options=False)
 def predict(model_name: str, model_version: str | None) -> Response:
     """Row format answers ``{"predictions": ...}``, columnar ``{"outputs": ...}``."""
-    ctx = context()
-    request = parse_body(TFPredictRequest, read_json_body(ctx.settings.max_body_bytes))
-    if request.signature_name not in (None, "", SIGNATURE):
-        msg = f"signature {request.signature_name!r} not found; the model has {SIGNATURE!r}"
+    plane = dataplane()
+    body = parse_body(TFPredictRequest, read_json_body(plane.settings.max_body_bytes))
+    if body.signature_name not in (None, "", SIGNATURE):
+        msg = f"signature {body.signature_name!r} not found; the model has {SIGNATURE!r}"
         raise InvalidInput(
             f"signature_name: {msg}", [{"loc": "signature_name", "msg": msg, "type": "signature"}]
         )
-    if request.instances is not None:
-        check_instance_count(len(request.instances))
-    runtime = ctx.get_models().resolve(model_name, model_version)
-    handle, _ = runtime.require_ready()
-    if request.instances is not None:
-        _, outputs = run_batch(runtime, row_matrix(request.instances, handle))
-        return json_response({"predictions": row_predictions(outputs)})
-    assert request.inputs is not None  # the schema requires one of the two
-    _, outputs = run_batch(runtime, columnar_matrix(request.inputs, handle), "inputs")
-    return json_response({"outputs": columnar_outputs(outputs)})
+    answer = plane.infer(
+        model_name, model_version, decode(body), deadline=g.deadline, log=g.log_fields
+    )
+    if body.instances is not None:
+        return json_response({"predictions": row_predictions(answer.outputs)})
+    return json_response({"outputs": columnar_outputs(answer.outputs)})
 
 
 _STATES: dict[State, tuple[str, str]] = {
@@ -149,7 +148,7 @@ def _version_status(runtime: ModelRuntime) -> dict[str, Any]:
 def status(model_name: str, model_version: str | None) -> Response:
     """Every version of the model this worker serves (or the one asked for), with its
     state; 200 whatever the state, as TF Serving answers."""
-    cache = context().get_models()
+    cache = dataplane().models
     pinned = cache.resolve(model_name, model_version)
     runtimes = [pinned] if model_version is not None else [
         runtime for runtime in cache.runtimes if runtime.model_name == model_name
@@ -182,8 +181,7 @@ def metadata(model_name: str, model_version: str | None) -> Response:
 
     :raises NotReady: (503) until the model is loaded (its inputs are not known before).
     """
-    runtime = context().get_models().resolve(model_name, model_version)
-    handle, _ = runtime.require_ready()
+    runtime, handle = dataplane().ready(model_name, model_version)
     signature = {
         "inputs": {spec.name: _tensor_info(spec) for spec in handle.input_specs()},
         "outputs": {spec.name: _tensor_info(spec) for spec in runtime.outputs},

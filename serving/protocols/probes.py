@@ -1,21 +1,31 @@
-"""``GET /livez`` (liveness: the process answers) and ``GET /healthz`` (readiness).
+"""The service's own routes: ``GET /livez`` (liveness), ``GET /healthz`` (readiness),
+``GET /metrics`` (Prometheus) and ``GET /openapi.json``.
 
 Liveness does not look at the model: a worker still loading is alive and must not be
 restarted for it. Readiness is 200 only when the model is loaded and warmed up and the
 batcher thread runs; otherwise 503 with the same body and the state it is in.
+``/metrics`` is the Prometheus text format, summed over all Gunicorn workers. The OpenAPI
+document is built once per process from every protocol's ``OPERATIONS``
+(``serving.openapi``).
 """
 
 from __future__ import annotations
 
-from flask import Blueprint, Response
+from flask import Blueprint, Response, current_app
 
-from serving.api.common import context, json_response
+from serving.metrics import CONTENT_TYPE_LATEST
 from serving.openapi import Operation
-from serving.schemas import HealthResponse, LivenessResponse
+from serving.protocols.base import ProtocolSpec, dataplane, json_response
+from serving.protocols.schemas import (
+    ErrorResponse,
+    HealthResponse,
+    LivenessResponse,
+    OpenAPIDocument,
+)
 
-__all__ = ["OPERATIONS", "bp"]
+__all__ = ["OPERATIONS", "PROTOCOL", "bp"]
 
-bp = Blueprint("health", __name__)
+bp = Blueprint("probes", __name__)
 
 OPERATIONS = [
     Operation(
@@ -34,14 +44,32 @@ OPERATIONS = [
         tag="probes",
         security=False,
     ),
+    Operation(
+        "get",
+        "/metrics",
+        "Prometheus text format, summed over all Gunicorn workers",
+        {200: None, 401: ErrorResponse},
+        tag="probes",
+        text_responses={200: "text/plain"},
+    ),
+    Operation(
+        "get",
+        "/openapi.json",
+        "This document",
+        {200: OpenAPIDocument},
+        tag="probes",
+        security=False,
+    ),
 ]
+
+PROTOCOL = ProtocolSpec(bp, OPERATIONS)
 
 
 @bp.get("/livez")
 def livez() -> Response:
     """200 while the process can serve or may still; 503 once a model's runtime has failed
     (load failed, batcher thread dead, predict call stuck), when only a restart helps."""
-    if context().get_models().state == "failed":
+    if dataplane().models.state == "failed":
         return json_response({"status": "failed"}, 503)
     return json_response({"status": "alive"})
 
@@ -49,15 +77,15 @@ def livez() -> Response:
 @bp.get("/healthz")
 def healthz() -> Response:
     """Readiness of this worker: 200 only when every model it serves is ready."""
-    models = context().get_models()
+    models = dataplane().models
     state = models.state
     default = models.default
     body = {
         "status": state,
         "model_name": models.model_name,
         "model_version": models.model_version,
-        "queue_depth": models.queue_depth,
-        "max_queue_depth": models.max_queue_depth,
+        "queue_depth": default.queue_depth,
+        "max_queue_depth": default.settings.max_queue_depth,
         "execution_provider": default.handle.execution_provider if default.handle else None,
         "models": [
             {
@@ -65,9 +93,22 @@ def healthz() -> Response:
                 "version": runtime.model_version,
                 "status": runtime.state,
                 "queue_depth": runtime.queue_depth,
+                "max_queue_depth": runtime.settings.max_queue_depth,
                 "execution_provider": runtime.handle.execution_provider if runtime.handle else None,
             }
             for runtime in models.runtimes
         ],
     }
     return json_response(body, 200 if state == "ready" else 503)
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    body = dataplane().metrics.render()
+    return Response(body, mimetype=None, content_type=CONTENT_TYPE_LATEST)
+
+
+@bp.get("/openapi.json")
+def openapi() -> Response:
+    body: bytes = current_app.extensions["serving_openapi"]()
+    return Response(body, mimetype="application/json")

@@ -1,9 +1,9 @@
 """Request and response bodies of the Open Inference Protocol (KServe V2) over REST.
 
-As in ``serving.schemas``, requests are validated strictly from the raw bytes (unknown
+As in ``serving.protocols.schemas``, requests are validated strictly from the raw bytes (unknown
 top-level fields are refused), except the free-form ``parameters`` objects the protocol
 leaves open: their known keys are typed, others are kept and ignored. Tensor ``data`` is
-any JSON array here (row-major, flat or nested); ``serving.api.v2_tensors`` checks it
+any JSON array here (row-major, flat or nested); ``serving.protocols.v2.codec`` checks it
 against the tensor's ``datatype`` and ``shape``. Source: the KServe "Open Inference
 Protocol" REST spec and Triton's binary tensor data extension.
 """

@@ -1,11 +1,16 @@
-"""KServe V2 tensors <-> the batcher's ``(n_instances, n_features)`` float64 matrix.
+"""KServe V2 bodies <-> the data plane: input tensors -> ``serving.instances.Tensors``,
+model outputs -> output tensors.
 
-Inputs: each of the model's inputs (``ModelHandle.input_specs()``) must be sent once under
-its name, ``shape`` ``[n, width]`` (or ``[n]`` for a one-column input), with ``data`` as
-JSON (flat or nested, row-major) or as raw little-endian bytes (Triton's binary tensor
-data extension). Any numeric ``datatype`` is accepted for any input: values become
-float64 like ``/predict``'s JSON numbers, and ``run_batch`` refuses those the model's own
-input type cannot hold. ``BYTES`` and ``BF16`` inputs are refused.
+Inputs: each tensor's ``data`` as JSON (flat or nested, row-major) or as raw
+little-endian bytes (Triton's binary tensor data extension), checked against its
+``datatype`` and ``shape`` and decoded to an array of that shape, without the model:
+``serving.conform`` then matches the names to the model's inputs (each sent once,
+``[n, width]`` or ``[n]`` for a one-column input) and refuses values the model's own
+input type cannot hold. Integer datatypes stay integers (``INT64`` is exact end to end),
+floats become float64 (``null`` in JSON, NaN in binary: a missing value, refused unless
+the feature may be missing), ``BYTES`` become ``str`` (UTF-8) for string features.
+``BF16`` inputs are refused, as are shared-memory tensors and the classification
+extension.
 
 Outputs: each named output array becomes ``{name, datatype, shape, data}`` (flattened), or
 its raw bytes after the JSON header when ``binary_data`` is asked for; string labels are
@@ -25,10 +30,16 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InvalidInput
-from serving.handle import Outputs, TensorSpec
-from serving.schemas_v2 import Datatype, V2RequestInput, V2RequestOutput
+from serving.handle import Outputs
+from serving.instances import Tensors
+from serving.protocols.v2.schemas import (
+    Datatype,
+    V2InferRequest,
+    V2RequestInput,
+    V2RequestOutput,
+)
 
-__all__ = ["HEADER_LENGTH", "datatype_of", "encode_outputs", "input_rows", "split_body"]
+__all__ = ["HEADER_LENGTH", "datatype_of", "decode", "encode_outputs", "split_body"]
 
 #: The binary extension's header: the JSON part's length in bytes.
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -89,7 +100,8 @@ def _flatten(data: list[Any]) -> list[Any]:
 
 
 def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.NDArray[Any]:
-    """``tensor.data`` as a flat float64 array, each value checked against ``datatype``."""
+    """``tensor.data`` as a flat array of ``datatype`` (floats as float64, ``BYTES`` as
+    ``str`` objects), each value checked against it."""
     if tensor.data is None:
         msg = f"input {tensor.name!r} has no data (send data, or parameters.binary_data_size)"
         raise _invalid(loc, msg, "missing_data")
@@ -98,7 +110,10 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
     if len(flat) != expected:
         msg = f"input {tensor.name!r} has {len(flat)} values; shape {tensor.shape} needs {expected}"
         raise _invalid(loc, msg, "data_length")
-    if kind.kind == "b":
+    if kind.kind == "O":
+        fits = [type(value) is str or value is None for value in flat]
+        want = "a string (or null)"
+    elif kind.kind == "b":
         fits = [type(value) is bool for value in flat]
         want = "true or false"
     elif kind.kind in "iu":
@@ -107,14 +122,26 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
         want = f"an integer within {tensor.datatype}'s range"
     else:
         limit = float(np.finfo(kind).max)
-        # abs(NaN) <= limit is False, and a huge int is compared without overflow
-        fits = [type(value) in (int, float) and abs(value) <= limit for value in flat]
-        want = f"a finite number within {tensor.datatype}'s range"
+        # NaN (tritonclient writes numpy's NaN as JSON NaN) and null are missing values,
+        # for conform to accept or refuse; a huge int is compared without overflow
+        fits = [
+            value is None
+            or (type(value) is float and math.isnan(value))
+            or (type(value) in (int, float) and abs(value) <= limit)
+            for value in flat
+        ]
+        want = f"a finite number within {tensor.datatype}'s range, or null"
     if not all(fits):
         index = fits.index(False)
         msg = f"input {tensor.name!r}: data[{index}] = {repr(flat[index])[:32]} is not {want}"
         raise _invalid(loc, msg, "datatype")
-    return np.array(flat, dtype=np.float64)
+    if kind.kind == "O":
+        values = np.empty(len(flat), dtype=object)
+        values[:] = flat
+        return values
+    if kind.kind == "f":
+        return np.array([math.nan if v is None else v for v in flat], dtype=np.float64)
+    return np.array(flat, dtype=kind)
 
 
 def _binary_values(
@@ -130,11 +157,41 @@ def _binary_values(
             f"of {tensor.datatype} needs {expected} bytes"
         )
         raise _invalid(loc, msg, "binary_data")
-    values = np.frombuffer(chunk, dtype=kind.newbyteorder("<")).astype(np.float64)
-    if kind.kind == "f" and not np.isfinite(values).all():
-        index = int(np.argmin(np.isfinite(values)))
-        msg = f"input {tensor.name!r}: value {index} is {values[index]}, not a finite number"
-        raise _invalid(loc, msg, "datatype")
+    values = np.frombuffer(chunk, dtype=kind.newbyteorder("<"))
+    return values.astype(np.float64 if kind.kind == "f" else kind.newbyteorder("="))
+
+
+def _binary_strings(tensor: V2RequestInput, chunk: bytes, loc: str) -> npt.NDArray[Any]:
+    """``BYTES`` elements of the binary extension (each a 4-byte little-endian length,
+    then its bytes) as ``str`` objects.
+
+    :raises InvalidInput: when the lengths do not add up to the chunk, or an element is
+        not UTF-8.
+    """
+    if tensor.data is not None:
+        msg = f"input {tensor.name!r} has both data and parameters.binary_data_size"
+        raise _invalid(loc, msg, "binary_data")
+    count = math.prod(tensor.shape)
+    values = np.empty(count, dtype=object)
+    offset = 0
+    for index in range(count):
+        if offset + 4 > len(chunk):
+            msg = f"input {tensor.name!r}: element {index} runs past its binary data"
+            raise _invalid(loc, msg, "binary_data")
+        (size,) = struct.unpack_from("<I", chunk, offset)
+        raw = chunk[offset + 4 : offset + 4 + size]
+        if len(raw) != size:
+            msg = f"input {tensor.name!r}: element {index} runs past its binary data"
+            raise _invalid(loc, msg, "binary_data")
+        try:
+            values[index] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            msg = f"input {tensor.name!r}: element {index} is not UTF-8 text"
+            raise _invalid(loc, msg, "datatype") from None
+        offset += 4 + size
+    if offset != len(chunk):
+        msg = f"input {tensor.name!r}: {len(chunk) - offset} bytes after its {count} elements"
+        raise _invalid(loc, msg, "binary_data")
     return values
 
 
@@ -155,81 +212,50 @@ def _chunks(inputs: Sequence[V2RequestInput], binary: bytes) -> list[bytes | Non
     return chunks
 
 
-def _rows(
-    tensor: V2RequestInput, spec: TensorSpec, values: npt.NDArray[np.float64], loc: str
-) -> npt.NDArray[np.float64]:
-    """``values`` as ``(n_instances, width)`` after checking ``tensor.shape`` fits ``spec``."""
-    shape, width = tensor.shape, spec.width
-    fits = (len(shape) == 2 and width in (-1, shape[1])) or (len(shape) == 1 and width == 1)
-    if not fits or shape[0] == 0 or (len(shape) == 2 and shape[1] == 0):
-        msg = (
-            f"input {tensor.name!r} has shape {shape}; the model takes {list(spec.shape)} "
-            "(-1: any number of instances, at least one)"
-        )
-        raise _invalid(loc, msg, "shape")
-    return values.reshape(shape[0], -1)
+def _refuse_unsupported(body: V2InferRequest) -> None:
+    """:raises InvalidInput: for shared-memory tensors and the classification extension."""
+    for index, tensor in enumerate(body.inputs):
+        if tensor.parameters and "shared_memory_region" in (tensor.parameters.model_extra or {}):
+            msg = "shared memory is not supported: send the data in the body"
+            raise InvalidInput(f"inputs[{index}]: {msg}")
+    for index, out in enumerate(body.outputs or ()):
+        extra = (out.parameters.model_extra or {}) if out.parameters else {}
+        if "shared_memory_region" in extra:
+            msg = "shared memory is not supported: outputs come back in the body"
+            raise InvalidInput(f"outputs[{index}]: {msg}")
+        if "classification" in extra:
+            msg = "the classification extension is not supported: ask for 'probabilities'"
+            raise InvalidInput(f"outputs[{index}]: {msg}")
 
 
-def input_rows(
-    inputs: Sequence[V2RequestInput],
-    binary: bytes,
-    specs: tuple[TensorSpec, ...],
-    n_features: int | None,
-) -> npt.NDArray[np.float64]:
-    """The ``(n_instances, n_features)`` float64 matrix of a request's ``inputs``: each
-    input's columns side by side, in ``specs`` order.
+def decode(body: V2InferRequest, binary: bytes) -> Tensors:
+    """The request's input tensors, in request order, each as an array of its declared
+    ``shape``: integers and booleans of their datatype, floats as float64, ``BYTES`` as
+    ``str`` objects.
 
     :param binary: the body after the JSON header (binary tensor data extension).
-    :raises InvalidInput: naming the input: unknown, missing or repeated name, datatype not
-        numeric or values it cannot hold, data length != product(shape), a shape that does
-        not fit the model's input, inputs with different instance counts, binary sizes
-        that do not add up to the body.
+    :raises InvalidInput: naming the input: ``BF16``, values the datatype cannot hold,
+        data length != product(shape), binary sizes that do not add up to the body; or a
+        shared-memory tensor, the classification extension.
     """
-    chunks = _chunks(inputs, binary)
-    names = [spec.name for spec in specs]
-    given: dict[str, int] = {}
-    for index, tensor in enumerate(inputs):
+    _refuse_unsupported(body)
+    chunks = _chunks(body.inputs, binary)
+    decoded: list[tuple[str, npt.NDArray[Any]]] = []
+    for index, tensor in enumerate(body.inputs):
         loc = f"inputs[{index}]"
-        if tensor.name not in names:
-            msg = f"the model has no input {tensor.name!r} (its inputs: {', '.join(names)})"
-            raise _invalid(loc, msg, "input_name")
-        if tensor.name in given:
-            raise _invalid(loc, f"input {tensor.name!r} is given twice", "input_name")
-        given[tensor.name] = index
-    missing = [name for name in names if name not in given]
-    if missing:
-        msg = f"missing input {missing[0]!r} (the model's inputs: {', '.join(names)})"
-        raise _invalid("inputs", msg, "input_name")
-    columns: list[npt.NDArray[np.float64]] = []
-    for spec in specs:
-        index = given[spec.name]
-        tensor, loc = inputs[index], f"inputs[{index}]"
-        if tensor.datatype not in _NUMPY:
-            msg = (
-                f"input {tensor.name!r}: datatype {tensor.datatype} is not supported; send "
-                f"numbers (the model computes in {datatype_of(spec.dtype)})"
-            )
+        if tensor.datatype not in _NUMPY and tensor.datatype != "BYTES":
+            msg = f"input {tensor.name!r}: datatype {tensor.datatype} is not supported"
             raise _invalid(loc, msg, "datatype")
-        kind = _NUMPY[tensor.datatype]
+        kind = _NUMPY.get(tensor.datatype, np.dtype(object))
         chunk = chunks[index]
         if chunk is None:
             values = _json_values(tensor, kind, loc)
+        elif kind.kind == "O":
+            values = _binary_strings(tensor, chunk, loc)
         else:
             values = _binary_values(tensor, kind, chunk, loc)
-        rows = _rows(tensor, spec, values, loc)
-        if columns and len(rows) != len(columns[0]):
-            first = inputs[given[specs[0].name]].name
-            msg = (
-                f"input {tensor.name!r} has {len(rows)} instances; input {first!r} has "
-                f"{len(columns[0])}"
-            )
-            raise _invalid(loc, msg, "shape")
-        columns.append(rows)
-    matrix = columns[0] if len(columns) == 1 else np.hstack(columns)
-    if n_features is not None and matrix.shape[1] != n_features:
-        msg = f"the inputs have {matrix.shape[1]} features in all; the model expects {n_features}"
-        raise _invalid("inputs", msg, "feature_count")
-    return np.ascontiguousarray(matrix, dtype=np.float64)
+        decoded.append((tensor.name, values.reshape(tensor.shape)))
+    return Tensors(decoded)
 
 
 def _bytes_elements(array: npt.NDArray[Any]) -> list[bytes]:

@@ -1,9 +1,9 @@
 """Open Inference Protocol (KServe V2) over REST: ``/v2/...``, as Triton clients speak it.
 
-Inference goes the same way as ``/predict`` (``serving.api.inference``): the input tensors
-become the ``(n_instances, n_features)`` float64 matrix (``v2_tensors.input_rows``), which
-``run_batch`` queues on the model's batcher, so V2 and ``/predict`` requests are merged
-into the same predict calls. The binary tensor data extension is supported both ways.
+Inference goes the same way as ``/predict``: ``codec.decode`` turns the input tensors into
+``Tensors``, ``DataPlane.infer`` checks them against the model and queues them on its
+batcher, so V2 and ``/predict`` requests are merged into the same predict calls. The
+binary tensor data extension is supported both ways.
 
 Status codes: 400 for every invalid request (the protocol defines no other; our 422
 ``invalid_input`` answers 400 here, same ``code``), 404 unknown model, 409 a version not
@@ -17,23 +17,22 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, g, request
 
 from serving import __version__
-from serving.api.common import context, json_response, read_body, register_error_body
-from serving.api.inference import check_instance_count, check_outputs, run_batch
-from serving.api.v2_tensors import (
-    HEADER_LENGTH,
-    datatype_of,
-    encode_outputs,
-    input_rows,
-    split_body,
-)
 from serving.errors import InvalidInput, UnreadableBody
 from serving.handle import ModelHandle, TensorSpec
 from serving.openapi import Operation, errors
-from serving.schemas import parse_body
-from serving.schemas_v2 import (
+from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_body
+from serving.protocols.schemas import parse_body
+from serving.protocols.v2.codec import (
+    HEADER_LENGTH,
+    datatype_of,
+    decode,
+    encode_outputs,
+    split_body,
+)
+from serving.protocols.v2.schemas import (
     V2Error,
     V2InferRequest,
     V2InferResponse,
@@ -44,7 +43,7 @@ from serving.schemas_v2 import (
     V2ServerMetadata,
 )
 
-__all__ = ["EXTENSIONS", "OPERATIONS", "bp"]
+__all__ = ["EXTENSIONS", "OPERATIONS", "PROTOCOL", "bp"]
 
 bp = Blueprint("v2", __name__)
 
@@ -86,11 +85,13 @@ OPERATIONS = [
 ]  # fmt: skip
 
 
-def _error_body(status: int, code: str, message: str, details: list[dict[str, Any]]) -> Any:
+def _error_body(
+    status: int, code: str, message: str, details: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {"error": message, "code": code}
 
 
-register_error_body(bp.name, _error_body, "/v2/")
+PROTOCOL = ProtocolSpec(bp, OPERATIONS, _error_body, ("/v2/",))
 
 
 @bp.errorhandler(InvalidInput)
@@ -107,14 +108,14 @@ def server_metadata() -> Response:
 @bp.get("/v2/health/live")
 def live() -> Response:
     """As ``/livez``: false only once a model's runtime has failed (only a restart helps)."""
-    alive = context().get_models().state != "failed"
+    alive = dataplane().models.state != "failed"
     return json_response({"live": alive}, 200 if alive else 400)
 
 
 @bp.get("/v2/health/ready")
 def ready() -> Response:
     """As ``/healthz``: true only when every model of this worker is ready."""
-    is_ready = context().get_models().state == "ready"
+    is_ready = dataplane().models.state == "ready"
     return json_response({"ready": is_ready}, 200 if is_ready else 400)
 
 
@@ -123,14 +124,13 @@ def ready() -> Response:
 def model_metadata(model_name: str, model_version: str | None) -> Response:
     """:raises ModelNotFound: (404). :raises VersionConflict: (409). :raises NotReady: (503)
     while the model loads (its inputs and outputs are known once it is loaded)."""
-    models = context().get_models()
-    runtime = models.resolve(model_name, model_version)
-    handle, _ = runtime.require_ready()
+    plane = dataplane()
+    runtime, handle = plane.ready(model_name, model_version)
     specs = handle.input_specs()
     names = _feature_names(specs, handle.feature_names)
     body = {
         "name": handle.name,
-        "versions": models.versions(handle.name),
+        "versions": plane.models.versions(handle.name),
         "platform": "onnxruntime_onnx" if handle.format == "onnx" else handle.format,
         "inputs": [_tensor(spec, share) for spec, share in zip(specs, names, strict=True)],
         "outputs": [_tensor(spec, None) for spec in runtime.outputs],
@@ -165,7 +165,7 @@ def _feature_names(
 @bp.get("/v2/models/<model_name>/ready", defaults={"model_version": None})
 @bp.get("/v2/models/<model_name>/versions/<model_version>/ready")
 def model_ready(model_name: str, model_version: str | None) -> Response:
-    runtime = context().get_models().resolve(model_name, model_version)
+    runtime = dataplane().models.resolve(model_name, model_version)
     is_ready = runtime.state == "ready"
     body = {"name": runtime.model_name, "ready": is_ready}
     return json_response(body, 200 if is_ready else 400)
@@ -184,44 +184,24 @@ def infer(model_name: str, model_version: str | None) -> Response:
     :raises InvalidInput: (400 here) naming the input or output that is wrong.
     :raises UnreadableBody: (400) for a compressed body (Content-Encoding is not supported).
     """
-    ctx = context()
+    plane = dataplane()
     encoding = request.content_encoding
     if encoding not in (None, "", "identity"):
         raise UnreadableBody(
             f"Content-Encoding {encoding[:32]!r} is not supported: send the body uncompressed"
         )
     header, binary = split_body(
-        read_body(ctx.settings.max_body_bytes), request.headers.get(HEADER_LENGTH)
+        read_body(plane.settings.max_body_bytes), request.headers.get(HEADER_LENGTH)
     )
     body = parse_body(V2InferRequest, header)
-    check_instance_count(max(tensor.shape[0] if tensor.shape else 0 for tensor in body.inputs))
-    runtime = ctx.get_models().resolve(model_name, model_version)
-    handle, _ = runtime.require_ready()
-    _refuse_unsupported(body)
     wanted = [out.name for out in body.outputs] if body.outputs else None
-    check_outputs(wanted, handle.output_names)
-    rows = input_rows(body.inputs, binary, handle.input_specs(), handle.n_features)
-    handle, outputs = run_batch(runtime, rows, "inputs")
-    check_outputs(wanted, tuple(outputs))
+    answer = plane.infer(
+        model_name, model_version, decode(body, binary),
+        deadline=g.deadline, outputs=wanted, log=g.log_fields,
+    )  # fmt: skip
     binary_default = bool(body.parameters and body.parameters.binary_data_output)
-    tensors, tail = encode_outputs(outputs, body.outputs, binary_default)
-    return _infer_response(handle, body.id, tensors, tail)
-
-
-def _refuse_unsupported(body: V2InferRequest) -> None:
-    """:raises InvalidInput: for shared-memory tensors and the classification extension."""
-    for index, tensor in enumerate(body.inputs):
-        if tensor.parameters and "shared_memory_region" in (tensor.parameters.model_extra or {}):
-            msg = "shared memory is not supported: send the data in the body"
-            raise InvalidInput(f"inputs[{index}]: {msg}")
-    for index, out in enumerate(body.outputs or ()):
-        extra = (out.parameters.model_extra or {}) if out.parameters else {}
-        if "shared_memory_region" in extra:
-            msg = "shared memory is not supported: outputs come back in the body"
-            raise InvalidInput(f"outputs[{index}]: {msg}")
-        if "classification" in extra:
-            msg = "the classification extension is not supported: ask for 'probabilities'"
-            raise InvalidInput(f"outputs[{index}]: {msg}")
+    tensors, tail = encode_outputs(answer.outputs, body.outputs, binary_default)
+    return _infer_response(answer.handle, body.id, tensors, tail)
 
 
 def _infer_response(

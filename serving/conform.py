@@ -1,0 +1,312 @@
+"""Decoded instances (``serving.instances``) -> the batch one model's batcher merges.
+
+``conform(instances, handle)`` checks a request's instances against the model's input
+schema (``handle.features``: names, kinds, missing values, categories) and builds its
+batch: a ``(n_instances, n_features)`` array when every feature has one element type
+(float64 for float features, int64 for integer ones: exact, never through float64), else
+a record array with one typed field per feature (strings as ``str`` objects). The
+batcher concatenates the batches of several requests into one predict call.
+
+Every refusal is ``InvalidInput`` (422) naming the instance and the feature in the
+protocol's own terms: ``instances[0][3]`` for a list, ``instances[0].plan`` for an
+object, ``inputs.plan[2]`` for a column, ``inputs[1].data[0][2]`` for a tensor. Only the
+first refused value is reported: a body of many bad values costs one pass.
+
+Boundary: standard library, numpy and ``serving`` core modules (no Flask, no pydantic).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from serving.errors import InvalidInput
+from serving.handle import ModelHandle, TensorSpec
+from serving.instances import Columns, Frame, Instances, Records, Tensors, Unnamed
+from serving.schema import Feature, feature, structured_dtype, uniform_dtype
+from serving.values import Locate, column, from_text, matrix, refuse
+
+__all__ = ["check_names", "conform", "invalid"]
+
+invalid = refuse
+
+
+def check_names(keys: Sequence[str], names: Sequence[str], loc: str, what: str) -> None:
+    """:raises InvalidInput: (422) naming the first of ``names`` missing from ``keys``,
+    else the first key that is none of ``names``, else a key given twice."""
+    missing = [name for name in names if name not in keys]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise invalid(loc, f"missing {what} {missing[0]!r}{more}", f"missing_{what}")
+    unknown = next((key for key in keys if key not in names), None)
+    if unknown is not None:
+        msg = f"unknown {what} {unknown!r}; the model's {what}s are {', '.join(names)}"
+        raise invalid(f"{loc}.{unknown}", msg, f"unknown_{what}")
+    if len(keys) != len(set(keys)):
+        twice = next(key for i, key in enumerate(keys) if key in keys[:i])
+        raise invalid(loc, f"{what} {twice!r} is given twice", f"duplicate_{what}")
+
+
+def conform(instances: Instances, handle: ModelHandle) -> npt.NDArray[Any]:
+    """``instances`` as the batch of ``handle``'s model, checked against its schema.
+
+    :returns: ``(n_instances, n_features)`` of ``handle.matrix_dtype``, or a record array
+        ``(n_instances,)`` of ``handle.batch_dtype``.
+    :raises InvalidInput: (422) naming the first instance and feature that is wrong: a
+        wrong feature count, a missing, unknown or repeated name, a value of the wrong
+        kind, a missing value the feature may not have, an unknown category, a number
+        the model's input type cannot hold.
+    """
+    if isinstance(instances, Tensors):
+        return _tensors(instances, handle)
+    if isinstance(instances, Columns):
+        return _columns(instances, handle)
+    rows: Sequence[Sequence[Any]]
+    if isinstance(instances, Records):
+        rows, loc = _records(instances.rows, handle, instances.field, instances.unnamed)
+    else:
+        rows, loc = _frame(instances, handle)
+    features = handle.features or _floats(len(rows[0]))
+    if isinstance(instances, Frame):
+        _check_lengths(rows, len(features), instances.field, handle.features is not None)
+        if instances.text:
+            rows = [[from_text(v, f) for v, f in zip(row, features, strict=True)] for row in rows]
+    dtype = uniform_dtype(features)
+    if dtype is not None:
+        return matrix(rows, features, dtype, loc)
+    return _table(_transposed(rows, len(features)), features, loc)
+
+
+def _floats(n: int) -> tuple[Feature, ...]:
+    """The schema of a model that does not tell its width: ``n`` float features."""
+    return tuple(feature(str(j), "float", np.float64) for j in range(n))
+
+
+def _check_lengths(rows: Sequence[Any], n: int, field: str, known: bool) -> None:
+    for index, row in enumerate(rows):
+        if type(row) is not list and (
+            isinstance(row, Mapping | str) or not isinstance(row, Sequence)
+        ):
+            what = "mixes lists and objects" if isinstance(row, Mapping) else "is not a list"
+            raise invalid(f"{field}[{index}]", what, "instance_kind")
+        if len(row) != n:
+            source = "the model expects" if known else "instances[0] has"
+            raise InvalidInput(
+                f"{field}[{index}] has {len(row)} features; {source} {n}",
+                [{"loc": f"{field}[{index}]", "msg": f"expected {n} features, got {len(row)}",
+                  "type": "feature_count"}],
+            )  # fmt: skip
+
+
+def _transposed(rows: Sequence[Sequence[Any]], n: int) -> Iterator[list[Any]]:
+    """Each column of ``rows``, built when asked for: a batch refused in its first column
+    never holds a copy of the others."""
+    for j in range(n):
+        yield [row[j] for row in rows]
+
+
+def _table(
+    columns: Iterable[Sequence[Any]], features: Sequence[Feature], loc: Locate
+) -> npt.NDArray[Any]:
+    """Per-feature values (model order) as the batch: a matrix when one type holds them
+    all, else a record array."""
+    arrays = [
+        column(values, f, lambda i, j=j: loc(i, j))  # type: ignore[misc]
+        for j, (values, f) in enumerate(zip(columns, features, strict=True))
+    ]
+    dtype = uniform_dtype(features)
+    if dtype is not None:
+        return np.stack(arrays, axis=1).astype(dtype, copy=False)
+    out = np.empty(len(arrays[0]), dtype=structured_dtype(features))
+    for f, values in zip(features, arrays, strict=True):
+        out[f.name] = values
+    return out
+
+
+def _frame(frame: Frame, handle: ModelHandle) -> tuple[Sequence[Sequence[Any]], Locate]:
+    rows, columns, field = frame.rows, frame.columns, frame.field
+    if columns is None:
+        return rows, lambda i, j: f"{field}[{i}][{j}]"
+    for index, row in enumerate(rows):
+        if len(row) != len(columns):
+            msg = f"has {len(row)} values for {len(columns)} columns"
+            raise invalid(f"{field}[{index}]", msg, "row_length")
+    names = [str(c) for c in columns]
+    if handle.feature_names is None:
+        return rows, lambda i, j: f"{field}[{i}].{names[j]}"
+    check_names(names, handle.feature_names, frame.columns_field, "feature")
+    order = [names.index(name) for name in handle.feature_names]
+    if order != list(range(len(order))):
+        rows = [[row[j] for j in order] for row in rows]
+    model_names = handle.feature_names
+    return rows, lambda i, j: f"{field}[{i}].{model_names[j]}"
+
+
+def _by_input_name(handle: ModelHandle, keys: Sequence[str]) -> bool:
+    """True when objects are keyed by input name (``input-0`` with a list of the row's
+    values, or each input of a multi-input graph) rather than by feature name."""
+    features = set(handle.feature_names or ())
+    inputs = {spec.name for spec in handle.input_specs()}
+    return any(key in inputs and key not in features for key in keys)
+
+
+def _records(
+    records: Sequence[Mapping[str, Any]],
+    handle: ModelHandle,
+    field: str,
+    unnamed: Unnamed = "key_order",
+) -> tuple[list[Any], Locate]:
+    """Objects keyed by feature name (or input name) as rows in the model's feature order;
+    for a model without feature names, in the first record's key order, or refused."""
+    for index, record in enumerate(records):
+        if type(record) is not dict and not isinstance(record, Mapping):
+            raise invalid(f"{field}[{index}]", "mixes lists and objects", "instance_kind")
+    if _by_input_name(handle, list(records[0])):
+        specs = handle.input_specs()
+        rows = [_input_row(record, specs, f"{field}[{i}]") for i, record in enumerate(records)]
+        flat = handle.feature_names or tuple(str(j) for j in range(len(rows[0])))
+        return rows, lambda i, j: f"{field}[{i}].{flat[j]}"
+    names = handle.feature_names
+    if names is None:
+        if unnamed == "refuse":
+            raise invalid(
+                f"{field}[0]", "the model does not know its feature names; send each "
+                "instance as a list of values in training order", "feature_names",
+            )  # fmt: skip
+        names = tuple(records[0])
+        for index, record in enumerate(records):
+            if record.keys() != set(names):
+                check_names(list(record), names, f"{field}[{index}]", "column")
+    known, n = set(names), len(names)
+    get = itemgetter(*names) if n > 1 else (lambda record: (record[names[0]],))
+    values: list[Any] = []
+    for index, record in enumerate(records):
+        if len(record) != n or not known.issuperset(record):
+            _refuse_keys(record, names, f"{field}[{index}]")
+        values.append(get(record))
+    if any(type(value) is list for row in values for value in row):
+        values = [[_scalar(v, field, i, names[j]) for j, v in enumerate(row)]
+                  for i, row in enumerate(values)]  # fmt: skip
+    final = names
+    return values, lambda i, j: f"{field}[{i}].{final[j]}"
+
+
+def _refuse_keys(record: Mapping[str, Any], names: Sequence[str], loc: str) -> None:
+    """:raises InvalidInput: naming the first missing, else the first unknown feature."""
+    missing = [name for name in names if name not in record]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise invalid(loc, f"missing feature {missing[0]!r}{more}", "missing_feature")
+    unknown = next(key for key in record if key not in names)
+    msg = f"unknown feature {unknown!r}; the model's features are {', '.join(names)}"
+    raise invalid(f"{loc}.{unknown}", msg, "unknown_feature")
+
+
+def _scalar(value: Any, field: str, index: int, name: str) -> Any:
+    if isinstance(value, list):  # TF Serving allows [value] for a one-value feature
+        if len(value) != 1:
+            msg = f"a feature takes one value, got {len(value)}"
+            raise invalid(f"{field}[{index}].{name}", msg, "feature_width")
+        return value[0]
+    return value
+
+
+def _input_row(instance: Mapping[str, Any], specs: tuple[TensorSpec, ...], loc: str) -> list[Any]:
+    check_names(list(instance), [spec.name for spec in specs], loc, "input")
+    row: list[Any] = []
+    for spec in specs:
+        value = instance[spec.name]
+        values = value if isinstance(value, list) else [value]
+        if spec.width >= 0 and len(values) != spec.width:
+            msg = f"input {spec.name!r} takes {spec.width} values, got {len(values)}"
+            raise invalid(f"{loc}.{spec.name}", msg, "input_width")
+        row.extend(values)
+    return row
+
+
+def _columns(columns: Columns, handle: ModelHandle) -> npt.NDArray[Any]:
+    """Named columns (feature or input names) in the model's order."""
+    field, data = columns.field, columns.data
+    keys = list(data)
+    if _by_input_name(handle, keys):
+        check_names(keys, [spec.name for spec in handle.input_specs()], field, "input")
+        records = [{name: values[i] for name, values in data.items()} for i in range(columns.n)]
+        rows, loc = _records(records, handle, field)
+        features = handle.features or _floats(len(rows[0]))
+        return _table(_transposed(rows, len(features)), features, loc)
+    names = handle.feature_names
+    if names is None:
+        names = tuple(keys)
+    else:
+        check_names(keys, names, field, "feature")
+    features = handle.features or _floats(len(names))
+    if len(features) != len(names):
+        msg = f"has {len(names)} columns; the model expects {len(features)}"
+        raise invalid(field, msg, "feature_count")
+    order = names
+    values = [[_unwrap(v) for v in data[name]] for name in names]
+    return _table(values, features, lambda i, j: f"{field}.{order[j]}[{i}]")
+
+
+def _unwrap(value: Any) -> Any:
+    """TF Serving's ``[value]`` for a one-value feature (a longer list is refused later)."""
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
+def _tensors(tensors: Tensors, handle: ModelHandle) -> npt.NDArray[Any]:
+    """Each of the model's inputs sent once under its name; their columns are the
+    model's features, in input order."""
+    specs = handle.input_specs()
+    names = [spec.name for spec in specs]
+    given: dict[str, int] = {}
+    for index, (name, _) in enumerate(tensors.inputs):
+        loc = f"inputs[{index}]"
+        if name not in names:
+            msg = f"the model has no input {name!r} (its inputs: {', '.join(names)})"
+            raise invalid(loc, msg, "input_name")
+        if name in given:
+            raise invalid(loc, f"input {name!r} is given twice", "input_name")
+        given[name] = index
+    missing = [name for name in names if name not in given]
+    if missing:
+        msg = f"missing input {missing[0]!r} (the model's inputs: {', '.join(names)})"
+        raise invalid("inputs", msg, "input_name")
+    columns: list[Any] = []
+    where: list[tuple[int, int | None]] = []  # per feature: (request input, column or None)
+    n = None
+    for spec in specs:
+        index = given[spec.name]
+        values = tensors.inputs[index][1]
+        shape, width = list(values.shape), spec.width
+        fits = (len(shape) == 2 and width in (-1, shape[1])) or (len(shape) == 1 and width == 1)
+        if not fits or shape[0] == 0 or (len(shape) == 2 and shape[1] == 0):
+            msg = (
+                f"input {spec.name!r} has shape {shape}; the model takes {list(spec.shape)} "
+                "(-1: any number of instances, at least one)"
+            )
+            raise invalid(f"inputs[{index}]", msg, "shape")
+        if n is not None and shape[0] != n:
+            first = tensors.inputs[given[specs[0].name]][0]
+            msg = f"input {spec.name!r} has {shape[0]} instances; input {first!r} has {n}"
+            raise invalid(f"inputs[{index}]", msg, "shape")
+        n = shape[0]
+        if len(shape) == 1:
+            columns.append(values)
+            where.append((index, None))
+        else:
+            columns.extend(values[:, j] for j in range(shape[1]))
+            where.extend((index, j) for j in range(shape[1]))
+    features = handle.features or _floats(len(columns))
+    if len(columns) != len(features):
+        msg = f"the inputs have {len(columns)} features in all; the model expects {len(features)}"
+        raise invalid("inputs", msg, "feature_count")
+
+    def locate(i: int, j: int) -> str:
+        index, col = where[j]
+        return f"inputs[{index}].data[{i}]" + ("" if col is None else f"[{col}]")
+
+    return _table(columns, features, locate)

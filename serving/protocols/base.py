@@ -1,0 +1,168 @@
+"""What every protocol's routes share: the app's data plane, body reading, JSON answers,
+and the error-body plumbing.
+
+A protocol package (``serving.protocols.predict``, ``v2``, ``tfserving``, ``mlflow``)
+declares itself as one ``ProtocolSpec``: its blueprint, its OpenAPI operations (which
+also say which routes are open without an API key: ``security=False``), how it spells an
+error body, and the path prefixes whose unmatched requests (404, 405) are its errors too.
+``serving.app.create_app`` collects them; nothing is registered at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+from flask import Blueprint, Response, current_app, request
+from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
+
+from serving.dataplane import DataPlane
+from serving.errors import PayloadTooLarge, UnreadableBody, UnsupportedMediaType
+from serving.openapi import Operation
+
+__all__ = [
+    "ErrorBodies",
+    "ErrorBody",
+    "ProtocolSpec",
+    "dataplane",
+    "json_response",
+    "jsonable",
+    "read_body",
+    "read_json_body",
+    "service_error_body",
+]
+
+_BODY_SETTING = "SERVING_MAX_BODY_BYTES"
+
+#: ``(status, code, message, details) -> body``: how one protocol spells an error.
+ErrorBody = Callable[[int, str, str, list[dict[str, Any]]], dict[str, Any]]
+
+
+def service_error_body(
+    status: int, code: str, message: str, details: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The service's own error shape: ``{"error": {"code", "message", "details"}}``."""
+    return {"error": {"code": code, "message": message, "details": details}}
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """One protocol's routes as ``create_app`` wires them.
+
+    :param error_body: its error shape (KServe V2 and TF Serving clients expect
+        ``{"error": "message"}``, MLflow's ``{"error_code", "message"}``); ``None``: the
+        service's. The status is the same whatever the shape.
+    :param path_prefixes: requests under these paths that no route matched (404, 405)
+        get ``error_body`` too, so ``/v1/models/a:b`` is a TF Serving error.
+    """
+
+    bp: Blueprint
+    operations: Sequence[Operation]
+    error_body: ErrorBody | None = None
+    path_prefixes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ErrorBodies:
+    """Each protocol's error shape, by blueprint name and by path prefix."""
+
+    by_blueprint: Mapping[str, ErrorBody] = field(default_factory=dict)
+    by_prefix: Mapping[str, ErrorBody] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, protocols: Sequence[ProtocolSpec]) -> ErrorBodies:
+        with_body = [(p, p.error_body) for p in protocols if p.error_body is not None]
+        return cls(
+            {p.bp.name: body for p, body in with_body},
+            {prefix: body for p, body in with_body for prefix in p.path_prefixes},
+        )
+
+    def build(self, status: int, code: str, message: str, details: list[dict[str, Any]]) -> Any:
+        """The error body for the current request, in its route's protocol."""
+        build = self.by_blueprint.get(request.blueprint or "") if request else None
+        if build is None and request and request.blueprint is None:
+            path = request.path
+            build = next((b for p, b in self.by_prefix.items() if path.startswith(p)), None)
+        return (build or service_error_body)(status, code, message, details)
+
+
+def dataplane() -> DataPlane:
+    """The app's data plane (``create_app`` puts it in ``app.extensions["serving"]``)."""
+    plane: DataPlane = current_app.extensions["serving"]
+    return plane
+
+
+def read_json_body(max_body_bytes: int) -> bytes:
+    """The raw request body, checked to be ``application/json`` and at most ``max_body_bytes``.
+
+    :raises UnsupportedMediaType: (415) for another or no Content-Type.
+    :raises PayloadTooLarge: (413) over the limit, declared or while reading.
+    :raises UnreadableBody: (400) as ``read_body``.
+    """
+    mimetype = request.mimetype
+    if mimetype != "application/json" and not mimetype.endswith("+json"):
+        raise UnsupportedMediaType(request.content_type)
+    return read_body(max_body_bytes)
+
+
+def read_body(max_body_bytes: int) -> bytes:
+    """The raw request body, whatever its Content-Type, at most ``max_body_bytes``.
+
+    Chunked bodies (no Content-Length) are cut off at the same limit while they are read.
+    For protocols whose clients send no or a non-JSON Content-Type (KServe V2's binary
+    tensors); the JSON routes call ``read_json_body``.
+
+    :raises PayloadTooLarge: (413) over the limit, declared or while reading.
+    :raises UnreadableBody: (400) when the server cannot read it (bad chunk encoding, the
+        client went away mid-body).
+    """
+    length = request.content_length
+    if length is not None and length > max_body_bytes:
+        raise PayloadTooLarge("request body", length, max_body_bytes, _BODY_SETTING, "bytes")
+    if length is None and request.environ.get("wsgi.input_terminated"):
+        # Chunked: werkzeug would stop quietly at the limit and hand on a truncated body
+        # (a 400 for the wrong reason). Read one byte past the limit to tell.
+        try:
+            data: bytes = request.environ["wsgi.input"].read(max_body_bytes + 1)
+        except Exception as exc:  # the server's own errors: bad chunk size, client gone
+            raise UnreadableBody(f"request body could not be read: {type(exc).__name__}") from exc
+        if len(data) > max_body_bytes:
+            raise PayloadTooLarge(
+                "chunked request body", None, max_body_bytes, _BODY_SETTING, "bytes"
+            )
+        return data
+    try:
+        data = request.get_data(cache=False)
+    except ClientDisconnected as exc:
+        raise UnreadableBody("request body could not be read: the client went away") from exc
+    except RequestEntityTooLarge:
+        raise PayloadTooLarge(
+            "request body", None, max_body_bytes, _BODY_SETTING, "bytes"
+        ) from None
+    if length is not None and len(data) < length:
+        # Under Gunicorn wsgi.input ends quietly when the client half-closes: a body cut
+        # short would otherwise be parsed as if complete (a CSV losing its last rows).
+        raise UnreadableBody(
+            f"request body could not be read: the client sent {len(data)} of the "
+            f"{length} bytes its Content-Length declared"
+        )
+    return data
+
+
+def json_response(body: dict[str, Any], status: int = 200) -> Response:
+    """Serialize ``body`` with orjson (numpy arrays natively; NaN and Infinity become null)."""
+    data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(data, status=status, mimetype="application/json")
+
+
+def jsonable(array: npt.NDArray[Any]) -> Any:
+    """orjson serializes numeric and bool arrays natively, but only C-contiguous ones (a batch
+    slice of a Fortran-ordered output, e.g. GaussianNB's predict_proba, is not); labels
+    (str/object) go through tolist(). Non-finite floats become null."""
+    if array.dtype.kind in "biuf":
+        return np.ascontiguousarray(array)
+    return array.tolist()

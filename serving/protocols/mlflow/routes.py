@@ -1,0 +1,137 @@
+"""MLflow / SageMaker scoring: ``GET /ping`` and ``POST /invocations``, so clients of
+``mlflow models serve`` (and SageMaker-style containers) work against this server.
+
+``/invocations`` takes MLflow's JSON bodies (``dataframe_split``, ``dataframe_records``,
+``instances``, ``inputs``; ``params`` accepted and ignored) or ``text/csv`` with a header
+row, scores them with the default model (the first of ``SERVING_MODELS``) through the
+shared request path and batcher, and answers ``{"predictions": [...]}``: one label or
+value per instance, like MLflow's scikit-learn flavour. Named columns are reordered to the
+model's feature names; a model without names takes them positionally. Errors are MLflow's
+``{"error_code", "message"}`` plus our ``code``, with the service's statuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, g, request
+
+from serving import __version__
+from serving.errors import UnsupportedMediaType
+from serving.instances import Instances
+from serving.openapi import Operation, errors
+from serving.protocols.base import (
+    ProtocolSpec,
+    dataplane,
+    json_response,
+    jsonable,
+    read_body,
+    read_json_body,
+)
+from serving.protocols.mlflow.codec import decode, decode_csv
+from serving.protocols.mlflow.schemas import (
+    MlflowErrorResponse,
+    MlflowRequest,
+    MlflowResponse,
+    PingResponse,
+)
+from serving.protocols.schemas import parse_body
+
+__all__ = ["OPERATIONS", "PROTOCOL", "bp"]
+
+bp = Blueprint("mlflow", __name__)
+
+OPERATIONS = [
+    *(
+        Operation(
+            "get",
+            path,
+            "SageMaker/MLflow health check: 200 when every model is ready, 503 otherwise",
+            {200: PingResponse, 503: PingResponse},
+            tag="mlflow",
+            security=False,
+        )
+        for path in ("/ping", "/health")
+    ),
+    Operation(
+        "get",
+        "/version",
+        "The server's version, as text (MLflow's scoring server answers its own)",
+        {200: None} | errors(MlflowErrorResponse, 401),
+        tag="mlflow",
+        text_responses={200: "text/plain"},
+    ),
+    Operation(
+        "post",
+        "/invocations",
+        "MLflow scoring: one prediction per row of a DataFrame (JSON or CSV), default model",
+        {200: MlflowResponse}
+        | errors(MlflowErrorResponse, 400, 401, 408, 413, 415, 422, 500, 503, 504),
+        request=MlflowRequest,
+        tag="mlflow",
+        text_request_media_types=("text/csv",),
+    ),
+]
+
+_ERROR_CODES = {
+    400: "MALFORMED_REQUEST",
+    401: "UNAUTHENTICATED",
+    500: "INTERNAL_ERROR",
+    503: "TEMPORARILY_UNAVAILABLE",
+    408: "DEADLINE_EXCEEDED",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def _error_code(status: int) -> str:
+    """MLflow's ``error_code`` for an HTTP status (its ``databricks_pb2.ErrorCode`` names)."""
+    return _ERROR_CODES.get(status, "BAD_REQUEST" if status < 500 else "INTERNAL_ERROR")
+
+
+def _error_body(
+    status: int, code: str, message: str, details: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {"error_code": _error_code(status), "message": message, "code": code}
+
+
+PROTOCOL = ProtocolSpec(
+    bp, OPERATIONS, _error_body, ("/invocations", "/ping", "/health", "/version")
+)
+
+
+@bp.get("/version")
+def version() -> Response:
+    return Response(__version__, mimetype="text/plain")
+
+
+@bp.get("/ping")
+@bp.get("/health")
+def ping() -> Response:
+    """200 ``{"status": "ready"}`` once every model of this worker is ready, else 503 with
+    the state (SageMaker and ``mlflow models serve`` clients poll it before scoring)."""
+    state = dataplane().models.state
+    response = json_response({"status": state}, 200 if state == "ready" else 503)
+    if state != "ready":
+        response.headers["Retry-After"] = "1"
+    return response
+
+
+@bp.post("/invocations", provide_automatic_options=False)
+def invocations() -> Response:
+    """Score a DataFrame with the default model.
+
+    :raises UnsupportedMediaType: (415) unless ``application/json`` or ``text/csv``.
+    :raises InvalidInput: (422) for a body MLflow would refuse, a missing or unknown column
+        name, or a value that is not a finite number.
+    """
+    plane = dataplane()
+    limit = plane.settings.max_body_bytes
+    mimetype = request.mimetype
+    if mimetype == "text/csv":
+        instances: Instances = decode_csv(read_body(limit))
+    elif mimetype == "application/json" or mimetype.endswith("+json"):
+        instances = decode(parse_body(MlflowRequest, read_json_body(limit)))
+    else:
+        raise UnsupportedMediaType(request.content_type, "application/json or text/csv")
+    answer = plane.infer(None, None, instances, deadline=g.deadline, log=g.log_fields)
+    return json_response({"predictions": jsonable(answer.outputs["predictions"])})

@@ -1,0 +1,58 @@
+"""``POST /predict``: ``{"instances": [[...], ...]}`` -> one prediction per instance."""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, g
+
+from serving.errors import InvalidInput
+from serving.openapi import Operation, errors
+from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_json_body
+from serving.protocols.predict import codec
+from serving.protocols.predict.schemas import PredictRequest, PredictResponse
+from serving.protocols.schemas import ErrorResponse, parse_body
+
+__all__ = ["OPERATIONS", "PROTOCOL", "bp"]
+
+bp = Blueprint("predict", __name__)
+
+OPERATIONS = [
+    Operation(
+        "post",
+        path,
+        summary,
+        {200: PredictResponse}
+        | errors(ErrorResponse, 400, 401, 404, 408, 409, 413, 415, 422, 500, 503, 504),
+        request=PredictRequest,
+    )
+    for path, summary in (
+        ("/predict", "One prediction per instance from the default model (or body.model)"),
+        ("/predict/{model_name}", "One prediction per instance from the model named"),
+    )
+]
+
+#: Errors in the service's own shape.
+PROTOCOL = ProtocolSpec(bp, OPERATIONS)
+
+
+@bp.post("/predict", defaults={"model_name": None}, provide_automatic_options=False)
+@bp.post("/predict/<model_name>", provide_automatic_options=False)
+def predict(model_name: str | None) -> Response:
+    """Predict with the model the path or ``model`` names (default: the first of
+    ``SERVING_MODELS``); ``model_version`` picks another version of it, or is refused with
+    409 when this replica lacks it.
+
+    :raises InvalidInput: (422) when the path and the body name different models.
+    """
+    plane = dataplane()
+    body = parse_body(PredictRequest, read_json_body(plane.settings.max_body_bytes))
+    if model_name is not None and body.model not in (None, model_name):
+        msg = f"names model {body.model!r}, but the path names {model_name!r}"
+        raise InvalidInput(f"model: {msg}", [{"loc": "model", "msg": msg, "type": "model"}])
+    answer = plane.infer(
+        model_name or body.model, body.model_version, codec.decode(body),
+        deadline=g.deadline, outputs=body.outputs, log=g.log_fields,
+    )  # fmt: skip
+    latency_ms = round((time.perf_counter() - g.started) * 1000.0, 3)
+    return json_response(codec.encode(answer, body.outputs, latency_ms))

@@ -1,0 +1,89 @@
+"""TF Serving bodies <-> the data plane: row format (``instances``) and columnar format
+(``inputs``) -> ``serving.instances``, model outputs -> TF Serving's response values.
+
+Formats as TF Serving's REST API defines them. Rows are lists of values in the model's
+order (``Frame``), numbers for one-feature models (``Frame`` of one-wide rows), or
+objects (``Records``); columnar is the one input tensor (``Frame``) or an object of
+columns (``Columns``). Objects are keyed by feature name or by input name (a list of the
+input's ``width`` values); ``serving.conform`` tells which from the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from serving.conform import invalid
+from serving.handle import Outputs
+from serving.instances import Columns, Frame, Instances, Records
+from serving.protocols.tfserving.schemas import TFPredictRequest
+
+__all__ = ["columnar_outputs", "decode", "row_predictions"]
+
+
+def _rows(values: list[Any], field: str) -> Instances:
+    """Row-major values: lists (a row each), objects, or numbers (one-feature rows)."""
+    first = values[0]
+    if isinstance(first, dict):
+        return Records(values, field)
+    if isinstance(first, list):
+        return Frame(values, field=field)
+    return Frame([[value] for value in values], field=field)
+
+
+def decode(body: TFPredictRequest) -> Instances:
+    """The instances of a validated body (its schema requires exactly one format).
+
+    :raises InvalidInput: (422) for columnar ``inputs`` with no instances, or named
+        columns of different lengths (naming the column).
+    """
+    if body.instances is not None:
+        return _rows(body.instances, "instances")
+    inputs = body.inputs
+    assert inputs is not None  # the schema requires one of the two
+    if not isinstance(inputs, dict):
+        if not inputs:
+            raise invalid("inputs", "no instances", "too_short")
+        return _rows(inputs, "inputs")
+    if not inputs:
+        raise invalid("inputs", "no named inputs", "too_short")
+    counts = {name: len(values) for name, values in inputs.items()}
+    n = next(iter(counts.values()))
+    for name, count in counts.items():
+        if count != n:
+            msg = f"has {count} values; every named input needs one per instance ({n})"
+            raise invalid(f"inputs.{name}", msg, "instance_count")
+    if n == 0:
+        raise invalid("inputs", "no instances", "too_short")
+    return Columns(inputs, n)
+
+
+def row_predictions(outputs: Outputs) -> list[Any]:
+    """TF Serving's row-format ``predictions``: with one output, its value per instance;
+    with several, one object per instance keyed by output name."""
+    if len(outputs) == 1:
+        return _tolist(next(iter(outputs.values())))
+    columns = {name: _tolist(value) for name, value in outputs.items()}
+    return [
+        dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)
+    ]
+
+
+def columnar_outputs(outputs: Outputs) -> list[Any] | dict[str, list[Any]]:
+    """TF Serving's columnar ``outputs``: the one output's values, or an object of them."""
+    if len(outputs) == 1:
+        return _tolist(next(iter(outputs.values())))
+    return {name: _tolist(value) for name, value in outputs.items()}
+
+
+def _tolist(array: npt.NDArray[Any]) -> list[Any]:
+    """One entry per instance, as plain Python values, except narrow floats: a float32
+    stays a numpy value, which orjson writes in its shortest float32 form, as ``/predict``
+    does (``0.65431726``, not float64's ``0.6543172597885132``). NaN becomes null."""
+    array = np.asarray(array)
+    if array.dtype.kind == "f" and array.dtype.itemsize < 8:
+        return list(np.ascontiguousarray(array))
+    values: list[Any] = array.tolist()
+    return values

@@ -1,0 +1,190 @@
+"""A model's input schema: its features, each with a kind, an element type, whether it
+may be missing and, for categorical features, the values it knows.
+
+Known at load, from (in this order of precedence):
+
+1. a schema file beside the model: an MLflow ``MLmodel`` file's ``signature.inputs``
+   (the format MLflow users already have), or ``<model stem>.schema.json`` holding
+   ``{"inputs": [...]}`` in the same column-spec format: ``{"name": "plan", "type":
+   "string", "required": true}`` with MLflow's types ``double``, ``float``, ``long``,
+   ``integer``, ``string``, ``boolean``;
+2. the fitted estimator itself (``serving.schema_sklearn``): ``feature_names_in_``, the
+   columns a ``ColumnTransformer`` sends to a ``OneHotEncoder``/``OrdinalEncoder`` and
+   their ``categories_``, and scikit-learn's estimator tags for missing values;
+3. an ONNX graph's input types (``serving.onnx_loader``).
+
+Boundary: standard library and numpy; PyYAML is imported only to read an ``MLmodel`` file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "Feature",
+    "Kind",
+    "column_dtype",
+    "features_from_file",
+    "merge_features",
+    "sample_batch",
+    "schema_file",
+    "structured_dtype",
+    "uniform_dtype",
+]
+
+#: ``float``: any real number; ``integer``: whole numbers only, exact (no float64 detour);
+#: ``string``: text (categorical features); ``boolean``: true/false; ``any``: a column the
+#: model drops (any JSON value is passed on as it is).
+Kind = Literal["float", "integer", "string", "boolean", "any"]
+
+
+@dataclass(frozen=True, slots=True)
+class Feature:
+    """One input column of a model.
+
+    :param dtype: the element type the model receives: float64/float32, int64/int32,
+        bool, or object (Python ``str`` values, or anything for ``any``).
+    :param missing: ``null`` (NaN in CSV) is passed on as NaN/None; else it is refused.
+    :param categories: the values a categorical feature knows, when an unknown value is
+        refused (the encoder's ``handle_unknown="error"``); ``None`` accepts any value.
+    """
+
+    name: str
+    kind: Kind
+    dtype: np.dtype[Any]
+    missing: bool = False
+    categories: frozenset[Any] | None = None
+
+
+_MLFLOW_TYPES: dict[str, tuple[Kind, type[np.generic] | type[object]]] = {
+    "double": ("float", np.float64),
+    "float": ("float", np.float32),
+    "long": ("integer", np.int64),
+    "integer": ("integer", np.int32),
+    "string": ("string", object),
+    "boolean": ("boolean", np.bool_),
+}
+
+
+def feature(name: str, kind: Kind, dtype: npt.DTypeLike, **kw: Any) -> Feature:
+    """``Feature`` with ``dtype`` as a numpy dtype."""
+    return Feature(name, kind, np.dtype(dtype), **kw)
+
+
+def schema_file(model_path: Path) -> Path | None:
+    """The schema file for ``model_path``: ``<stem>.schema.json`` beside it, else an
+    ``MLmodel`` file in its folder; None when there is neither."""
+    own = model_path.with_name(f"{model_path.stem}.schema.json")
+    if own.is_file():
+        return own
+    mlmodel = model_path.with_name("MLmodel")
+    return mlmodel if mlmodel.is_file() else None
+
+
+def features_from_file(path: Path) -> tuple[Feature, ...] | None:
+    """The features a schema file declares (None: an ``MLmodel`` without a signature, or a
+    tensor-based signature, which says nothing about columns).
+
+    :raises ValueError: naming the file and the entry that cannot be read.
+    """
+    text = path.read_text()
+    if path.name == "MLmodel":
+        import yaml
+
+        signature = (yaml.safe_load(text) or {}).get("signature") or {}
+        inputs = signature.get("inputs")
+        if inputs is None:
+            return None
+        specs = json.loads(inputs) if isinstance(inputs, str) else inputs
+    else:
+        specs = json.loads(text).get("inputs")
+    if not isinstance(specs, list) or not specs:
+        raise ValueError(f"{path}: expected a non-empty list of inputs")
+    features = []
+    for index, spec in enumerate(specs):
+        if not isinstance(spec, dict) or "type" not in spec:
+            raise ValueError(f"{path}: input {index} is not a column spec with a type")
+        if spec["type"] == "tensor":
+            return None
+        kind_dtype = _MLFLOW_TYPES.get(spec["type"])
+        if kind_dtype is None:
+            known = ", ".join(_MLFLOW_TYPES)
+            raise ValueError(f"{path}: input {index} has type {spec['type']!r} (known: {known})")
+        name = spec.get("name")
+        if not isinstance(name, str):
+            raise ValueError(f"{path}: input {index} has no name")
+        kind, dtype = kind_dtype
+        features.append(feature(name, kind, dtype, missing=not spec.get("required", True)))
+    return tuple(features)
+
+
+def merge_features(
+    declared: Sequence[Feature] | None, inferred: Sequence[Feature] | None
+) -> tuple[Feature, ...] | None:
+    """A schema file's features, with the categories the estimator knows for each; the
+    estimator's when there is no file.
+
+    :raises ValueError: when the file names features the estimator was not fitted on.
+    """
+    if declared is None:
+        return tuple(inferred) if inferred is not None else None
+    if inferred is None:
+        return tuple(declared)
+    known = {f.name: f for f in inferred}
+    if [f.name for f in declared] != list(known) and set(known) != {f.name for f in declared}:
+        raise ValueError(
+            f"the schema file names features {[f.name for f in declared]}, but the model was "
+            f"fitted on {list(known)}"
+        )
+    merged = [replace(f, categories=known[f.name].categories) for f in declared]
+    by_name = {f.name: f for f in merged}
+    return tuple(by_name[name] for name in known)  # the model's column order
+
+
+def column_dtype(f: Feature) -> np.dtype[Any]:
+    """The element type of ``f``'s column in a batch: its own, except float64 for an
+    integer feature that may be missing (NaN, as pandas holds it) and object for a
+    boolean one (None)."""
+    if f.missing and f.kind == "integer":
+        return np.dtype(np.float64)
+    if f.missing and f.kind == "boolean":
+        return np.dtype(object)
+    return f.dtype
+
+
+def structured_dtype(features: Sequence[Feature]) -> np.dtype[Any]:
+    """The record dtype of a typed batch: one field per feature, in order."""
+    return np.dtype([(f.name, column_dtype(f)) for f in features])
+
+
+def uniform_dtype(features: Sequence[Feature]) -> np.dtype[Any] | None:
+    """The one element type of a ``(n_instances, n_features)`` matrix that holds every
+    feature exactly (float64 for float features of any width, int64 for integer ones),
+    or None when the features need a record per instance (mixed kinds)."""
+    kinds = {f.kind for f in features}
+    if kinds == {"float"}:
+        return np.dtype(np.float64)
+    if kinds == {"integer"} and not any(f.missing for f in features):
+        return np.dtype(np.int64)
+    return None
+
+
+def sample_batch(features: Sequence[Feature], n: int) -> npt.NDArray[Any]:
+    """``n`` instances of valid values for warmup: 0, false, or a known category."""
+    matrix = uniform_dtype(features)
+    if matrix is not None:
+        return np.zeros((n, len(features)), dtype=matrix)
+    batch = np.zeros(n, dtype=structured_dtype(features))
+    for f in features:
+        if f.dtype.kind == "O":
+            known = sorted(f.categories, key=repr) if f.categories else []
+            value = next((c for c in known if isinstance(c, str)), known[0] if known else "")
+            batch[f.name] = value
+    return batch

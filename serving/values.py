@@ -1,0 +1,311 @@
+"""Request values (JSON scalars, CSV cells, tensor elements) -> typed numpy columns.
+
+Each value is checked against its feature (``serving.schema.Feature``): a float feature
+takes a finite number, an integer feature a whole number its element type can hold
+(exactly: Python ints go straight to int64, never through float64), a string feature a
+string (and, when its encoder refuses unknown values, one of its categories), a boolean
+feature true or false. ``null`` (and NaN) is a missing value: passed on as NaN (numbers)
+or None (strings) where the feature may be missing, else refused.
+
+Conversion goes through numpy in C where the types allow (one type check per value, no
+Python per value otherwise); only a refused batch is walked value by value, to name the
+first bad one, so a body of 500,000 bad values costs one pass and stops at the first.
+
+Boundary: standard library, numpy and ``serving`` core modules.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from itertools import chain
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from serving.errors import InvalidInput
+from serving.schema import Feature
+
+__all__ = ["Locate", "column", "from_text", "matrix", "refuse", "value_error"]
+
+#: ``(instance, feature) -> location`` in the request's own terms (``instances[0].age``).
+Locate = Callable[[int, int], str]
+
+_NUMBERS = frozenset({int, float})
+#: CSV cells read as missing: pandas' ``read_csv`` default ``na_values``.
+_MISSING_TEXT = frozenset(
+    [
+        "",
+        "#N/A",
+        "#N/A N/A",
+        "#NA",
+        "-1.#IND",
+        "-1.#QNAN",
+        "-NaN",
+        "-nan",
+        "1.#IND",
+        "1.#QNAN",
+        "<NA>",
+        "N/A",
+        "NA",
+        "NULL",
+        "NaN",
+        "None",
+        "n/a",
+        "nan",
+        "null",
+    ]
+)
+_INTEGER_TEXT = re.compile(r"[+-]?\d+")
+_NUMBER_TEXT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_BOOL_TEXT = {"True": True, "TRUE": True, "true": True, "False": False, "FALSE": False,
+              "false": False}  # fmt: skip
+
+
+def from_text(cell: str, f: Feature) -> Any:
+    """A CSV cell as the value it stands for in feature ``f``, as pandas' ``read_csv``
+    reads it: a missing marker (empty, ``NaN``, ``NA``, ...) is None; numbers and booleans
+    are parsed; strings stay as they are. A cell that is not of the feature's kind stays
+    text, so that checking it names the value."""
+    if cell in _MISSING_TEXT and f.kind != "any":
+        return None
+    text = cell.strip()
+    if f.kind == "integer" and _INTEGER_TEXT.fullmatch(text):
+        return int(text)
+    if f.kind in ("float", "integer") and _NUMBER_TEXT.fullmatch(text):
+        return float(text)
+    if f.kind == "boolean" and text in _BOOL_TEXT:
+        return _BOOL_TEXT[text]
+    return cell
+
+
+def refuse(loc: str, msg: str, kind: str) -> InvalidInput:
+    return InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": kind}])
+
+
+def _show(value: Any) -> str:
+    return repr(value)[:40]
+
+
+def _is_nan(value: Any) -> bool:
+    return type(value) is float and math.isnan(value)
+
+
+def value_error(value: Any, f: Feature) -> tuple[str, str] | None:  # noqa: PLR0911
+    """Why ``value`` cannot be a value of ``f`` (message, error type), or None if it can."""
+    if value is None or _is_nan(value):
+        if f.missing:
+            return None
+        return "missing value: this feature may not be missing", "missing_value"
+    if f.kind == "any":
+        return None
+    if f.kind == "string":
+        if type(value) is not str:
+            return f"{_show(value)} is not a string (the feature is categorical)", "string_type"
+    elif f.kind == "boolean":
+        if type(value) is not bool:
+            return f"{_show(value)} is not true or false", "bool_type"
+    elif type(value) not in _NUMBERS:
+        return f"{_show(value)} is not a number", f"{f.kind}_type"
+    else:
+        why = _number_error(value, f)
+        if why is not None:
+            return why
+    if f.categories is not None and value not in f.categories:
+        return _unknown(value, f), "unknown_category"
+    return None
+
+
+def _number_error(value: float, f: Feature) -> tuple[str, str] | None:
+    if f.kind == "float":
+        try:
+            number = float(value)
+        except OverflowError:
+            return f"{_show(value)} is outside the float64 range", "out_of_range"
+        if not math.isfinite(number):
+            return f"{number} is not a finite number", "finite_number"
+        if f.dtype.itemsize < 8 and abs(number) > float(np.finfo(cast(Any, f.dtype)).max):
+            limit = float(np.finfo(cast(Any, f.dtype)).max)
+            why = f"outside the model's {f.dtype.name} range (|x| <= {limit:.4g})"
+            return f"{number:g} is {why}", "out_of_range"
+        return None
+    info = np.iinfo(cast(Any, f.dtype if f.dtype.kind in "iu" else np.int64))
+    integral = type(value) is int or (math.isfinite(value) and float(value).is_integer())
+    if integral and info.min <= value <= info.max:
+        return None
+    shown = _show(value) if type(value) is int else f"{value:g}"
+    return f"{shown} is not an integer the model's {info.dtype.name} input can hold", "out_of_range"
+
+
+def _unknown(value: Any, f: Feature) -> str:
+    assert f.categories is not None
+    known = sorted(f.categories, key=repr)
+    shown = ", ".join(repr(v) for v in known[:10]) + (", ..." if len(known) > 10 else "")
+    return f"unknown category {_show(value)} (known: {shown})"
+
+
+def _checked(values: Sequence[Any], f: Feature, loc: Callable[[int], str]) -> npt.NDArray[Any]:
+    """The slow path: each value checked in Python; the first refused one raises."""
+    for i, value in enumerate(values):
+        why = value_error(value, f)
+        if why is not None:
+            raise refuse(loc(i), *why)
+    return _convert(values, f)
+
+
+def _convert(values: Sequence[Any], f: Feature) -> npt.NDArray[Any]:
+    """Values already checked against ``f`` as its column."""
+    absent = [v is None or _is_nan(v) for v in values]
+    if f.kind == "float":
+        out = np.array([math.nan if a else float(v) for v, a in zip(values, absent, strict=True)])
+        return out.astype(f.dtype, copy=False)
+    if f.kind == "integer":
+        if any(absent):
+            return np.array([math.nan if a else v for v, a in zip(values, absent, strict=True)],
+                            dtype=np.float64)  # fmt: skip
+        return np.array([int(v) for v in values], dtype=f.dtype)
+    if f.kind == "boolean" and not any(absent):
+        return np.array(values, dtype=np.bool_)
+    return _objects([None if a else v for v, a in zip(values, absent, strict=True)])
+
+
+def column(  # noqa: PLR0911 (one return per kind's fast path)
+    values: Sequence[Any], f: Feature, loc: Callable[[int], str]
+) -> npt.NDArray[Any]:
+    """One feature's values as a 1-D array of its element type (float64 with NaN for an
+    integer feature that may be missing and is).
+
+    :raises InvalidInput: (422) naming the first refused value's location.
+    """
+    if isinstance(values, np.ndarray) and values.dtype.kind != "O":
+        return _typed_column(values, f, loc)
+    types = set(map(type, values))
+    has_missing = type(None) in types or (
+        float in types and f.kind != "string" and any(map(_is_nan, values))
+    )
+    if has_missing and not f.missing:
+        return _checked(values, f, loc)
+    kind = f.kind
+    try:
+        if kind == "float" and types <= {int, float, type(None)}:
+            out = np.array([math.nan if v is None else v for v in values] if has_missing
+                           else values, dtype=np.float64)  # fmt: skip
+            finite = np.isfinite(out) | np.isnan(out) if has_missing else np.isfinite(out)
+            if finite.all() and (f.dtype.itemsize == 8 or _fits_float(out, f.dtype)):
+                return out if f.dtype.itemsize == 8 else out.astype(f.dtype)
+        elif kind == "integer" and types <= {int, type(None)}:
+            if has_missing:
+                return np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+            return np.array(values, dtype=f.dtype)
+        elif kind == "string" and types <= {str, type(None)}:
+            out = np.array(values, dtype=object) if len(values) != 1 else _one(values[0])
+            if f.categories is None or f.categories.issuperset(values):
+                return out
+            if has_missing and f.categories.issuperset(v for v in values if v is not None):
+                return out
+        elif kind == "boolean" and types <= {bool}:
+            return np.array(values, dtype=np.bool_)
+        elif kind == "any":
+            return _objects(values)
+    except OverflowError:
+        pass
+    return _checked(values, f, loc)
+
+
+def _one(value: Any) -> npt.NDArray[Any]:
+    out = np.empty(1, dtype=object)
+    out[0] = value
+    return out
+
+
+def _objects(values: Sequence[Any]) -> npt.NDArray[Any]:
+    out = np.empty(len(values), dtype=object)
+    out[:] = list(values)
+    return out
+
+
+def _fits_float(values: npt.NDArray[np.float64], dtype: np.dtype[Any]) -> bool:
+    limit = float(np.finfo(cast(Any, dtype)).max)
+    return bool((np.abs(values[~np.isnan(values)]) <= limit).all())
+
+
+def _typed_column(
+    values: npt.NDArray[Any], f: Feature, loc: Callable[[int], str]
+) -> npt.NDArray[Any]:
+    """A column that arrived typed (a KServe V2 tensor): numbers for number features."""
+    if f.kind in ("float", "integer") and values.dtype.kind in "biuf":
+        if values.dtype.kind == "b":  # a BOOL tensor into a number: 0 and 1
+            values = values.astype(np.int64)
+        if f.kind == "integer" and values.dtype.kind in "iu":
+            info = np.iinfo(cast(Any, f.dtype))
+            if values.size and (values.min() < info.min or values.max() > info.max):
+                bad = int(np.argmax((values < info.min) | (values > info.max)))
+                _checked([values[bad].item()], f, lambda _: loc(bad))
+            return values.astype(f.dtype, copy=False)
+        as_list = values.tolist()
+        if f.kind == "float" and values.dtype.kind == "f":
+            ok = np.isfinite(values) | (np.isnan(values) if f.missing else False)
+            if ok.all() and (f.dtype.itemsize == 8 or _fits_float(values, f.dtype)):
+                return values.astype(f.dtype if f.dtype.itemsize < 8 else np.float64)
+        return column(as_list, f, loc)
+    if f.kind == "boolean" and values.dtype.kind == "b":
+        return values
+    return column(values.tolist(), f, loc)
+
+
+def matrix(
+    rows: Sequence[Sequence[Any]], features: Sequence[Feature], dtype: np.dtype[Any], loc: Locate
+) -> npt.NDArray[Any]:
+    """Rows of equal length (checked by the caller) as one ``(n_instances, n_features)``
+    array of ``dtype`` (float64 or int64), every value checked against its feature.
+
+    :raises InvalidInput: (422) naming the first refused value's instance and feature.
+    """
+    types = set(map(type, chain.from_iterable(rows)))
+    allowed = {int, float} if dtype.kind == "f" else {int}
+    if types <= allowed:
+        try:
+            out = np.array(rows, dtype=dtype)
+        except OverflowError:
+            out = None
+        if out is not None and _matrix_ok(out, features):
+            return out
+    elif dtype.kind == "f" and types <= allowed | {type(None)}:
+        missing = [f.missing for f in features]
+        nan = [[math.nan if v is None else v for v in row] for row in rows]
+        out = np.array(nan, dtype=dtype)
+        absent = np.isnan(out)
+        if not (absent & ~np.array(missing)).any() and _matrix_ok(out, features, absent):
+            return out
+    for i, row in enumerate(rows):
+        for j, value in enumerate(row):
+            why = value_error(value, features[j])
+            if why is not None:
+                raise refuse(loc(i, j), *why)
+    columns = [_convert([row[j] for row in rows], f) for j, f in enumerate(features)]
+    return np.stack(columns, axis=1).astype(dtype)
+
+
+def _matrix_ok(
+    out: npt.NDArray[Any], features: Sequence[Feature], absent: npt.NDArray[np.bool_] | None = None
+) -> bool:
+    """True when every value of ``out`` fits its feature (finite, within float32's range
+    for a float32 feature, an integer for an integer one)."""
+    if out.dtype.kind == "f":
+        finite = np.isfinite(out) if absent is None else np.isfinite(out) | absent
+        if not finite.all():
+            return False
+        narrow = [j for j, f in enumerate(features) if f.dtype.kind == "f" and f.dtype.itemsize < 8]
+        if narrow:
+            limit = float(np.finfo(np.float32).max)
+            if (np.abs(np.nan_to_num(out[:, narrow])) > limit).any():
+                return False
+        return not any(f.categories is not None for f in features)
+    small = [j for j, f in enumerate(features) if f.dtype.itemsize < 8]
+    for j in small:
+        info = np.iinfo(cast(Any, features[j].dtype))
+        if ((out[:, j] < info.min) | (out[:, j] > info.max)).any():
+            return False
+    return not any(f.categories is not None for f in features)

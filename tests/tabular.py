@@ -1,0 +1,63 @@
+"""The tabular models of ``examples/churn.py`` for tests: a DataFrame pipeline with string
+columns and missing values (joblib and its skl2onnx export), and a
+HistGradientBoostingClassifier fitted on a DataFrame with missing values."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import joblib
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def churn_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("churn", ROOT / "examples" / "churn.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_churn(folder: Path) -> tuple[Any, Path, Path]:
+    """The fitted churn pipeline, and the paths of its joblib file and ONNX export."""
+    churn = churn_module()
+    model = churn.churn_pipeline()
+    joblib.dump(model, folder / "churn.joblib")
+    (folder / "churn.onnx").write_bytes(churn.to_onnx(model))
+    return model, folder / "churn.joblib", folder / "churn.onnx"
+
+
+def churn_rows() -> list[dict[str, Any]]:
+    """Rows as clients send them: strings, ints, floats and nulls (an unknown region too)."""
+    frame, _ = churn_module().churn_frame(40, seed=7)
+    rows: list[dict[str, Any]] = [
+        {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in row.items()}
+        for row in frame.to_dict("records")
+    ]
+    for row in rows:
+        if row["seats"] is not None:
+            row["seats"] = int(row["seats"])
+    rows[3]["region"] = "antarctica"  # handle_unknown="ignore": answered
+    return rows
+
+
+def frame_of(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The DataFrame an in-process caller would pass for ``rows`` (null -> NaN)."""
+    return pd.DataFrame(rows).astype({"seats": float, "usage_hours": float})
+
+
+def hgb_with_missing() -> tuple[Any, pd.DataFrame]:
+    """HistGradientBoostingClassifier fitted on a DataFrame where a tenth of values are NaN."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    rng = np.random.default_rng(3)
+    frame = pd.DataFrame({"tenure": rng.normal(24, 8, 300), "spend": rng.normal(50, 20, 300)})
+    target = (frame["tenure"] + rng.normal(0, 4, 300) > 24).astype(int)
+    frame.loc[rng.random(300) < 0.1, "tenure"] = np.nan
+    return HistGradientBoostingClassifier(max_iter=30).fit(frame, target), frame

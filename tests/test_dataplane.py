@@ -1,0 +1,192 @@
+"""``DataPlane.infer`` without a Flask app or request context: real tiny models, a real
+``ModelCache`` and ``ModelRuntime`` with their batchers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from serving.cache import ModelCache
+from serving.dataplane import DataPlane
+from serving.errors import (
+    InvalidInput,
+    ModelNotFound,
+    NotReady,
+    Overloaded,
+    PayloadTooLarge,
+    RequestTimeout,
+    VersionConflict,
+)
+from serving.instances import Columns, Frame, Records, Tensors
+from serving.loaders import ModelHandle, estimator_handle
+from serving.metrics import ServingMetrics
+from serving.runtime import ModelRuntime
+from serving.settings import Settings
+from tests.models import RowEcho, RowOffset
+
+
+def runtime_of(settings: Settings, metrics: ServingMetrics, handle: ModelHandle) -> ModelRuntime:
+    runtime = ModelRuntime(settings, metrics)
+    runtime.load(handle)
+    return runtime
+
+
+@pytest.fixture
+def plane(settings: Settings, metrics: ServingMetrics) -> Iterator[DataPlane]:
+    """Two versions of model ``offset`` (``1``: +0, ``2``: +100), then model ``echo``."""
+    handles = [
+        estimator_handle(RowOffset(3, 0.0), name="offset", version="1", format="pickle"),
+        estimator_handle(RowOffset(3, 100.0), name="offset", version="2", format="pickle"),
+        estimator_handle(RowEcho(3), name="echo", version="7", format="pickle"),
+    ]
+    cache = ModelCache(
+        settings, metrics, runtimes=[runtime_of(settings, metrics, h) for h in handles]
+    )
+    yield DataPlane(settings, metrics, lambda: cache)
+    cache.stop(timeout_s=10)
+
+
+def soon(plane: DataPlane) -> float:
+    return plane.deadline()
+
+
+def test_dataplane_infer_answers_the_default_model_and_fills_the_log(plane: DataPlane) -> None:
+    log: dict[str, Any] = {}
+    answer = plane.infer(None, None, Frame([[1.0, 2, 3], [4, 5, 6]]), deadline=soon(plane), log=log)
+
+    assert (answer.handle.name, answer.handle.version) == ("offset", "1")
+    np.testing.assert_array_equal(answer.outputs["predictions"], [1.0, 4.0])
+    assert log == {"instances": 2, "model": "offset", "model_version": "1", "batch_size": 2}
+
+
+def test_dataplane_infer_picks_the_model_and_version_asked_for(plane: DataPlane) -> None:
+    pinned = plane.infer("offset", "2", Frame([[1.0, 2, 3]]), deadline=soon(plane))
+    other = plane.infer(
+        "echo",
+        None,
+        Records([{"a": 5.0, "b": 6, "c": 7}], unnamed="key_order"),
+        deadline=soon(plane),
+    )
+
+    np.testing.assert_array_equal(pinned.outputs["predictions"], [101.0])
+    assert other.handle.name == "echo" and other.outputs["predictions"].tolist() == [5.0]
+
+
+def test_dataplane_infer_conforms_every_instances_shape(plane: DataPlane) -> None:
+    columns = Columns({"a": [1.0, 2.0], "b": [0.0, 0.0], "c": [0.0, 0.0]}, 2)
+    tensors = Tensors([("input-0", np.array([[3.0, 0, 0]]))])
+
+    by_columns = plane.infer(None, None, columns, deadline=soon(plane))
+    by_tensors = plane.infer(None, None, tensors, deadline=soon(plane))
+
+    assert by_columns.outputs["predictions"].tolist() == [1.0, 2.0]
+    assert by_tensors.outputs["predictions"].tolist() == [3.0]
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "error"),
+    [("nope", None, ModelNotFound), ("offset", "9", VersionConflict)],
+)
+def test_dataplane_infer_refuses_a_model_not_served(
+    plane: DataPlane, name: str, version: str | None, error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        plane.infer(name, version, Frame([[1.0, 2, 3]]), deadline=soon(plane))
+
+
+def test_dataplane_infer_counts_instances_before_anything_else(plane: DataPlane) -> None:
+    too_many = Frame([[1.0, 2, 3]] * 17)  # settings: max_instances_per_request=16
+    with pytest.raises(PayloadTooLarge, match="SERVING_MAX_INSTANCES_PER_REQUEST"):
+        plane.infer("nope", None, too_many, deadline=soon(plane))
+    tensors = Tensors([("input-0", np.zeros((1, 3))), ("b", np.zeros((17, 1)))])
+    with pytest.raises(PayloadTooLarge):  # the largest input counts, as V2 declared it
+        plane.infer(None, None, tensors, deadline=soon(plane))
+
+
+def test_dataplane_infer_refuses_instances_that_do_not_fit_the_model(plane: DataPlane) -> None:
+    with pytest.raises(InvalidInput, match=r"instances\[1\] has 2 features; the model expects 3"):
+        plane.infer(None, None, Frame([[1.0, 2, 3], [1.0, 2]]), deadline=soon(plane))
+
+
+def test_dataplane_infer_checks_the_output_names(plane: DataPlane) -> None:
+    answer = plane.infer(None, None, Frame([[1.0, 2, 3]]), deadline=soon(plane),
+                         outputs=["predictions"])  # fmt: skip
+    assert answer.outputs["predictions"].tolist() == [1.0]
+    with pytest.raises(InvalidInput, match=r"outputs\[0\]: the model has no output 'logits'"):
+        plane.infer(None, None, Frame([[1.0, 2, 3]]), deadline=soon(plane), outputs=["logits"])
+
+
+def test_dataplane_infer_is_408_when_the_deadline_passed_before_queueing(
+    plane: DataPlane, settings: Settings
+) -> None:
+    started = time.monotonic() - settings.request_timeout_ms / 1000 - 0.5
+    with pytest.raises(RequestTimeout, match="ms to arrive, past SERVING_REQUEST_TIMEOUT_MS"):
+        plane.infer(None, None, Frame([[1.0, 2, 3]]), deadline=plane.deadline(started))
+
+
+def test_dataplane_infer_is_503_while_the_model_loads(
+    settings: Settings, metrics: ServingMetrics
+) -> None:
+    cache = ModelCache(settings, metrics, runtimes=[ModelRuntime(settings, metrics)])
+    plane = DataPlane(settings, metrics, lambda: cache)
+
+    with pytest.raises(NotReady, match="is not ready \\(loading\\)"):
+        plane.infer(None, None, Frame([[1.0, 2, 3]]), deadline=soon(plane))
+    with pytest.raises(NotReady):
+        plane.ready()
+
+
+def test_dataplane_ready_gives_the_runtime_and_handle(plane: DataPlane) -> None:
+    runtime, handle = plane.ready("offset", "2")
+
+    assert runtime.model_version == handle.version == "2"
+
+
+def test_dataplane_infer_counts_queue_depth_and_rejections(
+    settings: Settings, metrics: ServingMetrics
+) -> None:
+    release = threading.Event()
+
+    def slow(X: np.ndarray) -> np.ndarray:
+        if X.any():  # not the warmup's zero rows
+            release.wait(10)
+        return X[:, 0]
+
+    small = Settings(**{**settings.model_dump(), "max_queue_depth": 2, "max_batch_size": 1})
+    handle = ModelHandle.from_callable(slow, name="slow", version="1", n_features=1)
+    cache = ModelCache(small, metrics, runtimes=[runtime_of(small, metrics, handle)])
+    plane = DataPlane(small, metrics, lambda: cache)
+    batcher = cache.default.batcher
+    assert batcher is not None
+    labels = {"model": "slow", "version": "1"}
+    callers = [
+        threading.Thread(target=plane.infer, args=(None, None, Frame([[1.0]])),
+                         kwargs={"deadline": soon(plane)})
+        for _ in range(3)
+    ]  # fmt: skip
+    try:
+        callers[0].start()
+        deadline = time.monotonic() + 10
+        while batcher.busy_for_s == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        for caller in callers[1:]:
+            caller.start()
+        while batcher.queue_depth < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        with pytest.raises(Overloaded):
+            plane.infer(None, None, Frame([[1.0]]), deadline=soon(plane))
+        depth = metrics.registry.get_sample_value("inference_queue_depth", labels)
+        assert depth == 2
+        assert metrics.registry.get_sample_value("inference_rejected_total", labels) == 1
+    finally:
+        release.set()
+        for caller in callers:
+            caller.join(10)
+        cache.stop(timeout_s=10)

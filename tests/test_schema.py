@@ -1,0 +1,129 @@
+"""Input schemas: what a fitted estimator, an ONNX graph or a schema file says of its features."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import joblib
+import numpy as np
+import pytest
+
+from serving.errors import ModelLoadError
+from serving.loaders import load_model
+from serving.schema import Feature
+from tests.tabular import hgb_with_missing, write_churn
+
+
+@pytest.fixture(scope="module")
+def churn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path]:
+    return write_churn(tmp_path_factory.mktemp("churn"))
+
+
+def _by_name(features: tuple[Feature, ...] | None) -> dict[str, Feature]:
+    assert features is not None
+    return {f.name: f for f in features}
+
+
+def test_schema_of_a_column_transformer_pipeline_names_kinds_categories_and_missing(
+    churn: tuple[Any, Path, Path],
+) -> None:
+    handle = load_model(churn[1])
+    features = _by_name(handle.features)
+
+    assert handle.feature_names == ("plan", "region", "seats", "usage_hours")
+    assert (features["plan"].kind, features["plan"].categories) == (
+        "string", frozenset({"basic", "pro", "team"}),
+    )  # fmt: skip
+    assert features["region"].kind == "string"
+    assert features["region"].categories is None  # handle_unknown="ignore"
+    # an unknown region (None included) is ignored by its encoder: it may be missing
+    assert [features[n].missing for n in handle.feature_names] == [False, True, True, True]
+    assert handle.matrix_dtype is None  # mixed kinds: a record per instance
+    assert [spec.name for spec in handle.input_specs()] == list(handle.feature_names)
+
+
+def test_schema_of_the_onnx_export_reads_encoder_and_imputer_nodes_and_classes(
+    churn: tuple[Any, Path, Path],
+) -> None:
+    handle = load_model(churn[2])
+    features = _by_name(handle.features)
+
+    assert features["plan"].categories == frozenset({"basic", "pro", "team"})
+    assert features["region"].categories is None  # the node's zeros=1 answers unknowns
+    assert features["seats"].dtype == np.float32 and features["seats"].missing
+    assert not features["plan"].missing
+    assert handle.classes == (0, 1)  # zipmap=False: from the LinearClassifier node
+
+
+def test_schema_missing_values_follow_the_estimator_tags(tmp_path: Path) -> None:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    model, frame = hgb_with_missing()
+    joblib.dump(model, tmp_path / "hgb.joblib")
+    scaled = make_pipeline(StandardScaler(), LogisticRegression())
+    joblib.dump(
+        scaled.fit(frame.fillna(0).to_numpy(), model.predict(frame)), tmp_path / "lr.joblib"
+    )
+
+    hgb = load_model(tmp_path / "hgb.joblib")
+    lr = load_model(tmp_path / "lr.joblib")
+
+    assert [f.missing for f in hgb.features or ()] == [True, True]
+    assert hgb.matrix_dtype == np.float64
+    assert lr.feature_names is None  # fitted on an array: positional
+    assert [f.missing for f in lr.features or ()] == [
+        False,
+        False,
+    ]  # NaN reaches LogisticRegression
+
+
+MLMODEL = """\
+flavors:
+  sklearn:
+    pickled_model: model.pkl
+signature:
+  inputs: '[{"type": "string", "name": "plan", "required": true}, {"type": "string",
+    "name": "region", "required": true}, {"type": "long", "name": "seats", "required":
+    false}, {"type": "double", "name": "usage_hours", "required": false}]'
+  outputs: '[{"type": "long", "required": true}]'
+"""
+
+
+def test_schema_from_an_mlmodel_signature_types_the_features_and_keeps_categories(
+    churn: tuple[Any, Path, Path], tmp_path: Path
+) -> None:
+    (tmp_path / "MLmodel").write_text(MLMODEL)
+    (tmp_path / "model.pkl").write_bytes(churn[1].read_bytes())
+    handle = load_model(tmp_path / "model.pkl", "joblib")
+    features = _by_name(handle.features)
+
+    assert (features["seats"].kind, features["seats"].dtype) == ("integer", np.int64)
+    assert features["seats"].missing and not features["plan"].missing
+    assert features["plan"].categories == frozenset({"basic", "pro", "team"})
+
+
+def test_schema_file_naming_other_features_stops_the_load(
+    churn: tuple[Any, Path, Path], tmp_path: Path
+) -> None:
+    path = tmp_path / "churn.joblib"
+    path.write_bytes(churn[1].read_bytes())
+    spec = {"inputs": [{"name": "plan", "type": "string"}, {"name": "tenure", "type": "double"}]}
+    (tmp_path / "churn.schema.json").write_text(json.dumps(spec))
+
+    with pytest.raises(ModelLoadError, match="tenure"):
+        load_model(path)
+
+
+def test_schema_file_with_an_unknown_type_names_it(
+    churn: tuple[Any, Path, Path], tmp_path: Path
+) -> None:
+    path = tmp_path / "churn.joblib"
+    path.write_bytes(churn[1].read_bytes())
+    (tmp_path / "churn.schema.json").write_text('{"inputs": [{"name": "plan", "type": "text"}]}')
+
+    with pytest.raises(ModelLoadError, match=r"churn.schema.json.*'text'"):
+        load_model(path)
