@@ -10,6 +10,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import orjson
 from flask import Flask, Response, g, request
@@ -26,6 +27,7 @@ from serving.openapi import build_document
 from serving.protocols import mlflow, predict, probes, tfserving, v2
 from serving.protocols.base import ErrorBodies, ProtocolSpec, json_response
 from serving.runtime import ModelRuntime
+from serving.schema import instance_json_schema
 from serving.settings import Settings, load_settings
 
 __all__ = ["create_app"]
@@ -93,12 +95,20 @@ def create_app(
     if not settings.metrics_require_auth:
         open_routes.add("/metrics")
 
-    @functools.cache
+    documents: dict[bool, bytes] = {}
+
     def openapi_document() -> bytes:
-        document = build_document(
-            operations, title="serving", version=__version__, api_keys=bool(api_keys)
-        )
-        return orjson.dumps(document)
+        """Built once before the models are ready and once after, when it also holds each
+        model's instance schema (``Instance.<model>.<version>``)."""
+        models = plane.models
+        ready = models.state == "ready"
+        if ready not in documents:
+            schemas = _instance_schemas(models) if ready else {}
+            documents[ready] = orjson.dumps(build_document(
+                operations, title="serving", version=__version__, api_keys=bool(api_keys),
+                instances=schemas,
+            ))  # fmt: skip
+        return documents[ready]
 
     app.extensions["serving_openapi"] = openapi_document
 
@@ -160,6 +170,22 @@ def _models_getter(
         models = ModelCache(settings, metrics, runtimes=runtimes)
     cache = models
     return lambda: cache
+
+
+def _instance_schemas(models: ModelCache) -> dict[str, dict[str, Any]]:
+    """Each served model version's instance schema, for the OpenAPI document."""
+    schemas = {}
+    for runtime in models.runtimes:
+        handle = runtime.handle
+        if handle is not None and handle.features:
+            named = handle.feature_names is not None
+            schema = instance_json_schema(handle.features, named)
+            schema["description"] = (
+                f"One instance of model {handle.name!r} version {handle.version!r}"
+                + (" (or a list of its values in this order)" if named else "")
+            )
+            schemas[f"Instance.{handle.name}.{handle.version}"] = schema
+    return schemas
 
 
 @functools.cache

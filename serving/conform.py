@@ -71,6 +71,8 @@ def conform(instances: Instances, handle: ModelHandle) -> npt.NDArray[Any]:
     else:
         rows, loc = _frame(instances, handle)
     features = handle.features or _floats(len(rows[0]))
+    if not features:
+        raise invalid(f"{instances.field}[0]", "the instance has no values", "too_short")
     if isinstance(instances, Frame):
         _check_lengths(rows, len(features), instances.field, handle.features is not None)
         if instances.text:
@@ -178,6 +180,8 @@ def _records(
                 "instance as a list of values in training order", "feature_names",
             )  # fmt: skip
         names = tuple(records[0])
+        if not names:
+            raise invalid(f"{field}[0]", "the instance has no values", "too_short")
         for index, record in enumerate(records):
             if record.keys() != set(names):
                 check_names(list(record), names, f"{field}[{index}]", "column")

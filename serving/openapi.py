@@ -71,12 +71,19 @@ def errors(model: type[BaseModel], *statuses: int) -> dict[int, type[BaseModel] 
 
 
 def build_document(
-    operations: Iterable[Operation], *, title: str, version: str, api_keys: bool
+    operations: Iterable[Operation],
+    *,
+    title: str,
+    version: str,
+    api_keys: bool,
+    instances: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``operations``.
 
     :param api_keys: document the ``Authorization: Bearer`` / ``X-API-Key`` schemes on
         every operation with ``security`` (``SERVING_API_KEYS`` is set).
+    :param instances: JSON Schemas of the served models' instances, by component name
+        (``serving.schema.instance_json_schema``), added under ``components/schemas``.
     """
     operations = list(operations)
     keyed: list[tuple[tuple[str, JsonSchemaMode], type[BaseModel]]] = []
@@ -128,7 +135,7 @@ def build_document(
         "openapi": "3.1.0",
         "info": {"title": title, "version": version},
         "paths": paths,
-        "components": {"schemas": schemas.get("$defs", {})},
+        "components": {"schemas": {**schemas.get("$defs", {}), **(instances or {})}},
     }
     if api_keys:
         document["components"]["securitySchemes"] = {

@@ -32,6 +32,7 @@ __all__ = [
     "Kind",
     "column_dtype",
     "features_from_file",
+    "instance_json_schema",
     "merge_features",
     "sample_batch",
     "schema_file",
@@ -188,3 +189,36 @@ def sample_batch(features: Sequence[Feature], n: int) -> npt.NDArray[Any]:
             value = next((c for c in known if isinstance(c, str)), known[0] if known else "")
             batch[f.name] = value
     return batch
+
+
+def instance_json_schema(features: Sequence[Feature], named: bool) -> dict[str, Any]:
+    """JSON Schema of one instance (an object keyed by feature name when ``named``, else a
+    list in feature order): each feature's JSON type, ``null`` where it may be missing,
+    its categories as an ``enum`` where unknown ones are refused."""
+
+    def one(f: Feature) -> dict[str, Any]:
+        json_type = {"float": "number", "integer": "integer", "string": "string",
+                     "boolean": "boolean"}.get(f.kind)  # fmt: skip
+        if json_type is None:  # a column the model drops: anything
+            return {}
+        schema: dict[str, Any] = {"type": [json_type, "null"] if f.missing else json_type}
+        if f.categories is not None:
+            schema["enum"] = sorted(f.categories, key=repr) + ([None] if f.missing else [])
+        if f.kind == "integer" and f.dtype.kind in "iu":
+            info = np.iinfo(f.dtype)
+            schema.update(minimum=int(info.min), maximum=int(info.max))
+        return schema
+
+    if named:
+        return {
+            "type": "object",
+            "properties": {f.name: one(f) for f in features},
+            "required": [f.name for f in features],
+            "additionalProperties": False,
+        }
+    return {
+        "type": "array",
+        "prefixItems": [one(f) for f in features],
+        "minItems": len(features),
+        "maxItems": len(features),
+    }

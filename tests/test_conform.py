@@ -174,3 +174,10 @@ def test_conform_refuses_a_value_outside_a_float32_graphs_range(instances: Any, 
     detail = _refused(instances, handle)
     assert (detail["loc"], detail["type"]) == (loc, "out_of_range")
     assert detail["msg"].startswith("1e+39 is outside the model's float32 range")
+
+
+@pytest.mark.parametrize("instances", [Records([{}], unnamed="key_order"), Frame([[]])])
+def test_conform_an_empty_instance_is_422_for_a_model_of_unknown_width(instances: Any) -> None:
+    handle = ModelHandle.from_callable(lambda X: X[:, 0], name="any", version="1")
+    detail = _refused(instances, handle)
+    assert (detail["loc"], detail["type"]) == ("instances[0]", "too_short")

@@ -63,3 +63,33 @@ def test_metric_route_labels_are_the_documented_path_templates() -> None:
         "/v2/models/{model_name}/versions/{model_version}/infer"
     )
     assert _template("/predict") == "/predict"
+
+
+def test_openapi_describes_each_served_models_instances_once_ready(
+    settings: Any, tmp_path: Any
+) -> None:
+    """The churn pipeline's instance schema: strings with their categories, nullable
+    numbers; real rows validate against it, an unknown category does not."""
+    from jsonschema import Draft202012Validator
+    from prometheus_client import CollectorRegistry
+
+    from serving.app import create_app
+    from serving.loaders import load_model
+    from serving.metrics import ServingMetrics
+    from tests.tabular import churn_rows, write_churn
+
+    _, path, _ = write_churn(tmp_path)
+    app = create_app(
+        settings, models=[load_model(path)], metrics=ServingMetrics(CollectorRegistry())
+    )
+    try:
+        document = app.test_client().get("/openapi.json").get_json()
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    schema = document["components"]["schemas"]["Instance.churn.1"]
+    assert schema["properties"]["plan"] == {"type": "string", "enum": ["basic", "pro", "team"]}
+    assert schema["properties"]["seats"] == {"type": ["number", "null"]}
+    validator = Draft202012Validator(schema)
+    assert all(validator.is_valid(row) for row in churn_rows())
+    assert not validator.is_valid(churn_rows()[0] | {"plan": "gold"})

@@ -219,7 +219,7 @@ ONE = b'{"name": "input-0", "shape": [1, 3], "datatype": "FP64", "data": '
         (b'{"inputs": [', "not valid JSON"),
         (b'{"inputs": []}', "inputs"),
         (b'{"input": []}', "input"),
-        (b'{"inputs": [' + ONE + b"[1, 2, NaN]}]}", "data[2] = nan is not a finite number"),
+        (b'{"inputs": [' + ONE + b"[1, 2, NaN]}]}", "inputs[0].data[0][2]: missing value"),
         (b'{"inputs": [' + ONE + b"[1, 2, 1e999]}]}", "data[2] = inf is not a finite number"),
         (b'{"inputs": [' + ONE.replace(b"FP64", b"FP99") + b"[1]}]}", "inputs[0].datatype"),
         (
