@@ -40,6 +40,7 @@ __all__ = [
     "Predictor",
     "check_artifact",
     "estimator_handle",
+    "find_artifact",
     "format_from_path",
     "load_model",
     "register_loader",
@@ -277,6 +278,29 @@ def format_from_path(path: Path) -> str:
         ) from None
 
 
+def find_artifact(directory: Path) -> Path:
+    """The one model artifact in ``directory`` (KServe's ``/mnt/models``, where its storage
+    initializer puts ``storageUri``): the only file, not counting hidden ones, with an
+    extension ``format_from_path`` knows; subdirectories are not searched.
+
+    :raises ValueError: when there is none or more than one, naming what was found.
+    """
+    files = sorted(
+        path
+        for path in directory.iterdir()
+        if path.suffix.lower() in _EXTENSIONS and not path.name.startswith(".") and path.is_file()
+    )
+    if len(files) == 1:
+        return files[0]
+    known = ", ".join(sorted(_EXTENSIONS))
+    found = ", ".join(repr(path.name) for path in files) or "none"
+    raise ValueError(
+        f"{directory} must hold exactly one model file ({known}); found {found}. Name the "
+        "file with SERVING_MODEL_PATH instead, or set SERVING_MODEL_CLASS for a directory "
+        "your own class reads"
+    )
+
+
 _LOADERS: dict[str, ModelLoader] = {
     "pickle": PickleLoader(),
     "joblib": JoblibLoader(),
@@ -320,7 +344,7 @@ def load_model(
     loader = loader or _LOADERS.get(fmt)
     if loader is None:
         raise ModelLoadError(path, f"no loader for format {fmt!r} (known: {sorted(_LOADERS)})")
-    if not path.is_file():
+    if not path.exists():  # a directory is a model for loaders that read one (python)
         raise ModelLoadError(path, "no such file")
     try:
         return loader.load(path, name=name or path.stem, version=version, threads=threads)

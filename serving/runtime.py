@@ -20,8 +20,9 @@ from collections.abc import Callable
 from typing import Literal
 
 from serving.batching import ThreadedBatcher
+from serving.custom import PythonLoader
 from serving.errors import ModelLoadError, NotReady
-from serving.handle import TensorSpec
+from serving.handle import ModelLoader, TensorSpec
 from serving.loaders import ModelHandle, check_artifact, load_model
 from serving.metrics import ServingMetrics
 from serving.onnx_loader import OnnxLoader
@@ -112,7 +113,7 @@ class ModelRuntime:
                     name=settings.resolved_model_name,
                     version=settings.model_version,
                     threads=settings.blas_threads,
-                    loader=self._onnx_loader() if fmt == "onnx" else None,
+                    loader=self._loader(fmt),
                 )
                 from threadpoolctl import threadpool_limits
 
@@ -143,6 +144,15 @@ class ModelRuntime:
             _describe_features(handle),
             time.perf_counter() - started,
         )
+
+    def _loader(self, fmt: str) -> ModelLoader | None:
+        """The configured loader for ``fmt``, or None for the registered one."""
+        if fmt == "onnx":
+            return self._onnx_loader()
+        if fmt == "python":
+            assert self.settings.model_class is not None  # Settings refuses python without
+            return PythonLoader(self.settings.model_class)
+        return None
 
     def _onnx_loader(self) -> OnnxLoader:
         settings = self.settings

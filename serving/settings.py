@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    DirectoryPath,
     Field,
     FilePath,
     SecretStr,
@@ -28,13 +29,14 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from serving.custom import CLASS_PATTERN
 from serving.errors import SettingsError
-from serving.loaders import format_from_path
+from serving.loaders import find_artifact, format_from_path
 from serving.providers import parse_providers
 
 __all__ = ["DEMO_MODEL_PATH", "ModelFormat", "ModelSpec", "Settings", "load_settings"]
 
-ModelFormat = Literal["pickle", "joblib", "onnx"]
+ModelFormat = Literal["pickle", "joblib", "onnx", "python"]
 
 #: The bundled demo: StandardScaler + LogisticRegression on scikit-learn's breast-cancer
 #: data (30 features), rebuilt by ``examples/build_demo_model.py``.
@@ -51,8 +53,17 @@ class ModelSpec(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$", description="Name in URLs and metrics.")
     version: str = Field("1", pattern=r"^[A-Za-z0-9_.:-]{1,128}$", description="Version served.")
-    path: FilePath = Field(description="The model artifact.")
-    format: ModelFormat | None = Field(None, description="pickle, joblib or onnx.")
+    path: FilePath | DirectoryPath = Field(
+        description="The model artifact, or a directory holding exactly one (or what the "
+        "class of a python model reads)."
+    )
+    format: ModelFormat | None = Field(None, description="pickle, joblib, onnx or python.")
+    class_: str | None = Field(
+        None,
+        alias="class",
+        pattern=CLASS_PATTERN,
+        description="package.module:ClassName of a python model; implies format python.",
+    )
     sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
     max_batch_size: int | None = Field(None, ge=1, le=4096)
     max_batch_latency_ms: float | None = Field(None, ge=0, le=10_000, allow_inf_nan=False)
@@ -61,9 +72,30 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check_format(self) -> ModelSpec:
-        if self.format is None:
-            format_from_path(self.path)  # raises ValueError naming the extension
+        check_format(self.path, self.format, self.class_, self.sha256)
         return self
+
+
+def check_format(
+    path: Path | None, fmt: str | None, class_path: str | None, sha256: str | None = None
+) -> None:
+    """Refuse a model whose format cannot be known or contradicts its class.
+
+    :raises ValueError: naming the problem: no class for format python, a class with another
+        format, no single artifact in a directory, an unknown extension, or a SHA-256 for a
+        directory a class reads (a digest pins one file).
+    """
+    if sha256 is not None and class_path is not None and path is not None and path.is_dir():
+        raise ValueError("a SHA-256 pins one file; a class reading a directory has none")
+    if class_path is not None and fmt not in (None, "python"):
+        raise ValueError(f"a model class is set, so the format is python, not {fmt}")
+    if fmt == "python" and class_path is None:
+        raise ValueError("format python needs SERVING_MODEL_CLASS (or class in SERVING_MODELS)")
+    if path is None or fmt == "python" or class_path is not None:
+        return
+    artifact = find_artifact(path) if path.is_dir() else path  # ValueError naming the files
+    if fmt is None:
+        format_from_path(artifact)  # raises ValueError naming the extension
 
 
 class Settings(BaseSettings):
@@ -81,7 +113,21 @@ class Settings(BaseSettings):
         None, description="Model artifact to serve; unset serves the bundled breast-cancer demo."
     )
     model_format: ModelFormat | None = Field(
-        None, description="pickle, joblib or onnx; unset means from the file extension."
+        None,
+        description="pickle, joblib, onnx or python; unset means python when model_class is "
+        "set, else from the file extension.",
+    )
+    model_class: str | None = Field(
+        None,
+        pattern=CLASS_PATTERN,
+        description="package.module:ClassName of your own model class (load(path), "
+        "predict(instances)); implies model_format python.",
+    )
+    model_dir: DirectoryPath | None = Field(
+        None,
+        description="Directory holding the model, such as KServe's /mnt/models: the one "
+        "artifact in it is served (a python model's class gets the directory itself); "
+        "instead of model_path.",
     )
     model_name: str | None = Field(
         None, min_length=1, description="Name reported in responses; unset means the file stem."
@@ -93,7 +139,7 @@ class Settings(BaseSettings):
     models: Annotated[list[ModelSpec] | None, NoDecode] = Field(
         None,
         description="Several models/versions to keep warm in each worker: a JSON list of "
-        "{name, version, path, format, sha256, max_batch_size, max_batch_latency_ms, "
+        "{name, version, path, format, class, sha256, max_batch_size, max_batch_latency_ms, "
         "batch_policy, max_queue_depth}, or the path of a JSON file holding one. The first "
         "entry is what /predict serves; replaces SERVING_MODEL_PATH and friends.",
     )
@@ -296,6 +342,15 @@ class Settings(BaseSettings):
         parse_providers(value)  # raises ValueError naming the unknown entry
         return value
 
+    @field_validator("model_dir")
+    @classmethod
+    def _check_model_dir(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None and info.data.get("model_path") is not None:
+            raise ValueError("set SERVING_MODEL_PATH or SERVING_MODEL_DIR, not both")
+        if value is not None and info.data.get("model_class") is None:
+            find_artifact(value)  # raises ValueError naming what the directory holds
+        return value
+
     @field_validator("metrics_dir")
     @classmethod
     def _check_metrics_dir(cls, value: Path | None) -> Path | None:
@@ -305,8 +360,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_format(self) -> Settings:
-        if self.model_path is not None and self.model_format is None:
-            format_from_path(self.model_path)  # raises ValueError naming the extension
+        path = self.model_path or self.model_dir
+        check_format(path, self.model_format, self.model_class, self.model_sha256)
         return self
 
     @property
@@ -321,6 +376,7 @@ class Settings(BaseSettings):
                 path=self.resolved_model_path,
                 format=self.model_format,
                 sha256=self.model_sha256,
+                **{"class": self.model_class},
             )
         ]
 
@@ -328,7 +384,9 @@ class Settings(BaseSettings):
         """These settings narrowed to one model: its path, name, version and batching."""
         update: dict[str, object] = {
             "model_path": spec.path,
+            "model_dir": None,
             "model_format": spec.format,
+            "model_class": spec.class_,
             "model_name": spec.name,
             "model_version": spec.version,
             "model_sha256": spec.sha256,
@@ -341,13 +399,20 @@ class Settings(BaseSettings):
 
     @property
     def resolved_model_path(self) -> Path:
-        """``model_path``, or the bundled demo when it is unset."""
-        return self.model_path or DEMO_MODEL_PATH
+        """``model_path``, else ``model_dir``, else the bundled demo; for a directory, the one
+        artifact in it, unless a python model's class reads the directory itself."""
+        path = self.model_path or self.model_dir or DEMO_MODEL_PATH
+        if path.is_dir() and self.model_class is None:
+            return find_artifact(path)
+        return path
 
     @property
     def resolved_model_format(self) -> str:
-        """``model_format``, or the one implied by the resolved path's extension."""
-        return self.model_format or format_from_path(self.resolved_model_path)
+        """``model_format``; else python when ``model_class`` is set; else the format the
+        resolved path's extension implies."""
+        if self.model_format is not None:
+            return self.model_format
+        return "python" if self.model_class else format_from_path(self.resolved_model_path)
 
     @property
     def resolved_model_name(self) -> str:

@@ -33,6 +33,7 @@ def fresh_python(code: str) -> str:
         "serving.handle",
         "serving.loaders",
         "serving.onnx_loader",
+        "serving.custom",
         "serving.providers",
         "serving.errors",
         "serving.instances",

@@ -57,7 +57,7 @@ def test_settings_read_environment_variables(
         ("SERVING_MAX_BATCH_SIZE", "lots", "valid integer"),
         ("SERVING_MAX_BATCH_SIZE", "0", "greater than or equal to 1"),
         ("SERVING_MAX_BATCH_LATENCY_MS", "-1", "greater than or equal to 0"),
-        ("SERVING_MODEL_FORMAT", "xml", "'pickle', 'joblib' or 'onnx'"),
+        ("SERVING_MODEL_FORMAT", "xml", "'pickle', 'joblib', 'onnx' or 'python'"),
         ("SERVING_MODEL_PATH", "/no/such/model.joblib", "does not point to a file"),
         ("SERVING_LOG_LEVEL", "loud", "'debug', 'info', 'warning' or 'error'"),
         ("SERVING_MAX_BATCH_LATENCY_MS", "nan", "finite number"),
@@ -155,3 +155,97 @@ def test_unknown_variables_are_typos_but_not_kubernetes_service_variables() -> N
         "HOME": "/root",
     }
     assert unknown_variables(environ) == ["SERVING_FOO", "SERVING_MAX_BATCH_SZE"]
+
+
+def test_model_dir_serves_the_one_artifact_in_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """KServe's storage initializer fills /mnt/models; the file's name is the user's."""
+    (tmp_path / "model.onnx").write_bytes(b"x")
+    (tmp_path / ".hidden.joblib").write_bytes(b"x")
+    (tmp_path / "README.txt").write_text("not a model")
+    monkeypatch.setenv("SERVING_MODEL_DIR", str(tmp_path))
+    monkeypatch.setenv("SERVING_MODEL_NAME", "demo")
+
+    settings = load_settings()
+
+    assert settings.resolved_model_path == tmp_path / "model.onnx"
+    assert settings.resolved_model_format == "onnx"
+    (spec,) = settings.model_specs
+    assert (spec.name, spec.path, settings.for_model(spec).resolved_model_path) == (
+        "demo",
+        tmp_path / "model.onnx",
+        tmp_path / "model.onnx",
+    )
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ((), "exactly one model file .*found none"),
+        (("a.joblib", "b.onnx"), "found 'a.joblib', 'b.onnx'"),
+    ],
+)
+def test_model_dir_without_exactly_one_artifact_stops_start_up(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, files: tuple[str, ...], expected: str
+) -> None:
+    for name in files:
+        (tmp_path / name).write_bytes(b"x")
+    monkeypatch.setenv("SERVING_MODEL_DIR", str(tmp_path))
+    with pytest.raises(SettingsError, match=expected):
+        load_settings()
+
+
+def test_model_class_implies_python_and_keeps_the_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "weights.joblib").write_bytes(b"x")
+    (tmp_path / "vocabulary.json").write_text("{}")
+    monkeypatch.setenv("SERVING_MODEL_DIR", str(tmp_path))
+    monkeypatch.setenv("SERVING_MODEL_CLASS", "custom_model:ShapeRatioModel")
+
+    settings = load_settings()
+
+    assert (settings.resolved_model_format, settings.resolved_model_path) == ("python", tmp_path)
+    (spec,) = settings.model_specs
+    narrowed = settings.for_model(spec)
+    assert (narrowed.model_class, narrowed.resolved_model_path) == (spec.class_, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({"SERVING_MODEL_FORMAT": "python"}, "format python needs SERVING_MODEL_CLASS"),
+        (
+            {"SERVING_MODEL_FORMAT": "onnx", "SERVING_MODEL_CLASS": "m:C"},
+            "the format is python, not onnx",
+        ),
+        ({"SERVING_MODEL_CLASS": "not a class"}, "SERVING_MODEL_CLASS"),
+        ({"SERVING_MODEL_PATH": str(DEMO_MODEL_PATH), "SERVING_MODEL_DIR": "."}, "not both"),
+        (
+            {
+                "SERVING_MODEL_CLASS": "m:C",
+                "SERVING_MODEL_DIR": ".",
+                "SERVING_MODEL_SHA256": "a" * 64,
+            },
+            "a SHA-256 pins one file",
+        ),
+    ],
+)
+def test_python_format_settings_are_checked_at_start_up(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], expected: str
+) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError, match=expected):
+        load_settings()
+
+
+def test_models_entries_take_a_class(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    entry = f'{{"name": "ratios", "path": "{tmp_path}", "class": "custom_model:ShapeRatioModel"}}'
+    monkeypatch.setenv("SERVING_MODELS", f"[{entry}]")
+
+    (spec,) = load_settings().model_specs
+
+    assert (spec.class_, spec.format, spec.path) == ("custom_model:ShapeRatioModel", None, tmp_path)
+    assert load_settings().for_model(spec).resolved_model_format == "python"

@@ -1,0 +1,161 @@
+"""Custom model code: a user's Python class served like any artifact.
+
+``SERVING_MODEL_FORMAT=python`` with ``SERVING_MODEL_CLASS=package.module:ClassName`` (or
+``"class"`` in a ``SERVING_MODELS`` entry) serves any class with this contract, the one
+BentoML runners and MLflow's pyfunc ``PythonModel`` popularised:
+
+- ``ClassName()`` takes no arguments; ``load(path)`` is then called once per worker, after
+  fork, with the model's path (a file, or a directory such as KServe's ``/mnt/models``).
+- ``predict(instances)`` gets the batch, ``(n_instances, n_features)`` float64 (instances
+  of concurrent requests merged by the batcher), and returns one prediction per row: an
+  array-like, or a mapping of named outputs (``{"predictions": ..., "probabilities": ...}``)
+  each with ``n_instances`` rows.
+- Optional ``preprocess(instances)`` runs before ``predict`` and ``postprocess(outputs)``
+  after it, on the whole batch.
+- Optional input schema: ``feature_names`` (a sequence of str, in column order; requests
+  may then name features) or ``n_features`` (int); either enables warmup at load and the
+  feature-count check on requests. Optional ``classes`` labels the columns of
+  ``probabilities``.
+
+``python_handle`` is the one adapter from such an object to a ``ModelHandle``: what the
+batcher hands the class (today the float64 matrix) is decided there and nowhere else.
+
+Boundary: imports only the standard library, numpy and ``serving`` core modules (no Flask,
+no pydantic, no prometheus). Importing the user's module runs its code: as with pickle,
+serve only code you trust.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from serving.errors import ModelLoadError
+from serving.handle import ModelHandle, ModelLoader, Outputs
+
+__all__ = ["CLASS_PATTERN", "PythonLoader", "PythonModel", "import_class", "python_handle"]
+
+#: ``package.module:ClassName`` (a dotted attribute path after the colon is allowed too).
+CLASS_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_.]*$"
+
+
+@runtime_checkable
+class PythonModel(Protocol):
+    """What ``SERVING_MODEL_CLASS`` names: ``load(path)`` once, then ``predict(instances)``.
+
+    Usage::
+
+        class Doubler:
+            def load(self, path): self.factor = 2.0
+            def predict(self, instances): return instances.sum(axis=1) * self.factor
+    """
+
+    def load(self, path: Path, /) -> Any: ...
+
+    def predict(self, instances: npt.NDArray[np.float64], /) -> Any: ...
+
+
+def import_class(spec: str) -> type[Any]:
+    """The class ``spec`` names, ``package.module:ClassName``, imported.
+
+    :raises ValueError: when ``spec`` is not of that form, the module cannot be imported,
+        or it has no such attribute, naming which.
+    """
+    if not re.fullmatch(CLASS_PATTERN, spec):
+        raise ValueError(f"{spec!r} is not package.module:ClassName")
+    module_name, _, attribute = spec.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"cannot import {module_name!r} ({exc}); is it installed or on PYTHONPATH?"
+        ) from exc
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValueError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(target, type):
+        raise ValueError(f"{spec} is a {type(target).__name__}, not a class")
+    return target
+
+
+def python_handle(
+    model: Any, *, name: str, version: str, source: Path | None = None
+) -> ModelHandle:
+    """The ``ModelHandle`` serving a loaded ``PythonModel`` instance.
+
+    :param model: an object with ``predict`` (and optionally ``preprocess``,
+        ``postprocess``, ``feature_names``, ``n_features``, ``classes``), already loaded.
+    :returns: a handle whose ``predict_batch`` takes ``(n_instances, n_features)`` float64
+        and returns ``{"predictions": ...}`` (or the model's own named outputs), each as an
+        ndarray; a wrong row count is refused by the batcher, per request.
+    :raises ModelLoadError: when ``model`` has no callable ``predict`` or its input schema
+        is malformed.
+    """
+    if not callable(getattr(model, "predict", None)):
+        raise ModelLoadError(source, f"{type(model).__name__} has no predict(instances)")
+    preprocess = getattr(model, "preprocess", None)
+    postprocess = getattr(model, "postprocess", None)
+    names = getattr(model, "feature_names", None)
+    if names is not None and (
+        isinstance(names, str)
+        or not isinstance(names, Sequence)
+        or not all(isinstance(n, str) for n in names)
+    ):
+        raise ModelLoadError(source, "feature_names must be a sequence of str")
+    feature_names = tuple(names) if names is not None else None
+    n_features = getattr(model, "n_features", None)
+    if n_features is None and feature_names is not None:
+        n_features = len(feature_names)
+    classes = getattr(model, "classes", None)
+
+    def predict_batch(rows: npt.NDArray[Any]) -> Outputs:
+        batch = preprocess(rows) if preprocess is not None else rows
+        outputs = model.predict(batch)
+        if postprocess is not None:
+            outputs = postprocess(outputs)
+        if isinstance(outputs, Mapping):
+            return {str(key): np.asarray(value) for key, value in outputs.items()}
+        return {"predictions": np.asarray(outputs)}
+
+    return ModelHandle(
+        name=name,
+        version=version,
+        format="python",
+        predict_batch=predict_batch,
+        source=source,
+        n_features=int(n_features) if n_features is not None else None,
+        classes=tuple(classes) if classes is not None else None,
+        feature_names=feature_names,
+    )
+
+
+class PythonLoader(ModelLoader):
+    """Instantiates ``class_path`` (``package.module:ClassName``), calls ``load(path)``.
+
+    Usage::
+
+        loader = PythonLoader("examples.custom_model:ChurnModel")
+        handle = load_model("models/churn", "python", loader=loader)
+    """
+
+    def __init__(self, class_path: str) -> None:
+        self.class_path = class_path
+
+    def load(self, path: Path, *, name: str, version: str, threads: int = 1) -> ModelHandle:
+        try:
+            cls = import_class(self.class_path)
+        except ValueError as exc:
+            raise ModelLoadError(path, f"SERVING_MODEL_CLASS: {exc}") from None
+        model = cls()
+        if not isinstance(model, PythonModel):
+            raise ModelLoadError(path, f"{self.class_path} has no load(path) and predict()")
+        model.load(path)
+        return python_handle(model, name=name, version=version, source=path)

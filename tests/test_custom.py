@@ -1,0 +1,164 @@
+"""serving/custom.py: a user's class served through load_model, like any artifact."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from serving.custom import PythonLoader, import_class, python_handle
+from serving.errors import ModelLoadError
+from serving.loaders import load_model
+from tests.e2e.server import ROOT
+
+
+class Scaled:
+    """load() reads a factor from the file; preprocess adds 1; postprocess names outputs."""
+
+    feature_names = ("a", "b")
+
+    def load(self, path: Path) -> None:
+        self.factor = float(Path(path).read_text())
+
+    def preprocess(self, instances: np.ndarray) -> np.ndarray:
+        return instances + 1.0
+
+    def predict(self, instances: np.ndarray) -> np.ndarray:
+        return instances.sum(axis=1) * self.factor
+
+    def postprocess(self, predictions: np.ndarray) -> dict[str, Any]:
+        return {"predictions": predictions, "doubled": predictions * 2}
+
+
+class NoPredict:
+    def load(self, path: Path) -> None:
+        pass
+
+
+@pytest.fixture
+def factor_file(tmp_path: Path) -> Path:
+    path = tmp_path / "factor.txt"
+    path.write_text("3")
+    return path
+
+
+def test_python_loader_calls_load_then_preprocess_predict_postprocess(factor_file: Path) -> None:
+    handle = load_model(factor_file, "python", name="s", loader=PythonLoader(f"{__name__}:Scaled"))
+    outputs = handle.predict_batch(np.array([[1.0, 2.0], [0.0, 0.0]]))
+
+    np.testing.assert_array_equal(outputs["predictions"], [15.0, 6.0])  # (2+3)*3, (1+1)*3
+    np.testing.assert_array_equal(outputs["doubled"], [30.0, 12.0])
+    assert (handle.format, handle.name, handle.n_features) == ("python", "s", 2)
+    assert handle.feature_names == ("a", "b") and handle.source == factor_file
+
+
+def test_python_handle_wraps_plain_array_predictions() -> None:
+    class Plain:
+        n_features = 3
+
+        def predict(self, instances: np.ndarray) -> list[float]:
+            return instances.max(axis=1).tolist()
+
+    handle = python_handle(Plain(), name="p", version="2")
+    assert handle.warmup(1, 4)  # n_features known: warmup runs
+    np.testing.assert_array_equal(
+        handle.predict_batch(np.array([[1.0, 5.0, 2.0]]))["predictions"], [5.0]
+    )
+
+
+def test_python_loader_takes_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "factor.txt").write_text("2")
+
+    class FromDir(Scaled):
+        def load(self, path: Path) -> None:
+            super().load(path / "factor.txt")
+
+    module = sys.modules[__name__]
+    module.FromDir = FromDir  # type: ignore[attr-defined]
+    try:
+        handle = load_model(tmp_path, "python", loader=PythonLoader(f"{__name__}:FromDir"))
+    finally:
+        del module.FromDir  # type: ignore[attr-defined]
+    assert handle.predict_batch(np.zeros((1, 2)))["predictions"].tolist() == [4.0]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_colon", "is not package.module:ClassName"),
+        ("no_such_module_xyz:Model", "cannot import 'no_such_module_xyz'"),
+        (f"{__name__}:Missing", "has no attribute 'Missing'"),
+        (f"{__name__}:factor_file", "not a class"),
+    ],
+)
+def test_import_class_names_what_is_wrong(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        import_class(spec)
+
+
+def test_python_loader_refuses_a_class_without_the_contract(factor_file: Path) -> None:
+    with pytest.raises(ModelLoadError, match="has no load"):
+        load_model(factor_file, "python", loader=PythonLoader(f"{__name__}:NoPredict"))
+    with pytest.raises(ModelLoadError, match="SERVING_MODEL_CLASS: cannot import"):
+        load_model(factor_file, "python", loader=PythonLoader("nowhere_xyz:Model"))
+
+
+def test_python_handle_refuses_a_malformed_input_schema() -> None:
+    class BadSchema:
+        feature_names = "abc"
+
+        def predict(self, instances: np.ndarray) -> np.ndarray:
+            return instances
+
+    with pytest.raises(ModelLoadError, match="feature_names must be a sequence of str"):
+        python_handle(BadSchema(), name="b", version="1")
+
+
+def test_example_custom_model_answers_as_its_own_pipeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    from custom_model import ShapeRatioModel, engineer, train
+
+    train(tmp_path)
+    X, y = breast_cancer
+    handle = load_model(tmp_path, "python", loader=PythonLoader("custom_model:ShapeRatioModel"))
+    outputs = handle.predict_batch(X)
+
+    own = ShapeRatioModel()
+    own.load(tmp_path)
+    expected = own.predict(own.preprocess(X))
+    np.testing.assert_array_equal(outputs["predictions"], expected["predictions"])
+    np.testing.assert_array_equal(outputs["probabilities"], expected["probabilities"])
+    assert handle.n_features == 30 and handle.classes == (0, 1)
+    assert engineer(X).shape == (569, 42)
+    assert float(np.mean(outputs["predictions"] == y)) > 0.95
+
+
+def test_models_entry_with_a_class_loads_through_the_runtime_and_batches(
+    factor_file: Path,
+) -> None:
+    """A SERVING_MODELS entry with "class" goes the way every model goes: runtime, warmup
+    (feature_names gives the width), batcher."""
+    from prometheus_client import CollectorRegistry
+
+    from serving.metrics import ServingMetrics
+    from serving.runtime import ModelRuntime
+    from serving.settings import ModelSpec, Settings
+
+    spec = ModelSpec(name="scaled", path=factor_file, **{"class": f"{__name__}:Scaled"})
+    settings = Settings(models=[spec], workers=1)
+    runtime = ModelRuntime(settings.for_model(spec), ServingMetrics(CollectorRegistry()))
+    runtime.load()
+    try:
+        handle, batcher = runtime.require_ready()
+        assert (handle.name, handle.format, handle.n_features) == ("scaled", "python", 2)
+        assert runtime.state == "ready"
+        outputs = batcher.submit_many(np.array([[1.0, 1.0]]), timeout_s=10)
+        assert outputs["predictions"].tolist() == [12.0]  # (2 + 2) * 3
+        assert outputs["doubled"].tolist() == [24.0]
+    finally:
+        runtime.stop(timeout_s=5)
