@@ -100,12 +100,13 @@ class ModelRuntime:
         started = time.perf_counter()
         try:
             if handle is None:
-                check_artifact(
+                fmt = settings.resolved_model_format
+                # Read once: the bytes checked are the bytes loaded (not the path again).
+                data = check_artifact(
                     settings.resolved_model_path,
                     settings.model_sha256,
                     settings.allow_world_writable_model,
                 )
-                fmt = settings.resolved_model_format
                 handle = load_model(
                     settings.resolved_model_path,
                     fmt,
@@ -113,6 +114,9 @@ class ModelRuntime:
                     version=settings.model_version,
                     threads=settings.blas_threads,
                     loader=self._onnx_loader() if fmt == "onnx" else None,
+                    data=data,
+                    pinned=settings.model_sha256 is not None,
+                    keep_n_jobs=settings.keep_model_n_jobs,
                 )
                 from threadpoolctl import threadpool_limits
 

@@ -214,6 +214,11 @@ class Settings(BaseSettings):
         description="Load a model file anyone may write (refused by default: pickle and "
         "joblib run code when loaded).",
     )
+    keep_model_n_jobs: bool = Field(
+        False,
+        description="Keep the n_jobs a scikit-learn model was trained with; by default every "
+        "n_jobs parameter (pipeline steps included) is set to 1 at load, logged once.",
+    )
     onnx_providers: str = Field(
         "auto",
         description="ONNX Runtime execution providers: auto (CUDA when a GPU is usable, else "
