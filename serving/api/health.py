@@ -1,8 +1,9 @@
 """``GET /livez`` (liveness: the process answers) and ``GET /healthz`` (readiness).
 
 Liveness does not look at the model: a worker still loading is alive and must not be
-restarted for it. Readiness is 200 only when the model is loaded and warmed up and the
-batcher thread runs; otherwise 503 with the same body and the state it is in.
+restarted for it. Readiness is 200 only when every live worker of the server has every
+model loaded and warmed up and its batcher running (``serving.workers.readiness``; the body
+says ``"workers": {"ready": N, "total": M}``); otherwise 503 with the same body.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from flask import Blueprint, Response
 from serving.api.common import context, json_response
 from serving.openapi import Operation
 from serving.schemas import HealthResponse, LivenessResponse
+from serving.workers import readiness
 
 __all__ = ["OPERATIONS", "bp"]
 
@@ -29,7 +31,7 @@ OPERATIONS = [
     Operation(
         "get",
         "/healthz",
-        "Readiness: 200 only when every model of this worker is loaded and batching",
+        "Readiness: 200 only when every model of every worker is loaded and batching",
         {200: HealthResponse, 503: HealthResponse},
         tag="probes",
         security=False,
@@ -48,9 +50,12 @@ def livez() -> Response:
 
 @bp.get("/healthz")
 def healthz() -> Response:
-    """Readiness of this worker: 200 only when every model it serves is ready."""
+    """Readiness of the server: 200 only when every worker has every model ready."""
     models = context().get_models()
     state = models.state
+    ready, workers = readiness(state)
+    if state == "ready" and not ready:
+        state = "loading"  # this worker is ready, another is not yet
     default = models.default
     body = {
         "status": state,
@@ -70,4 +75,6 @@ def healthz() -> Response:
             for runtime in models.runtimes
         ],
     }
-    return json_response(body, 200 if state == "ready" else 503)
+    if workers is not None:
+        body["workers"] = workers
+    return json_response(body, 200 if ready else 503)

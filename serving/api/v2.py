@@ -43,6 +43,7 @@ from serving.schemas_v2 import (
     V2Ready,
     V2ServerMetadata,
 )
+from serving.workers import readiness
 
 __all__ = ["EXTENSIONS", "OPERATIONS", "bp"]
 
@@ -113,8 +114,8 @@ def live() -> Response:
 
 @bp.get("/v2/health/ready")
 def ready() -> Response:
-    """As ``/healthz``: true only when every model of this worker is ready."""
-    is_ready = context().get_models().state == "ready"
+    """As ``/healthz``: true only when every worker has every model ready."""
+    is_ready, _ = readiness(context().get_models().state)
     return json_response({"ready": is_ready}, 200 if is_ready else 400)
 
 
