@@ -227,6 +227,10 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         _load_while_accepting(cache, on_failure)
     _recycle_one_at_a_time(server, worker)
     cache.start_watchdog(on_problem)
+    if hasattr(worker, "handle_request"):  # Gunicorn's gthread worker
+        from serving.slow_clients import limit_header_phase
+
+        limit_header_phase(worker, settings.header_timeout_s)
 
 
 def _load_while_accepting(cache: Any, on_failure: Any) -> None:
