@@ -213,7 +213,12 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     pid = os.getpid()
     metrics = default_metrics()
     slot = getattr(worker, "serving_slot", 0)
-    if _booted is not None and _booted.value:
+    # Others serve once the first boot is over, or already during it when one is ready (a
+    # recycle or respawn before the master noticed the boot was over): then load first.
+    others_serve = (_booted is not None and _booted.value) or (
+        _board is not None and _board.read().ready_count > 0
+    )
+    if others_serve:
         server.log.info("worker %s: loading before accepting (others are serving)", pid)
         cache = _load_before_accepting(server, worker, settings, slot)
         install_cache(cache)

@@ -3,7 +3,8 @@ workers' files are folded into an archive) and counters keep every request.
 
 No CPU hog here: this checks counting and file growth, not timing, and each recycle
 (fork, import, load, one at a time) is what takes the time: ~1 s each on a 2-core machine
-at load average 6. 100 recycles by default; ``E2E_RECYCLES=200`` for the issue's figure.
+at load average 6, up to 3 s with the full suite beside it. 50 recycles by default;
+``E2E_RECYCLES=200`` for the issue's figure.
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ Pickled = Callable[[Any, str], Path]
 def test_metrics_files_stay_bounded_and_counts_exact_over_many_recycles(
     gunicorn: Start, pickled: Pickled
 ) -> None:
-    recycles = int(os.environ.get("E2E_RECYCLES", "100"))
+    recycles = int(os.environ.get("E2E_RECYCLES", "50"))
     model = pickled(RowOffset(offset=0.0), "m.pkl")
     server = gunicorn(model_path=model, max_requests=2, max_requests_jitter=0, access_log=False)
     server.wait_ready()
     # A new connection per request: a leaving worker lingers on kept-alive connections
     # (Gunicorn gives a request already on its way an answer), which would slow each recycle.
     sent = 0
-    deadline = time.monotonic() + 1.2 * recycles + 20
+    deadline = time.monotonic() + 4 * recycles + 30
     while sent % 20 or server.output().count("recycling after") < recycles:
         assert time.monotonic() < deadline, "too slow"
         response = requests.post(f"{server.url}/predict", json={"instances": [[1.0]]}, timeout=30)

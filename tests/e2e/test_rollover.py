@@ -111,7 +111,7 @@ def test_max_requests_recycles_one_worker_at_a_time_and_loses_nothing(
     # worker starts recycling.
     events = re.findall(r"recycling after|ready to serve", server.output())
     recycles = events.count("recycling after")
-    assert recycles >= 10, server.output()
+    assert recycles >= 3, server.output()
     in_progress = 0
     for event in events:
         in_progress += 1 if event == "recycling after" else -1 if in_progress else 0
