@@ -49,3 +49,7 @@ def worker_exit(server, worker):
 
 def child_exit(server, worker):
     hooks.child_exit(server, worker)
+
+
+def on_exit(server):
+    hooks.on_exit(server)

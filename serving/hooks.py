@@ -1,7 +1,9 @@
 """What ``gunicorn.conf.py``'s hooks do, kept here so the config file stays settings only.
 
-Runs in two roles: ``settings_or_exit``, ``prepare_metrics_dir``, ``on_starting`` and
-``child_exit`` in the master; ``post_fork`` and ``worker_exit`` in each worker. Nothing
+Runs in two roles: ``settings_or_exit``, ``prepare_metrics_dir``, ``on_starting``,
+``child_exit`` and ``on_exit`` in the master; ``post_fork`` and ``worker_exit`` in each
+worker. How workers know each other's state and how the master rolls them over is in
+``serving.workers``. Nothing
 here imports prometheus-client or the Flask app at module level: the master must set
 ``PROMETHEUS_MULTIPROC_DIR`` before prometheus-client is first imported.
 
@@ -16,19 +18,24 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from serving.auth import load_api_keys
 from serving.errors import SettingsError
 from serving.settings import Settings, load_settings, unknown_variables
+from serving.workers import Board, RecycleGate, install_board, roll_over
 
 __all__ = [
     "child_exit",
     "configure_access_log",
+    "on_exit",
     "cpus_for_slot",
     "on_starting",
     "post_fork",
@@ -47,11 +54,20 @@ WORKER_BOOT_ERROR = 3
 # arbiter just reaps (waiting for its SIGTERM instead can take the whole graceful
 # timeout: a worker still booting loses a signal sent before its handlers exist).
 _boot_failed: Any = None
-# Set once any worker has its model ready. A worker forked after that (a respawn, a
-# max_requests recycle, a HUP reload) loads before it accepts a connection, so it never
-# answers 503 for traffic the ready workers could serve. The first workers load while
-# answering /livez 200 and /healthz 503: nobody can serve yet, and probes learn it.
-_some_worker_ready: Any = None
+# Set by the master once every first-boot worker is ready (serving.workers.roll_over). A
+# worker forked after that (a respawn, a max_requests recycle, a HUP reload) loads before
+# it accepts a connection and retries a failed load with backoff instead of halting the
+# server. The first workers load while answering /livez 200 and /healthz 503: nobody can
+# serve yet, and probes learn it.
+_booted: Any = None
+# Every worker's state, one file each (serving.workers.Board), and the max_requests gate.
+_board: Board | None = None
+_gate: RecycleGate | None = None
+#: Marks a metrics directory this server created (and removes when its last master exits).
+_OWNED_MARK = ".serving-temporary"
+#: Seconds between load attempts of a worker after the first boot: doubling, at most 60.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 60.0
 
 
 def settings_or_exit() -> Settings:
@@ -76,7 +92,9 @@ def prepare_metrics_dir(settings: Settings) -> Path:
     if settings.metrics_dir is not None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(settings.metrics_dir)
     elif "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="serving-metrics-")
+        created = tempfile.mkdtemp(prefix="serving-metrics-")
+        (Path(created) / _OWNED_MARK).touch()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
     path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -89,15 +107,27 @@ def prepare_metrics_dir(settings: Settings) -> Path:
 
 
 def on_starting(server: Any) -> None:
-    """Master, once: remove prometheus-client's ``*.db`` files so counters start at zero.
-    Only those: the directory may be shared or hold other files."""
-    global _boot_failed, _some_worker_ready
+    """Master, once: remove prometheus-client's ``*.db`` files so counters start at zero
+    (only those: the directory may be shared or hold other files; and not after a
+    ``SIGUSR2`` re-exec, whose old generation still writes there), create the workers'
+    board and make the arbiter roll workers over one by one (``serving.workers``)."""
+    global _boot_failed, _booted, _board, _gate
     _boot_failed = multiprocessing.Value("b", 0)  # shared with the workers forked later
-    _some_worker_ready = multiprocessing.Value("b", 0)
+    _booted = multiprocessing.Value("b", 0)
+    _board = Board.create()
+    install_board(_board)
+    _gate = RecycleGate(_board)
     path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
-    for stale in path.glob("*.db"):
-        stale.unlink(missing_ok=True)
+    if not server.master_pid:
+        for stale in path.glob("*.db"):
+            stale.unlink(missing_ok=True)
     server.log.info("metrics directory %s", path)
+
+    def booted() -> None:
+        _booted.value = 1
+        server.log.info("every worker is ready; from now on a worker loads before accepting")
+
+    roll_over(server, _board, booted)
 
 
 def configure_access_log(settings: Settings) -> None:
@@ -137,9 +167,11 @@ def cpus_for_slot(slot: int, cpus: list[int], per_worker: int) -> set[int]:
 
 
 def post_fork(server: Any, worker: Any, settings: Settings) -> None:
-    """Worker: pin its CPUs, load the model (in the background for the first workers, before
-    accepting for later ones; a load failure halts the server) and start a watchdog that
-    recycles the worker if its batcher gets stuck."""
+    """Worker: pin its CPUs, load the model and start a watchdog that recycles the worker if
+    its batcher gets stuck. The first workers load in the background while accepting (a
+    load failure halts the server: exit status 3, one line saying why); a worker forked
+    after every first one was ready loads before accepting and retries a failed load
+    (``_load_before_accepting``). Each publishes its state on the board (``/healthz``)."""
     if settings.cpu_affinity == "auto" and hasattr(os, "sched_setaffinity"):
         # Before any thread starts: threads inherit the affinity of the thread creating them.
         cpus = sorted(os.sched_getaffinity(0))
@@ -178,19 +210,127 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         server.log.error("worker %s: %s; recycling it", worker.pid, reason)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    def on_ready() -> None:
-        if _some_worker_ready is not None:
-            _some_worker_ready.value = 1
-
-    cache = ModelCache(settings, default_metrics(), getattr(worker, "serving_slot", 0))
-    install_cache(cache)
-    loading = cache.start_loading(on_failure, on_ready)
-    if _some_worker_ready is not None and _some_worker_ready.value:
-        server.log.info("worker %s: loading before accepting (others are serving)", worker.pid)
-        while loading.is_alive():  # bounded: the load timeout ends the process
-            worker.notify()  # the arbiter's --timeout counts from the fork: stay alive
-            loading.join(1.0)
+    pid = os.getpid()
+    metrics = default_metrics()
+    slot = getattr(worker, "serving_slot", 0)
+    # Others serve once the first boot is over, or already during it when one is ready (a
+    # recycle or respawn before the master noticed the boot was over): then load first.
+    others_serve = (_booted is not None and _booted.value) or (
+        _board is not None and _board.read().ready_count > 0
+    )
+    if others_serve:
+        server.log.info("worker %s: loading before accepting (others are serving)", pid)
+        cache = _load_before_accepting(server, worker, settings, slot)
+        install_cache(cache)
+        if _board is not None:
+            _board.write(pid, "ready")
+        if _gate is not None:
+            _gate.replaced()
+    else:
+        cache = ModelCache(settings, metrics, slot)
+        install_cache(cache)
+        _load_while_accepting(cache, on_failure)
+    _recycle_one_at_a_time(server, worker)
     cache.start_watchdog(on_problem)
+    if hasattr(worker, "handle_request"):  # Gunicorn's gthread worker
+        from serving.slow_clients import limit_header_phase
+
+        limit_header_phase(worker, settings.header_timeout_s)
+
+
+def _load_while_accepting(cache: Any, on_failure: Any) -> None:
+    """Worker of the first boot: load in the background ("starting" on the board, then
+    "ready"); ``on_failure`` halts the server."""
+    pid = os.getpid()
+    if _board is not None:
+        _board.write(pid, "starting")
+
+    def on_ready() -> None:
+        if _board is not None:
+            _board.write(pid, "ready")
+        if _gate is not None:  # a recycle before the first boot was over ends here
+            _gate.replaced()
+
+    cache.start_loading(on_failure, on_ready)
+
+
+def _load_before_accepting(server: Any, worker: Any, settings: Settings, slot: int) -> Any:
+    """Worker, after the first boot: load every model before accepting a connection. A
+    failed load is logged (model path and cause), counted in
+    ``serving_model_load_failures_total``, shown in ``/healthz`` (``failed``) and retried
+    after ``RETRY_FIRST_S`` doubling up to ``RETRY_MAX_S`` seconds; the server goes on with
+    the other workers. Returns the loaded ``ModelCache``."""
+    from serving.cache import ModelCache
+    from serving.errors import ModelLoadError
+    from serving.metrics import default_metrics
+
+    pid = os.getpid()
+    metrics = default_metrics()
+    delay_s = RETRY_FIRST_S
+    while True:
+        if _board is not None:
+            _board.write(pid, "warming")
+        done = threading.Event()
+        failures: list[BaseException] = []
+        try:
+            cache = ModelCache(settings, metrics, slot)
+        except ValueError as exc:  # SERVING_MODELS paths are checked when read: vanished
+            reason = "; ".join(e["msg"] for e in getattr(exc, "errors", lambda: [])())
+            failures.append(ModelLoadError(settings.resolved_model_path, reason or str(exc)))
+            metrics.model_load_failed(settings.resolved_model_name, settings.model_version)
+        else:
+
+            def failed(exc: BaseException, failures: list[BaseException] = failures) -> None:
+                failures.append(exc)
+
+            cache.start_loading(failed, done.set)
+            while not done.is_set() and not failures:  # bounded: each model's load timeout
+                worker.notify()  # the arbiter's --timeout counts from the fork: stay alive
+                done.wait(0.5)
+            if not failures:
+                return cache
+            for runtime in cache.runtimes:
+                if runtime.error is not None or runtime.state == "loading":
+                    metrics.model_load_failed(runtime.model_name, runtime.model_version)
+                    break
+        error = failures[0]
+        server.log.error(
+            "worker %s: %s; retrying in %g s (the other workers go on serving)",
+            pid,
+            error,
+            delay_s,
+        )
+        if _board is not None:
+            _board.write(pid, "failed", str(error))
+        deadline = time.monotonic() + delay_s
+        while time.monotonic() < deadline:
+            worker.notify()
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        delay_s = min(delay_s * 2, RETRY_MAX_S)
+
+
+def _recycle_one_at_a_time(server: Any, worker: Any) -> None:
+    """Worker: replace Gunicorn's own ``max_requests`` exit (each worker on its own, so two
+    can leave in the same second) by one through ``RecycleGate``: the worker leaves (a
+    graceful ``SIGTERM`` to itself) only when every other worker is ready and no other
+    recycle is under way; until then it goes on serving."""
+    limit = worker.max_requests
+    if _gate is None or limit >= sys.maxsize:
+        return
+    worker.max_requests = sys.maxsize
+    gate, pid = _gate, os.getpid()
+
+    def watch() -> None:
+        while worker.nr < limit or not gate.try_leave(pid):
+            time.sleep(0.05)
+        server.log.info(
+            "worker %s: recycling after %s requests (SERVING_MAX_REQUESTS, one worker at a time)",
+            pid,
+            worker.nr,
+        )
+        os.kill(pid, signal.SIGTERM)
+
+    threading.Thread(target=watch, name="serving-recycle", daemon=True).start()
 
 
 def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
@@ -203,7 +343,40 @@ def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
 
 
 def child_exit(server: Any, worker: Any) -> None:
-    """Master: drop the dead worker's live gauges (``livesum``) from the metrics."""
+    """Master: drop the dead worker's live gauges (``livesum``) from the metrics, fold its
+    counters and histograms into the archive (``serving.metrics_archive``) and drop its
+    state file from the board."""
     from prometheus_client import multiprocess
 
+    from serving.metrics_archive import archive_dead_worker
+
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+    try:
+        archive_dead_worker(
+            Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]), worker.pid, str(os.getpid())
+        )
+    except OSError as exc:
+        server.log.warning("worker %s: metrics not archived: %s", worker.pid, exc)
+    if _board is not None:
+        _board.remove(worker.pid)
+
+
+def on_exit(server: Any) -> None:
+    """Master, when it exits: remove the board, and the metrics directory if this server
+    created it (no ``SERVING_METRICS_DIR``) and no other generation (``SIGUSR2``) uses it."""
+    if _board is not None:
+        _board.destroy()
+    path = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR", ""))
+    other = server.reexec_pid or server.master_pid
+    if (path / _OWNED_MARK).exists() and not (other and _pid_alive(other)):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

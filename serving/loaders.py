@@ -14,7 +14,9 @@ load them only from sources you trust. ONNX files hold a graph, not code.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
+import os
 import pickle
 import re
 import stat
@@ -44,6 +46,7 @@ __all__ = [
     "format_from_path",
     "load_model",
     "register_loader",
+    "single_threaded",
 ]
 
 log = logging.getLogger(__name__)
@@ -209,9 +212,22 @@ def declared_features(path: Path) -> tuple[Feature, ...] | None:
 class PickleLoader(ModelLoader):
     """``pickle`` files (``.pkl``, ``.pickle``). Runs code from the file: trusted sources only."""
 
-    def load(self, path: Path, *, name: str, version: str, threads: int = 1) -> ModelHandle:
-        with path.open("rb") as file:
-            model = pickle.load(file)
+    def load(
+        self,
+        path: Path,
+        *,
+        name: str,
+        version: str,
+        threads: int = 1,
+        data: bytes | None = None,
+        keep_n_jobs: bool = False,
+    ) -> ModelHandle:
+        """Unpickle ``data`` (the file's bytes, already checked) or else the file at ``path``."""
+        if data is None:
+            data = path.read_bytes()
+        model = pickle.loads(data)
+        if not keep_n_jobs:
+            single_threaded(model, path)
         return estimator_handle(
             model, name=name, version=version, format="pickle", source=path,
             declared=declared_features(path),
@@ -221,43 +237,96 @@ class PickleLoader(ModelLoader):
 class JoblibLoader(ModelLoader):
     """``joblib.dump`` files (``.joblib``). Runs code from the file: trusted sources only."""
 
-    def load(self, path: Path, *, name: str, version: str, threads: int = 1) -> ModelHandle:
+    def load(
+        self,
+        path: Path,
+        *,
+        name: str,
+        version: str,
+        threads: int = 1,
+        data: bytes | None = None,
+        keep_n_jobs: bool = False,
+    ) -> ModelHandle:
+        """``joblib.load`` of ``data`` (the file's bytes, already checked) or of ``path``."""
         import joblib
 
-        model = joblib.load(path)
+        model = joblib.load(io.BytesIO(data) if data is not None else path)
+        if not keep_n_jobs:
+            single_threaded(model, path)
         return estimator_handle(
             model, name=name, version=version, format="joblib", source=path,
             declared=declared_features(path),
         )  # fmt: skip
 
 
+def single_threaded(model: object, path: Path) -> None:
+    """Set every ``n_jobs`` parameter of ``model`` (pipeline steps included, scikit-learn
+    ``get_params``/``set_params``) that asks for more than one job to 1, logging it once.
+
+    Why: a worker runs one predict call at a time on its ``SERVING_BLAS_THREADS`` CPUs; a
+    forest trained with ``n_jobs=-1`` would start a joblib pool over every CPU of the
+    machine for each batch, competing with the other workers (``SERVING_KEEP_MODEL_N_JOBS``
+    keeps them).
+    """
+    get_params = getattr(model, "get_params", None)
+    set_params = getattr(model, "set_params", None)
+    if not callable(get_params) or not callable(set_params):
+        return
+    try:
+        params = get_params(deep=True)
+    except Exception:  # a get_params that does not follow scikit-learn's convention
+        return
+    changed = {
+        key: value
+        for key, value in params.items()
+        if (key == "n_jobs" or key.endswith("__n_jobs")) and value not in (None, 1)
+    }
+    if changed:
+        set_params(**dict.fromkeys(changed, 1))
+        settings = ", ".join(f"{key}={value}" for key, value in sorted(changed.items()))
+        log.info(
+            "model %s: %s set to n_jobs=1 (one predict call per worker at a time; "
+            "SERVING_KEEP_MODEL_N_JOBS=true keeps them)",
+            path,
+            settings,
+        )
+
+
 def check_artifact(
     path: Path, sha256: str | None = None, allow_world_writable: bool = False
-) -> None:
-    """Refuse an artifact before anything in it runs.
+) -> bytes:
+    """Read the artifact once and refuse it before anything in it runs; its bytes.
+
+    The checks and the load see the same bytes: the caller loads what this returns
+    (``load_model(..., data=...)``), never the path again, so a file swapped after the
+    check is not what gets unpickled.
 
     :param sha256: expected hex digest of the file (``SERVING_MODEL_SHA256``), or None.
     :param allow_world_writable: load a file any local user may rewrite (pickle and joblib
-        run code on load, so by default such a file is refused).
-    :raises ModelLoadError: when the file is world-writable (and not allowed) or its digest
-        differs, naming the path and both digests.
+        run code on load, so by default such a file is refused; checked on the open file).
+    :raises ModelLoadError: when the file cannot be read, is world-writable (and not
+        allowed) or its digest differs, naming the path and both digests.
     """
-    if not allow_world_writable and path.stat().st_mode & stat.S_IWOTH:
-        raise ModelLoadError(
-            path, "the file is world-writable; fix its mode or set "
-            "SERVING_ALLOW_WORLD_WRITABLE_MODEL=true",
-        )  # fmt: skip
-    if sha256 is not None:
-        digest = hashlib.sha256()
+    try:
         with path.open("rb") as file:
-            for block in iter(lambda: file.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != sha256.lower():
+            mode = os.fstat(file.fileno()).st_mode
+            if not allow_world_writable and mode & stat.S_IWOTH:
+                raise ModelLoadError(
+                    path, "the file is world-writable; fix its mode or set "
+                    "SERVING_ALLOW_WORLD_WRITABLE_MODEL=true",
+                )  # fmt: skip
+            data = file.read()
+    except OSError as exc:
+        raise ModelLoadError(path, exc.strerror or str(exc)) from None
+    if sha256 is not None:
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != sha256.lower():
             raise ModelLoadError(
                 path,
-                f"SHA-256 is {digest.hexdigest()}, but {sha256.lower()} is expected "
+                f"SHA-256 is {digest}, but {sha256.lower()} is expected "
                 "(SERVING_MODEL_SHA256, or the sha256 of its SERVING_MODELS entry)",
             )
+    return data
 
 
 _EXTENSIONS = {".pkl": "pickle", ".pickle": "pickle", ".joblib": "joblib", ".onnx": "onnx"}
@@ -323,6 +392,9 @@ def load_model(
     version: str = "1",
     threads: int = 1,
     loader: ModelLoader | None = None,
+    data: bytes | None = None,
+    pinned: bool = False,
+    keep_n_jobs: bool = False,
 ) -> ModelHandle:
     """Load the artifact at ``path`` with ``loader``, or the loader registered for ``fmt``.
 
@@ -332,6 +404,11 @@ def load_model(
     :param threads: intra-op threads the model may use (ONNX Runtime's session option).
     :param loader: a configured loader to use instead of the registered one (the runtime
         passes an ``OnnxLoader`` built from the ``SERVING_ONNX_*`` settings).
+    :param data: the file's bytes as ``check_artifact`` read and checked them: the built-in
+        loaders load exactly these; a loader of another kind reads ``path`` itself.
+    :param pinned: ``data`` was checked against a SHA-256: refuse (``ModelLoadError``) a
+        loader that would read the path again instead of loading ``data``.
+    :param keep_n_jobs: leave the model's ``n_jobs`` as trained (``single_threaded``).
     :raises ModelLoadError: naming the path and the cause when the file is missing, the
         format unknown, or loading fails for any reason.
     """
@@ -346,8 +423,21 @@ def load_model(
         raise ModelLoadError(path, f"no loader for format {fmt!r} (known: {sorted(_LOADERS)})")
     if not path.exists():  # a directory is a model for loaders that read one (python)
         raise ModelLoadError(path, "no such file")
+    name = name or path.stem
     try:
-        return loader.load(path, name=name or path.stem, version=version, threads=threads)
+        if isinstance(loader, PickleLoader | JoblibLoader):
+            return loader.load(
+                path, name=name, version=version, threads=threads, data=data,
+                keep_n_jobs=keep_n_jobs,
+            )  # fmt: skip
+        if isinstance(loader, OnnxLoader):
+            return loader.load(path, name=name, version=version, threads=threads, data=data)
+        if pinned:
+            raise ModelLoadError(
+                path, f"the {fmt} loader ({type(loader).__name__}) reads the file itself, so "
+                "the bytes checked (SHA-256, mode) may not be the bytes it loads",
+            )  # fmt: skip
+        return loader.load(path, name=name, version=version, threads=threads)
     except ModelLoadError:
         raise
     except Exception as exc:

@@ -101,6 +101,13 @@ class ServingMetrics:
             MODEL_LABELS,
             registry=registry,
         )
+        self.load_failures = Counter(
+            "serving_model_load_failures_total",
+            "Failed model loads of workers started after the first boot (each is retried "
+            "with backoff while the other workers serve).",
+            MODEL_LABELS,
+            registry=registry,
+        )
         self.model_info = Gauge(
             "serving_model_info",
             "1 for each model a live worker serves, labelled with where it runs.",
@@ -165,6 +172,10 @@ class ServingMetrics:
 
         return observe
 
+    def model_load_failed(self, model: str, version: str) -> None:
+        """Count one failed load of ``model`` at ``version`` (a worker retries it)."""
+        self.load_failures.labels(model, version).inc()
+
     def model_loaded(self, handle: ModelHandle) -> None:
         """Set ``serving_model_info`` for a model this worker now serves; ``device`` is
         ``cuda:N`` on a GPU, else ``cpu``."""
@@ -175,9 +186,15 @@ class ServingMetrics:
     def render(self) -> bytes:
         """The text exposition of all workers (multiprocess mode) or of ``registry``."""
         if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
-            registry = CollectorRegistry()
-            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-            return generate_latest(registry)
+            for attempt in range(3):
+                registry = CollectorRegistry()
+                MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+                try:
+                    return generate_latest(registry)
+                except FileNotFoundError:  # a dead worker's file archived while we read
+                    if attempt == 2:
+                        raise
+
         return generate_latest(self.registry)
 
 

@@ -19,6 +19,7 @@ when a graph is loaded.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -96,8 +97,17 @@ class OnnxLoader(ModelLoader):
         self.worker_slot = worker_slot
         self.optimized_model_path = optimized_model_path
 
-    def load(self, path: Path, *, name: str, version: str, threads: int = 1) -> ModelHandle:
-        """Create the session (intra-op ``threads``, inter-op 1, all graph optimizations).
+    def load(
+        self,
+        path: Path,
+        *,
+        name: str,
+        version: str,
+        threads: int = 1,
+        data: bytes | None = None,
+    ) -> ModelHandle:
+        """Create the session (intra-op ``threads``, inter-op 1, all graph optimizations)
+        from ``data`` (the file's bytes, already checked) or else from ``path``.
 
         :raises ModelLoadError: when the providers asked for cannot run here, the session
             fell back from the GPU, or the graph's inputs are not ``(batch, k)`` tensors.
@@ -108,7 +118,7 @@ class OnnxLoader(ModelLoader):
             )
         except (ProviderError, ValueError) as exc:
             raise ModelLoadError(path, str(exc)) from None
-        session = self._session(path, threads, selection)
+        session = self._session(path, threads, selection, data)
         used = tuple(session.get_providers())
         wanted = [p if isinstance(p, str) else p[0] for p in selection.providers]
         if wanted[0] not in used:
@@ -121,21 +131,25 @@ class OnnxLoader(ModelLoader):
         device_id = selection.device_id if used[0] != CPU else None
         return _handle(session, path, name, version, provider=used[0], device_id=device_id)
 
-    def _session(self, path: Path, threads: int, selection: ProviderSelection) -> Any:
+    def _session(
+        self, path: Path, threads: int, selection: ProviderSelection, data: bytes | None
+    ) -> Any:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        source = data if data is not None else str(path)
         cached = self.optimized_model_path
         if cached is None:
-            return ort.InferenceSession(str(path), options, providers=selection.providers)
+            return ort.InferenceSession(source, options, providers=selection.providers)
         stat = path.stat()
         key = {
             "source": str(path.resolve()),
             "size": stat.st_size,
             "mtime_ns": stat.st_mtime_ns,
+            "sha256": hashlib.sha256(data).hexdigest() if data is not None else None,
             "providers": [p if isinstance(p, str) else p[0] for p in selection.providers],
             "onnxruntime": ort.__version__,
             "machine": platform.machine(),
@@ -154,7 +168,7 @@ class OnnxLoader(ModelLoader):
             )  # fmt: skip
         temporary = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
         options.optimized_model_filepath = str(temporary)
-        session = ort.InferenceSession(str(path), options, providers=selection.providers)
+        session = ort.InferenceSession(source, options, providers=selection.providers)
         os.replace(temporary, cached)  # workers racing here write the same graph
         temporary.write_text(json.dumps(key))
         os.replace(temporary, sidecar)

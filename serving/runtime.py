@@ -101,12 +101,14 @@ class ModelRuntime:
         started = time.perf_counter()
         try:
             if handle is None:
-                check_artifact(
+                fmt = settings.resolved_model_format
+                # Read once: the bytes checked are the bytes loaded (not the path again).
+                # A model class reads its own path (a file or a directory): nothing to read.
+                data = None if fmt == "python" else check_artifact(
                     settings.resolved_model_path,
                     settings.model_sha256,
                     settings.allow_world_writable_model,
-                )
-                fmt = settings.resolved_model_format
+                )  # fmt: skip
                 handle = load_model(
                     settings.resolved_model_path,
                     fmt,
@@ -114,6 +116,9 @@ class ModelRuntime:
                     version=settings.model_version,
                     threads=settings.blas_threads,
                     loader=self._loader(fmt),
+                    data=data,
+                    pinned=settings.model_sha256 is not None,
+                    keep_n_jobs=settings.keep_model_n_jobs,
                 )
                 from threadpoolctl import threadpool_limits
 

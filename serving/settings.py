@@ -260,6 +260,18 @@ class Settings(BaseSettings):
         description="Load a model file anyone may write (refused by default: pickle and "
         "joblib run code when loaded).",
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Longest a client may take to send a request's line and headers, in "
+        "seconds; then the connection is closed, so a slow client holds no worker thread.",
+    )
+    keep_model_n_jobs: bool = Field(
+        False,
+        description="Keep the n_jobs a scikit-learn model was trained with; by default every "
+        "n_jobs parameter (pipeline steps included) is set to 1 at load, logged once.",
+    )
     onnx_providers: str = Field(
         "auto",
         description="ONNX Runtime execution providers: auto (CUDA when a GPU is usable, else "

@@ -98,3 +98,42 @@ class RowOffset(RowEcho):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["n_features_in_"], state["offset"])  # type: ignore[misc]
+
+
+class UnevenLoading(RowOffset):
+    """A RowOffset whose unpickling takes ``load_s[i]`` seconds in the i-th process to load
+    it (i counted with lock files in ``tickets``): workers that load at different speeds.
+    ``exit_on`` makes predict end the process with ``os._exit(3)`` when a row's first
+    feature equals it (a model that kills its worker at run time)."""
+
+    def __init__(
+        self,
+        load_s: tuple[float, ...] = (1.0,),
+        tickets: str = "",
+        exit_on: float | None = None,
+    ) -> None:
+        super().__init__(1, 0.0)
+        self.load_s, self.tickets, self.exit_on = load_s, tickets, exit_on
+
+    def predict(self, X: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        if self.exit_on is not None and (X[:, 0] == self.exit_on).any():
+            import os
+
+            os._exit(3)
+        return super().predict(X)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"load_s": self.load_s, "tickets": self.tickets, "exit_on": self.exit_on}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        import os
+
+        ticket = 0
+        while True:
+            try:
+                os.close(os.open(f"{state['tickets']}/{ticket}", os.O_CREAT | os.O_EXCL))
+                break
+            except FileExistsError:
+                ticket += 1
+        time.sleep(state["load_s"][min(ticket, len(state["load_s"]) - 1)])
+        self.__init__(state["load_s"], state["tickets"], state["exit_on"])  # type: ignore[misc]

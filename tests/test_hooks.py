@@ -8,8 +8,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from serving import hooks
+from serving import hooks, workers
 from serving.settings import Settings
+
+
+@pytest.fixture(autouse=True)
+def _restore_hook_globals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``on_starting`` installs the master's board: undo it after each test."""
+    for name in ("_board", "_gate", "_booted", "_boot_failed"):
+        monkeypatch.setattr(hooks, name, getattr(hooks, name))
+    monkeypatch.setattr(workers, "_installed", None)
 
 
 def test_on_starting_removes_only_prometheus_files(
@@ -20,9 +28,25 @@ def test_on_starting_removes_only_prometheus_files(
     (tmp_path / "IMPORTANT.txt").write_text("keep")
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
 
-    hooks.on_starting(SimpleNamespace(log=logging.getLogger("test")))
+    server = SimpleNamespace(
+        log=logging.getLogger("test"), master_pid=0, reap_workers=None, manage_workers=None
+    )
+    hooks.on_starting(server)
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["IMPORTANT.txt"]
+
+
+def test_on_starting_after_usr2_keeps_the_old_generations_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "counter_123.db").write_bytes(b"still written by the old workers")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    server = SimpleNamespace(
+        log=logging.getLogger("test"), master_pid=1, reap_workers=None, manage_workers=None
+    )
+    hooks.on_starting(server)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["counter_123.db"]
 
 
 def test_prepare_metrics_dir_creates_and_exports_the_directory(

@@ -271,3 +271,28 @@ def test_a_file_loaded_as_another_format_says_so(tmp_path: Path) -> None:
     path.write_bytes(DEMO_ONNX_PATH.read_bytes())
     with pytest.raises(ModelLoadError, match=r"extension says onnx, but it was loaded as joblib"):
         load_model(path, "joblib")
+
+
+def test_models_with_n_jobs_are_loaded_single_threaded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import joblib
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    forest = RandomForestClassifier(n_estimators=3, n_jobs=-1, random_state=0)
+    model = make_pipeline(StandardScaler(), forest).fit([[0.0], [1.0]], [0, 1])
+    path = tmp_path / "m.joblib"
+    joblib.dump(model, path)
+
+    with caplog.at_level("INFO", logger="serving.loaders"):
+        load_model(path)
+    assert "randomforestclassifier__n_jobs=-1 set to n_jobs=1" in caplog.text
+    loaded = joblib.load(path)  # the file keeps what it was trained with
+    assert loaded.steps[-1][1].n_jobs == -1
+
+    from serving.loaders import JoblibLoader
+
+    kept = JoblibLoader().load(path, name="m", version="1", keep_n_jobs=True)
+    assert kept.predict_batch(np.zeros((1, 1)))["predictions"].shape == (1,)

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 from prometheus_client import CollectorRegistry
 
 from serving.errors import ModelLoadError
@@ -64,3 +65,49 @@ def test_load_warms_up_batches_of_one_and_of_max_batch_size(settings: Settings) 
     # then one instance more: the output specs (names, dtypes, shapes) for model metadata
     assert sizes == [1, settings.max_batch_size, 1]
     assert [(spec.name, spec.shape) for spec in runtime.outputs] == [("predictions", (-1,))]
+
+
+class _Evil:
+    """Unpickling it creates ``marker``: shows whether swapped content was ever loaded."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_file_swapped_after_the_sha256_check_is_not_what_gets_loaded(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+
+    from serving import runtime as runtime_module
+
+    path = tmp_path / "m.pkl"
+    good = pickle.dumps(SlowLoading(n_features=1, load_s=0.0))
+    path.write_bytes(good)
+    marker = tmp_path / "evil-ran"
+    evil = pickle.dumps(_Evil(marker))
+    checked = runtime_module.check_artifact
+
+    def check_then_swap(*args: object) -> bytes:
+        data = checked(*args)  # type: ignore[arg-type]
+        path.write_bytes(evil)  # swapped between the hash and the load
+        return data
+
+    monkeypatch.setattr(runtime_module, "check_artifact", check_then_swap)
+    pinned = {"model_path": path, "model_sha256": hashlib.sha256(good).hexdigest()}
+    configured = Settings(**{**settings.model_dump(), **pinned})
+    runtime = ModelRuntime(configured, ServingMetrics(CollectorRegistry()))
+
+    runtime.load()  # loads the bytes that were hashed
+
+    assert runtime.state == "ready"
+    assert not marker.exists(), "the swapped pickle ran"
+    monkeypatch.setattr(runtime_module, "check_artifact", checked)
+    refused = ModelRuntime(configured, ServingMetrics(CollectorRegistry()))
+    with pytest.raises(ModelLoadError, match="SHA-256 is"):
+        refused.load()  # the swapped file itself is refused
+    assert not marker.exists()
+    runtime.stop(0)

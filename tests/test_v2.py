@@ -368,6 +368,8 @@ def test_v2_infer_binary_tensors_both_ways_with_any_content_type(
         (24, 32, None, "8 bytes after the inputs' binary data"),
         (24, 24, "x", "'x' is not a byte count"),
         (24, 24, "100000", "is more than the body's"),
+        (24, 24, "\u00b2", "is not a byte count"),  # a digit to str.isdigit(), not to int()
+        (24, 24, "1" * 4300, "(4300 digits) is more than the body's"),  # past int()'s limit
     ],
 )
 def test_v2_infer_binary_sizes_that_do_not_add_up_are_400(

@@ -2,8 +2,9 @@
 ``GET /metrics`` (Prometheus) and ``GET /openapi.json``.
 
 Liveness does not look at the model: a worker still loading is alive and must not be
-restarted for it. Readiness is 200 only when the model is loaded and warmed up and the
-batcher thread runs; otherwise 503 with the same body and the state it is in.
+restarted for it. Readiness is 200 only when every live worker of the server has every
+model loaded and warmed up and its batcher running (``serving.workers.readiness``; the body
+says ``"workers": {"ready": N, "total": M}``); otherwise 503 with the same body.
 ``/metrics`` is the Prometheus text format, summed over all Gunicorn workers. The OpenAPI
 document is built once per process from every protocol's ``OPERATIONS``
 (``serving.openapi``).
@@ -22,6 +23,7 @@ from serving.protocols.schemas import (
     LivenessResponse,
     OpenAPIDocument,
 )
+from serving.workers import readiness
 
 __all__ = ["OPERATIONS", "PROTOCOL", "bp"]
 
@@ -39,7 +41,7 @@ OPERATIONS = [
     Operation(
         "get",
         "/healthz",
-        "Readiness: 200 only when every model of this worker is loaded and batching",
+        "Readiness: 200 only when every model of every worker is loaded and batching",
         {200: HealthResponse, 503: HealthResponse},
         tag="probes",
         security=False,
@@ -76,9 +78,12 @@ def livez() -> Response:
 
 @bp.get("/healthz")
 def healthz() -> Response:
-    """Readiness of this worker: 200 only when every model it serves is ready."""
+    """Readiness of the server: 200 only when every worker has every model ready."""
     models = dataplane().models
     state = models.state
+    ready, workers = readiness(state)
+    if state == "ready" and not ready:
+        state = "loading"  # this worker is ready, another is not yet
     default = models.default
     body = {
         "status": state,
@@ -99,7 +104,9 @@ def healthz() -> Response:
             for runtime in models.runtimes
         ],
     }
-    return json_response(body, 200 if state == "ready" else 503)
+    if workers is not None:
+        body["workers"] = workers
+    return json_response(body, 200 if ready else 503)
 
 
 @bp.get("/metrics")

@@ -91,6 +91,11 @@ class HealthResponse(BaseModel):
         "(CUDAExecutionProvider, CPUExecutionProvider) or cpu for Python models."
     )
     models: list[ModelHealth] = Field(description="Every model version this worker serves.")
+    workers: dict[str, Any] | None = Field(
+        default=None,
+        description="Under Gunicorn: workers accepting connections (total) and of them "
+        "ready; loading/failed counts and each failed worker's last load error when any.",
+    )
 
 
 class ErrorBody(BaseModel):

@@ -37,3 +37,19 @@ def pickled(tmp_path: Path) -> Callable[[Any, str], Path]:
         return path
 
     return write
+
+
+@pytest.fixture
+def cpu_hog() -> Iterator[None]:
+    """A Python busy loop per core for the test's duration (each ends by itself after 300 s
+    at the latest): lifecycle tests must pass on a busy machine, as production is."""
+    import os
+    import subprocess
+    import sys
+
+    loop = "import time\nend = time.monotonic() + 300\nwhile time.monotonic() < end: pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(os.cpu_count() or 1)]
+    yield
+    for hog in hogs:
+        hog.kill()
+        hog.wait(10)

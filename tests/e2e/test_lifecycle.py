@@ -19,14 +19,18 @@ Start = Callable[..., GunicornServer]
 Pickled = Callable[[Any, str], Path]
 
 
-def keep_sending(server: GunicornServer, stop: threading.Event, n_threads: int = 4) -> list[Any]:
-    """Send single-instance requests from ``n_threads`` sessions until ``stop``; every
-    outcome (status and the model's offset, or the exception), thread after thread."""
+def keep_sending(
+    server: GunicornServer, stop: threading.Event, n_threads: int = 4, limit_s: float = 90.0
+) -> list[Any]:
+    """Send single-instance requests from ``n_threads`` sessions until ``stop`` (or
+    ``limit_s`` seconds, so a test whose wait fails still ends); every outcome (status and
+    the model's offset, or the exception), thread after thread."""
+    deadline = time.monotonic() + limit_s
 
     def loop(caller: int) -> list[Any]:
         session = requests.Session()
         outcomes: list[Any] = []
-        while not stop.is_set():
+        while not stop.is_set() and time.monotonic() < deadline:
             try:
                 response = session.post(
                     f"{server.url}/predict", json={"instances": [[float(caller)]]}, timeout=30

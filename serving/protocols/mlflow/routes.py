@@ -36,6 +36,7 @@ from serving.protocols.mlflow.schemas import (
     PingResponse,
 )
 from serving.protocols.schemas import parse_body
+from serving.workers import readiness
 
 __all__ = ["OPERATIONS", "PROTOCOL", "bp"]
 
@@ -108,11 +109,14 @@ def version() -> Response:
 @bp.get("/ping")
 @bp.get("/health")
 def ping() -> Response:
-    """200 ``{"status": "ready"}`` once every model of this worker is ready, else 503 with
+    """200 ``{"status": "ready"}`` once every worker has every model ready, else 503 with
     the state (SageMaker and ``mlflow models serve`` clients poll it before scoring)."""
     state = dataplane().models.state
-    response = json_response({"status": state}, 200 if state == "ready" else 503)
-    if state != "ready":
+    ready, _ = readiness(state)
+    if state == "ready" and not ready:
+        state = "loading"  # this worker is ready, another is not yet
+    response = json_response({"status": state}, 200 if ready else 503)
+    if not ready:
         response.headers["Retry-After"] = "1"
     return response
 

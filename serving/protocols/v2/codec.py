@@ -75,11 +75,16 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     if header_length is None:
         return body, b""
     loc = f"headers.{HEADER_LENGTH}"
-    if not header_length.strip().isdigit():
+    digits = header_length.strip()
+    # ASCII only: str.isdigit() also accepts "²" or "٣", which int() refuses or reads.
+    if not (digits.isascii() and digits.isdigit()):
         raise _invalid(loc, f"{header_length[:32]!r} is not a byte count", "header")
-    length = int(header_length)
+    # Longer than the body's own length in digits: more than the body, and never int()ed
+    # (past 4,300 digits int() raises ValueError).
+    length = int(digits) if len(digits) <= len(str(len(body))) else len(body) + 1
     if length > len(body):
-        raise _invalid(loc, f"{length} is more than the body's {len(body)} bytes", "header")
+        shown = digits if len(digits) <= 32 else f"{digits[:32]}... ({len(digits)} digits)"
+        raise _invalid(loc, f"{shown} is more than the body's {len(body)} bytes", "header")
     return body[:length], body[length:]
 
 

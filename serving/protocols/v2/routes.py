@@ -42,6 +42,7 @@ from serving.protocols.v2.schemas import (
     V2Ready,
     V2ServerMetadata,
 )
+from serving.workers import readiness
 
 __all__ = ["EXTENSIONS", "OPERATIONS", "PROTOCOL", "bp"]
 
@@ -114,8 +115,8 @@ def live() -> Response:
 
 @bp.get("/v2/health/ready")
 def ready() -> Response:
-    """As ``/healthz``: true only when every model of this worker is ready."""
-    is_ready = dataplane().models.state == "ready"
+    """As ``/healthz``: true only when every worker has every model ready."""
+    is_ready, _ = readiness(dataplane().models.state)
     return json_response({"ready": is_ready}, 200 if is_ready else 400)
 
 

@@ -1,0 +1,258 @@
+"""What the workers of one server know about each other, and how the master rolls them over.
+
+Gunicorn workers share nothing but the listening socket, so each one publishes its state in
+a small JSON file named after its pid in a directory the master creates before the first
+fork (``Board``). The master removes a dead worker's file in ``child_exit`` and the whole
+directory when it exits. States::
+
+    starting  first boot: loads while accepting (probes answer, predicts get 503)  counted
+    warming   after first boot: loads before accepting                         not counted
+    failed    after first boot: its load failed; retried with backoff, not accepting
+    ready     every model loaded and batching, accepting                            counted
+    leaving   stopped accepting (recycling), answering what it accepted       not counted
+
+The server is ready (``Fleet.ready``) when at least one worker is counted and every counted
+worker is ready. A worker that is ``warming`` or ``failed`` takes no connections, so it
+cannot make a request fail; it only shows up in ``/healthz``.
+
+``roll_over(server, board)`` changes the master (a Gunicorn ``Arbiter``) so that
+
+* a reload (``SIGHUP``) stops an old worker only once a new one is ready: capacity never
+  drops (Gunicorn itself stops all old workers at once, and new ones load for seconds);
+* after the first boot, no worker exit halts the server (Gunicorn halts on exit status 3 or
+  4 whenever it comes: a model calling ``os._exit(3)`` would stop every worker).
+
+``RecycleGate`` lets one worker at a time leave for ``SERVING_MAX_REQUESTS``: a worker leaves
+only when every other worker is ready and no earlier leaver's replacement is still loading.
+
+Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "Board",
+    "Fleet",
+    "RecycleGate",
+    "WorkerState",
+    "install_board",
+    "readiness",
+    "roll_over",
+]
+
+log = logging.getLogger(__name__)
+
+WorkerState = Literal["starting", "warming", "failed", "ready", "leaving"]
+_COUNTED = ("starting", "ready")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The workers of this server as their state files say: ``ready`` and ``total`` count
+    the workers that accept connections (``starting`` or ``ready``)."""
+
+    states: dict[int, WorkerState]
+    errors: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def ready_count(self) -> int:
+        return sum(state == "ready" for state in self.states.values())
+
+    @property
+    def total(self) -> int:
+        return sum(state in _COUNTED for state in self.states.values())
+
+    @property
+    def ready(self) -> bool:
+        return self.total > 0 and self.ready_count == self.total
+
+    def count(self, state: WorkerState) -> int:
+        return sum(s == state for s in self.states.values())
+
+    def summary(self) -> dict[str, Any]:
+        """``{"ready": N, "total": M}``, plus ``loading``/``failed`` counts and the last
+        load error of each failed worker when there are any (for ``/healthz``)."""
+        body: dict[str, Any] = {"ready": self.ready_count, "total": self.total}
+        loading = self.count("warming") + self.count("starting")
+        if loading:
+            body["loading"] = loading
+        if self.count("failed"):
+            body["failed"] = self.count("failed")
+            body["errors"] = [
+                {"pid": pid, "error": error}
+                for pid, error in sorted(self.errors.items())
+                if self.states.get(pid) == "failed"
+            ]
+        return body
+
+
+class Board:
+    """One directory of ``<pid>`` JSON files: each worker's state, readable by all.
+
+    Usage::
+
+        board = Board.create()                  # master, before the first fork
+        board.write(os.getpid(), "ready")       # worker
+        board.read().ready                      # any process
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls) -> Board:
+        """A new empty directory under the system temporary directory."""
+        return cls(Path(tempfile.mkdtemp(prefix="serving-workers-")))
+
+    def write(self, pid: int, state: WorkerState, error: str | None = None) -> None:
+        """Publish ``pid``'s state atomically (write, then rename over the old file)."""
+        temporary = self.path / f".{pid}.tmp"
+        temporary.write_text(json.dumps({"state": state, "error": error}))
+        os.replace(temporary, self.path / str(pid))
+
+    def remove(self, pid: int) -> None:
+        (self.path / str(pid)).unlink(missing_ok=True)
+
+    def read(self) -> Fleet:
+        """The state of every live worker with a file (a file whose process is gone, or that
+        cannot be parsed, is skipped)."""
+        states: dict[int, WorkerState] = {}
+        errors: dict[int, str] = {}
+        try:
+            entries = list(self.path.iterdir())
+        except OSError:
+            return Fleet(states)
+        for entry in entries:
+            if not entry.name.isdigit() or not _alive(int(entry.name)):
+                continue
+            try:
+                data = json.loads(entry.read_text())
+            except (OSError, ValueError):
+                continue
+            states[int(entry.name)] = data["state"]
+            if data.get("error"):
+                errors[int(entry.name)] = data["error"]
+        return Fleet(states, errors)
+
+    def destroy(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class RecycleGate:
+    """At most one worker at a time leaves for ``max_requests`` and is being replaced.
+
+    Created by the master before the first fork (a lock and a pid in shared memory that
+    the forked workers inherit). ``try_leave(pid)`` succeeds only when no earlier leaver's
+    replacement is still loading and every other worker is ready; ``replaced()`` (called
+    by a worker that became ready after loading before accepting) frees the gate once the
+    earlier leaver has exited.
+    """
+
+    def __init__(self, board: Board) -> None:
+        self.board = board
+        self._lock = multiprocessing.Lock()
+        self._leaver = multiprocessing.RawValue("i", 0)
+
+    def try_leave(self, pid: int) -> bool:
+        with self._lock:
+            if self._leaver.value:
+                return False
+            fleet = self.board.read()
+            others = {p: s for p, s in fleet.states.items() if p != pid}
+            if any(state != "ready" for state in others.values()):
+                return False
+            self._leaver.value = pid
+            self.board.write(pid, "leaving")
+            return True
+
+    def replaced(self) -> None:
+        with self._lock:
+            if self._leaver.value and not _alive(self._leaver.value):
+                self._leaver.value = 0
+
+
+_installed: Board | None = None
+
+
+def install_board(board: Board) -> None:
+    """Make ``board`` this server's (the master, before the first fork)."""
+    global _installed
+    _installed = board
+
+
+def readiness(local_state: str) -> tuple[bool, dict[str, Any] | None]:
+    """Whether this server is ready, given this worker's models' state, and the workers'
+    summary for the probes (None outside our Gunicorn hooks: then this worker is all)."""
+    board = _installed
+    if board is None:
+        return local_state == "ready", None
+    fleet = board.read()
+    return local_state == "ready" and fleet.ready, fleet.summary()
+
+
+def roll_over(server: Any, board: Board, on_booted: Callable[[], None]) -> None:
+    """Make the Gunicorn arbiter ``server`` roll workers over one by one and stop halting
+    once the first boot is over (see the module docstring); ``on_booted()`` is called once,
+    in the master, when every first-boot worker is ready."""
+    retiring: set[int] = set()
+    booted = False
+
+    def sync() -> None:
+        nonlocal booted
+        fleet = board.read()
+        everyone = min(server.num_workers, len(server.WORKERS))
+        if not booted and fleet.ready and fleet.ready_count >= everyone:
+            booted = True
+            # reap_workers halts on these exit statuses; no process exits with -1 (and
+            # None would match a worker killed by a signal, whose exit status is None).
+            server.WORKER_BOOT_ERROR = -1
+            server.APP_LOAD_ERROR = -1
+            on_booted()
+        workers = sorted(server.WORKERS.items(), key=lambda item: item[1].age)
+        retiring.intersection_update(server.WORKERS)
+        excess = len(workers) - server.num_workers
+        if excess <= 0:
+            return
+        newest = workers[-server.num_workers :] if server.num_workers else []
+        waiting = sum(fleet.states.get(pid) != "ready" for pid, _ in newest)
+        for pid, _ in workers[: max(0, excess - waiting)]:
+            if pid not in retiring:
+                retiring.add(pid)
+                server.log.info("worker %s: stopping (a newer worker is ready)", pid)
+                server.kill_worker(pid, signal.SIGTERM)
+
+    reap = server.reap_workers
+
+    def reap_workers() -> None:
+        sync()
+        reap()
+
+    def manage_workers() -> None:
+        if len(server.WORKERS) < server.num_workers:
+            server.spawn_workers()
+        sync()
+
+    server.reap_workers = reap_workers
+    server.manage_workers = manage_workers

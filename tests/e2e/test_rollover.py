@@ -1,0 +1,118 @@
+"""Reload and recycling without a capacity gap, and metrics that survive any number of
+recycles, under real Gunicorn on a busy machine (``cpu_hog``)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.e2e.server import GunicornServer
+from tests.models import RowOffset, UnevenLoading
+
+Start = Callable[..., GunicornServer]
+Pickled = Callable[[Any, str], Path]
+
+pytestmark = pytest.mark.usefixtures("cpu_hog")
+
+#: The request deadline of these servers (SERVING_REQUEST_TIMEOUT_MS), in seconds.
+DEADLINE_S = 10.0
+
+
+def timed_traffic(
+    server: GunicornServer, stop: threading.Event, n_threads: int, limit_s: float = 90.0
+) -> list[tuple[Any, float]]:
+    """Single-instance predicts from ``n_threads`` keep-alive sessions until ``stop`` (or
+    ``limit_s``): each outcome (status, or the exception) with its latency in seconds."""
+    deadline = time.monotonic() + limit_s
+
+    def loop(caller: int) -> list[tuple[Any, float]]:
+        session = requests.Session()
+        outcomes: list[tuple[Any, float]] = []
+        while not stop.is_set() and time.monotonic() < deadline:
+            started = time.perf_counter()
+            try:
+                response = session.post(
+                    f"{server.url}/predict",
+                    json={"instances": [[float(caller)]]},
+                    timeout=DEADLINE_S + 5,
+                )
+                outcome: Any = response.status_code
+            except requests.RequestException as exc:
+                outcome = exc
+            outcomes.append((outcome, time.perf_counter() - started))
+        return outcomes
+
+    with ThreadPoolExecutor(n_threads) as pool:
+        futures = [pool.submit(loop, c) for c in range(n_threads)]
+        return [outcome for future in futures for outcome in future.result(limit_s + 30)]
+
+
+def test_hup_with_a_slow_load_rolls_workers_over_without_a_gap(
+    gunicorn: Start, pickled: Pickled, tmp_path: Path
+) -> None:
+    tickets = tmp_path / "tickets"
+    tickets.mkdir()
+    # The first two loads are quick, the reloaded workers take 5 s each.
+    model = pickled(UnevenLoading((0.3, 0.3, 5.0), str(tickets)), "m.pkl")
+    server = gunicorn(model_path=model, request_timeout_ms=DEADLINE_S * 1000)
+    server.wait_ready()
+    server.wait_for_log("every worker is ready", 1)
+    stop = threading.Event()
+
+    with ThreadPoolExecutor(1) as pool:
+        traffic = pool.submit(timed_traffic, server, stop, 8)
+        time.sleep(1.0)
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGHUP)
+        try:
+            server.wait_for_log("ready to serve", 4, timeout_s=60)  # two new workers loaded
+            server.wait_for_log("stopping (a newer worker is ready)", 2, timeout_s=30)
+            time.sleep(1.0)
+        finally:
+            stop.set()
+        outcomes = traffic.result(120)
+
+    failures = [outcome for outcome, _ in outcomes if outcome != 200]
+    assert failures == [], failures[:5]
+    slowest = max(latency for _, latency in outcomes)
+    assert slowest < DEADLINE_S, f"a request waited {slowest:.1f} s"
+    assert len(outcomes) > 100
+    output = server.output()
+    # Each old worker stopped only after a new one was ready.
+    assert output.index("stopping (a newer worker") > output.index("loading before accepting")
+
+
+def test_max_requests_recycles_one_worker_at_a_time_and_loses_nothing(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, max_requests=20, max_requests_jitter=5, threads=8)
+    server.wait_ready()
+    stop = threading.Event()
+
+    with ThreadPoolExecutor(1) as pool:
+        traffic = pool.submit(timed_traffic, server, stop, 8)
+        time.sleep(15.0)
+        stop.set()
+        outcomes = traffic.result(120)
+
+    failures = [outcome for outcome, _ in outcomes if outcome != 200]
+    assert failures == [], failures[:5]
+    # Between a worker's "recycling" line and its replacement's "ready to serve", no other
+    # worker starts recycling.
+    events = re.findall(r"recycling after|ready to serve", server.output())
+    recycles = events.count("recycling after")
+    assert recycles >= 3, server.output()
+    in_progress = 0
+    for event in events:
+        in_progress += 1 if event == "recycling after" else -1 if in_progress else 0
+        assert in_progress <= 1, "two workers recycled at the same time"

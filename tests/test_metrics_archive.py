@@ -1,0 +1,59 @@
+"""Folding dead workers' metric files into the archive keeps totals and bounds the files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from serving.metrics_archive import archive_dead_worker
+
+WORKER = """
+from serving.metrics import ServingMetrics
+m = ServingMetrics()
+for status in (200, 200, 503):
+    m.observe_request("POST", "/predict", status, 0.003)
+import os; print(os.getpid())
+"""
+
+
+def scrape(directory: Path) -> dict[str, float]:
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
+    samples = {}
+    for line in generate_latest(registry).decode().splitlines():
+        if line.startswith(("http_requests_total", "http_request_duration_seconds_count")):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def test_archive_dead_worker_keeps_counter_and_histogram_totals(tmp_path: Path) -> None:
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    pids = []
+    for _ in range(5):
+        run = subprocess.run(
+            [sys.executable, "-c", WORKER],
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 0, run.stderr
+        pids.append(int(run.stdout))
+    before = scrape(tmp_path)
+
+    for pid in pids:
+        archive_dead_worker(tmp_path, pid, "1")
+
+    assert scrape(tmp_path) == before
+    total = 'http_requests_total{method="POST",route="/predict",status="200"}'
+    assert before[total] == 10.0
+    assert sorted(p.name for p in tmp_path.glob("*.db")) == [
+        "counter_archive-1.db",
+        "histogram_archive-1.db",
+    ]
