@@ -188,7 +188,8 @@ class ThreadedBatcher:
             the batcher answers (it always does: every queued instance is answered or failed).
             Instances still queued when it has passed are dropped, not computed.
         :param stats: if given, ``stats["batch_size"]`` is set to the size of the predict call
-            that answered these instances (for the access log).
+            that answered these instances (for the access log) and ``stats["infer_s"]`` to
+            its wall time in seconds.
         :returns: the named outputs for exactly these instances, in order.
         :raises ValueError: when ``instances`` is not a non-empty 2-D array.
         :raises NotReady: when the batcher is not started or is stopping.
@@ -221,6 +222,7 @@ class ThreadedBatcher:
             raise InferenceTimeout(f"no prediction within {timeout_s * 1000:.0f} ms")
         if stats is not None:
             stats["batch_size"] = request.batch_size
+            stats["infer_s"] = request.infer_s
         return request.result()
 
     def stop(self, timeout_s: float | None = None) -> None:
@@ -346,7 +348,7 @@ class ThreadedBatcher:
         self._busy_since = None
         if error is None:
             for request, outputs in zip(batch, parts, strict=True):
-                request.answer(outputs, len(rows))
+                request.answer(outputs, len(rows), duration_s)
         if self._on_flush is not None:
             stats = FlushStats(len(rows), len(batch), duration_s, self._depth, error)
             try:

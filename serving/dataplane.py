@@ -29,6 +29,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from serving.batching import ThreadedBatcher
 from serving.cache import ModelCache
 from serving.conform import conform
 from serving.errors import InvalidInput, Overloaded, PayloadTooLarge, RequestTimeout
@@ -131,8 +132,38 @@ class DataPlane:
             )
         runtime = self.get_models().resolve(model_name, version)
         handle, batcher = runtime.require_ready()
+        started = time.perf_counter()
+        timing: dict[str, Any] = {}
+        try:
+            answer = self._queue(
+                runtime, handle, batcher, instances,
+                deadline=deadline, outputs=outputs, timing=timing, log=log,
+            )  # fmt: skip
+        except Exception:
+            self._observe(handle, started, timing, ok=False)
+            raise
+        if log is not None:
+            log["batch_size"] = timing["batch_size"]
+        self._observe(handle, started, timing, ok=True)
+        return Inference(handle, answer)
+
+    def _queue(
+        self,
+        runtime: ModelRuntime,
+        handle: ModelHandle,
+        batcher: ThreadedBatcher,
+        instances: Instances,
+        *,
+        deadline: float,
+        outputs: list[str] | None,
+        timing: dict[str, Any],
+        log: MutableMapping[str, Any] | None,
+    ) -> Outputs:
+        """Steps 3-6 of ``infer``; ``timing`` gets the batch size, the predict call's
+        ``infer_s`` and the end of each stage (``perf_counter()``) for the statistics."""
         check_outputs(outputs, handle.output_names)
         rows = conform(instances, handle)
+        timing["conformed"] = time.perf_counter()
         if log is not None:
             log.update(instances=len(rows), model=handle.name, model_version=handle.version)
         timeout_s = deadline - time.monotonic()
@@ -147,12 +178,35 @@ class DataPlane:
         if queued <= runtime.settings.max_queue_depth:  # else refused below, never queued
             self.metrics.observe_queue(handle.name, handle.version, queued)
         try:
-            answer = batcher.submit_many(rows, timeout_s=timeout_s, stats=log)
+            answer = batcher.submit_many(rows, timeout_s=timeout_s, stats=timing)
         except Overloaded:
             self.metrics.rejected.labels(handle.name, handle.version).inc()
             raise
+        finally:
+            timing["answered"] = time.perf_counter()
         check_outputs(outputs, tuple(answer))
-        return Inference(handle, answer)
+        return answer
+
+    def _observe(
+        self, handle: ModelHandle, started: float, timing: dict[str, Any], *, ok: bool
+    ) -> None:
+        """Record a request's stages for the V2 statistics extension (seconds; stages it
+        did not reach count 0): compute_input is checking and conforming its instances,
+        queue its wait in the batcher, compute_infer the predict call that answered it,
+        compute_output checking its outputs."""
+        now = time.perf_counter()
+        conformed = timing.get("conformed", now)
+        answered = timing.get("answered", conformed)
+        infer_s = timing.get("infer_s", 0.0)
+        self.metrics.observe_stages(
+            handle.name,
+            handle.version,
+            ok,
+            compute_input=conformed - started,
+            queue=max(answered - conformed - infer_s, 0.0),
+            compute_infer=infer_s,
+            compute_output=now - answered,
+        )
 
 
 def _count(instances: Instances) -> int:

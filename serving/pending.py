@@ -36,7 +36,7 @@ class PendingRequest:
 
     __slots__ = (
         "_done", "batch_size", "cause", "deadline", "enqueued_at", "error", "finished",
-        "outputs", "rows",
+        "infer_s", "outputs", "rows",
     )  # fmt: skip
 
     def __init__(self, rows: npt.NDArray[Any], timeout_s: float | None = None) -> None:
@@ -50,6 +50,7 @@ class PendingRequest:
         self._done.acquire()
         self.finished = False
         self.batch_size = 0  # the size of the predict call that answered these rows
+        self.infer_s = 0.0  # that call's wall time, in seconds
         self.enqueued_at = time.monotonic()
         self.deadline = self.enqueued_at + timeout_s if timeout_s is not None else float("inf")
 
@@ -57,9 +58,12 @@ class PendingRequest:
         """Failed already, or past its deadline: its queued rows need not be computed."""
         return self.error is not None or time.monotonic() > self.deadline
 
-    def answer(self, outputs: dict[str, npt.NDArray[Any]], batch_size: int) -> None:
-        """These rows' outputs, from a predict call on ``batch_size`` instances."""
-        self.outputs, self.batch_size = outputs, batch_size
+    def answer(
+        self, outputs: dict[str, npt.NDArray[Any]], batch_size: int, infer_s: float = 0.0
+    ) -> None:
+        """These rows' outputs, from a predict call on ``batch_size`` instances that took
+        ``infer_s`` seconds."""
+        self.outputs, self.batch_size, self.infer_s = outputs, batch_size, infer_s
         self._finish()
 
     def fail(self, message: str, cause: BaseException | None) -> None:
