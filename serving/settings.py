@@ -58,6 +58,11 @@ class ModelSpec(BaseModel):
     max_batch_latency_ms: float | None = Field(None, ge=0, le=10_000, allow_inf_nan=False)
     batch_policy: Literal["adaptive", "window"] | None = None
     max_queue_depth: int | None = Field(None, ge=1)
+    labels: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")], str] = Field(
+        default_factory=dict,
+        description="TF Serving version_labels of this model name: label -> a version "
+        'listed for it, e.g. {"stable": "1", "canary": "2"}.',
+    )
 
     @model_validator(mode="after")
     def _check_format(self) -> ModelSpec:
@@ -94,7 +99,7 @@ class Settings(BaseSettings):
         None,
         description="Several models/versions to keep warm in each worker: a JSON list of "
         "{name, version, path, format, sha256, max_batch_size, max_batch_latency_ms, "
-        "batch_policy, max_queue_depth}, or the path of a JSON file holding one. The first "
+        "batch_policy, max_queue_depth, labels}, or the path of a JSON file holding one. The first "
         "entry is what /predict serves; replaces SERVING_MODEL_PATH and friends.",
     )
     max_batch_size: int = Field(
@@ -288,6 +293,16 @@ class Settings(BaseSettings):
             if (spec.name, spec.version) in seen:
                 raise ValueError(f"lists model {spec.name!r} version {spec.version!r} twice")
             seen.add((spec.name, spec.version))
+        labels: dict[tuple[str, str], str] = {}
+        for spec in models:
+            for label, version in spec.labels.items():
+                if (spec.name, version) not in seen:
+                    raise ValueError(
+                        f"model {spec.name!r}: label {label!r} names version {version!r}, "
+                        "which is not listed"
+                    )
+                if labels.setdefault((spec.name, label), version) != version:
+                    raise ValueError(f"model {spec.name!r}: label {label!r} names two versions")
         return models
 
     @field_validator("onnx_providers")
@@ -323,6 +338,15 @@ class Settings(BaseSettings):
                 sha256=self.model_sha256,
             )
         ]
+
+    def version_labels(self, name: str) -> dict[str, str]:
+        """Model ``name``'s TF Serving version labels (label -> version), from every
+        ``SERVING_MODELS`` entry of that name."""
+        labels: dict[str, str] = {}
+        for spec in self.models or ():
+            if spec.name == name:
+                labels.update(spec.labels)
+        return labels
 
     def for_model(self, spec: ModelSpec) -> Settings:
         """These settings narrowed to one model: its path, name, version and batching."""

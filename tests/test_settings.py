@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from serving.errors import SettingsError
 from serving.settings import DEMO_MODEL_PATH, Settings, load_settings, unknown_variables
@@ -155,3 +156,24 @@ def test_unknown_variables_are_typos_but_not_kubernetes_service_variables() -> N
         "HOME": "/root",
     }
     assert unknown_variables(environ) == ["SERVING_FOO", "SERVING_MAX_BATCH_SZE"]
+
+
+def test_model_labels_must_name_a_listed_version_and_one_version_each() -> None:
+    path = str(DEMO_MODEL_PATH)
+    ok = Settings(
+        models=[
+            {"name": "m", "version": "1", "path": path, "labels": {"stable": "1"}},
+            {"name": "m", "version": "2", "path": path, "labels": {"canary": "2"}},
+        ]
+    )
+    assert ok.version_labels("m") == {"stable": "1", "canary": "2"}
+    assert ok.version_labels("other") == {}
+    with pytest.raises(ValidationError, match="label 'beta' names version '3'"):
+        Settings(models=[{"name": "m", "path": path, "labels": {"beta": "3"}}])
+    with pytest.raises(ValidationError, match="label 'stable' names two versions"):
+        Settings(
+            models=[
+                {"name": "m", "version": "1", "path": path, "labels": {"stable": "1"}},
+                {"name": "m", "version": "2", "path": path, "labels": {"stable": "2"}},
+            ]
+        )
