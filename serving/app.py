@@ -15,7 +15,7 @@ import orjson
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
-from serving import __version__
+from serving import __version__, payload_log
 from serving.auth import check_api_key, load_api_keys
 from serving.cache import ModelCache, current_cache
 from serving.dataplane import DataPlane
@@ -114,6 +114,11 @@ def create_app(
         g.log_fields = {}
         incoming = request.headers.get("X-Request-ID", "")
         g.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+        if plane.payloads is not None and request.url_rule is not None:
+            route = _template(request.url_rule.rule)
+            payload_log.bind(
+                g.request_id, request.blueprint or "", route, settings.payload_log_sample
+            )
         if api_keys and request.path not in open_routes:
             check_api_key(request.headers, api_keys)
 

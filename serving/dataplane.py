@@ -12,7 +12,9 @@ A protocol's route reads its body, its codec decodes it into ``serving.instances
    ``(n_instances, n_features)`` rows its batcher merges (422);
 5. what is left of the request's deadline (408 when receiving the request used it up);
 6. the queue-depth metric, then the model's batcher (``submit_many``): 503 overloaded
-   (counted as rejected), 504 timeout, 500 when the model fails on these rows.
+   (counted as rejected), 504 timeout, 500 when the model fails on these rows;
+7. the request's stages for the V2 statistics (``ServingMetrics.observe_stages``) and,
+   when ``SERVING_PAYLOAD_LOG`` is on, its rows and outputs to the payload log.
 
 The codec then encodes ``Inference.outputs`` into its response body. Requests of every
 protocol meet in the same batcher, so they are merged into the same predict calls.
@@ -36,6 +38,7 @@ from serving.errors import InvalidInput, Overloaded, PayloadTooLarge, RequestTim
 from serving.handle import ModelHandle, Outputs
 from serving.instances import Instances, Tensors
 from serving.metrics import ServingMetrics
+from serving.payload_log import PayloadLog
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
 
@@ -71,6 +74,8 @@ class DataPlane:
         self.settings = settings
         self.metrics = metrics
         self.get_models = get_models
+        #: ``SERVING_PAYLOAD_LOG``'s sink, or None when it is off.
+        self.payloads = PayloadLog.from_settings(settings, metrics)
 
     @property
     def models(self) -> ModelCache:
@@ -141,10 +146,14 @@ class DataPlane:
             )  # fmt: skip
         except Exception:
             self._observe(handle, started, timing, ok=False)
+            if self.payloads is not None:
+                self.payloads.record(handle.name, handle.version, timing.get("rows"), None)
             raise
         if log is not None:
             log["batch_size"] = timing["batch_size"]
         self._observe(handle, started, timing, ok=True)
+        if self.payloads is not None:
+            self.payloads.record(handle.name, handle.version, timing["rows"], answer)
         return Inference(handle, answer)
 
     def _queue(
@@ -163,7 +172,7 @@ class DataPlane:
         ``infer_s`` and the end of each stage (``perf_counter()``) for the statistics."""
         check_outputs(outputs, handle.output_names)
         rows = conform(instances, handle)
-        timing["conformed"] = time.perf_counter()
+        timing["conformed"], timing["rows"] = time.perf_counter(), rows
         if log is not None:
             log.update(instances=len(rows), model=handle.name, model_version=handle.version)
         timeout_s = deadline - time.monotonic()

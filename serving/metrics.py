@@ -117,6 +117,13 @@ class ServingMetrics:
             multiprocess_mode="livesum",
             registry=registry,
         )
+        self.payload_log_dropped = Counter(
+            "payload_log_dropped",
+            "Payload log records dropped: queue_full (the sink is behind) or sink_error "
+            "(every retry failed).",
+            ["reason"],
+            registry=registry,
+        )
         self._stages: dict[tuple[str, str, str], Any] = {}
         #: Per request, as Triton's statistics extension counts them (serving.stats).
         self.request_stage = Summary(

@@ -249,6 +249,41 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Gunicorn and service log level."
     )
+    payload_log: Literal["off", "request", "response", "all"] = Field(
+        "off",
+        description="Payload logging (serving.payload_log): the decoded instances of each "
+        "request, the outputs of each answer, or both, sent to payload_log_url.",
+    )
+    payload_log_url: str | None = Field(
+        None,
+        pattern=r"^(https?|file)://.+",
+        description="Payload log sink: http(s)://... gets one CloudEvent per record; "
+        "file:///path.jsonl one JSON line per record (each worker its own file).",
+    )
+    payload_log_mode: Literal["binary", "structured"] = Field(
+        "binary", description="CloudEvents HTTP content mode of the payload log."
+    )
+    payload_log_sample: float = Field(
+        1.0, ge=0, le=1, allow_inf_nan=False, description="Share of requests logged, 0 to 1."
+    )
+    payload_log_queue_size: int = Field(
+        10_000,
+        ge=1,
+        description="Records a worker holds for its sink; more are dropped and counted "
+        "(payload_log_dropped_total), never waited for.",
+    )
+    payload_log_timeout_ms: float = Field(
+        2000, gt=0, description="Longest one HTTP post of a record may take, in milliseconds."
+    )
+    payload_log_retries: int = Field(
+        3, ge=0, le=10, description="HTTP retries of a record (backoff 0.1 s, doubling)."
+    )
+    payload_log_file_max_bytes: int = Field(
+        100 * 2**20, ge=1024, description="Size at which a payload log file is rotated, bytes."
+    )
+    payload_log_file_backups: int = Field(
+        5, ge=0, description="Rotated payload log files kept per worker."
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -322,6 +357,8 @@ class Settings(BaseSettings):
     def _check_format(self) -> Settings:
         if self.model_path is not None and self.model_format is None:
             format_from_path(self.model_path)  # raises ValueError naming the extension
+        if self.payload_log != "off" and self.payload_log_url is None:
+            raise ValueError("SERVING_PAYLOAD_LOG needs SERVING_PAYLOAD_LOG_URL (the sink)")
         return self
 
     @property
