@@ -15,7 +15,7 @@ import orjson
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
-from serving import __version__, payload_log
+from serving import __version__, payload_log, tracing
 from serving.auth import check_api_key, load_api_keys
 from serving.cache import ModelCache, current_cache
 from serving.dataplane import DataPlane
@@ -114,6 +114,10 @@ def create_app(
         g.log_fields = {}
         incoming = request.headers.get("X-Request-ID", "")
         g.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+        rule = _template(request.url_rule.rule) if request.url_rule else "<unmatched>"
+        g.trace = tracing.start_request(request.headers, request.method[:16], rule)
+        if g.trace is not None:
+            g.log_fields["trace_id"] = g.trace[2]
         if plane.payloads is not None and request.url_rule is not None:
             route = _template(request.url_rule.rule)
             payload_log.bind(
@@ -124,6 +128,8 @@ def create_app(
 
     @app.after_request
     def _finish(response: Response) -> Response:
+        if g.get("trace") is not None:
+            tracing.end_request(g.trace, response.status_code)
         response.headers["X-Request-ID"] = g.get("request_id", "")
         route = _template(request.url_rule.rule) if request.url_rule is not None else "<unmatched>"
         duration_s = time.perf_counter() - g.get("started", time.perf_counter())

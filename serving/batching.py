@@ -188,8 +188,8 @@ class ThreadedBatcher:
             the batcher answers (it always does: every queued instance is answered or failed).
             Instances still queued when it has passed are dropped, not computed.
         :param stats: if given, ``stats["batch_size"]`` is set to the size of the predict call
-            that answered these instances (for the access log) and ``stats["infer_s"]`` to
-            its wall time in seconds.
+            that answered these instances (for the access log), ``stats["infer_s"]`` to
+            its wall time in seconds and ``stats["batch_requests"]`` to the requests it merged.
         :returns: the named outputs for exactly these instances, in order.
         :raises ValueError: when ``instances`` is not a non-empty 2-D array.
         :raises NotReady: when the batcher is not started or is stopping.
@@ -223,6 +223,7 @@ class ThreadedBatcher:
         if stats is not None:
             stats["batch_size"] = request.batch_size
             stats["infer_s"] = request.infer_s
+            stats["batch_requests"] = request.n_merged
         return request.result()
 
     def stop(self, timeout_s: float | None = None) -> None:
@@ -348,7 +349,7 @@ class ThreadedBatcher:
         self._busy_since = None
         if error is None:
             for request, outputs in zip(batch, parts, strict=True):
-                request.answer(outputs, len(rows), duration_s)
+                request.answer(outputs, len(rows), duration_s, len(batch))
         if self._on_flush is not None:
             stats = FlushStats(len(rows), len(batch), duration_s, self._depth, error)
             try:

@@ -13,7 +13,8 @@ A protocol's route reads its body, its codec decodes it into ``serving.instances
 5. what is left of the request's deadline (408 when receiving the request used it up);
 6. the queue-depth metric, then the model's batcher (``submit_many``): 503 overloaded
    (counted as rejected), 504 timeout, 500 when the model fails on these rows;
-7. the request's stages for the V2 statistics (``ServingMetrics.observe_stages``) and,
+7. the request's stages for the V2 statistics (``ServingMetrics.observe_stages``) and
+   its spans (``serving.tracing``, when configured) and,
    when ``SERVING_PAYLOAD_LOG`` is on, its rows and outputs to the payload log.
 
 The codec then encodes ``Inference.outputs`` into its response body. Requests of every
@@ -31,6 +32,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from serving import tracing
 from serving.batching import ThreadedBatcher
 from serving.cache import ModelCache
 from serving.conform import conform
@@ -203,6 +205,7 @@ class DataPlane:
         did not reach count 0): compute_input is checking and conforming its instances,
         queue its wait in the batcher, compute_infer the predict call that answered it,
         compute_output checking its outputs."""
+        tracing.record_stages(started, timing)  # spans, when OpenTelemetry is configured
         now = time.perf_counter()
         conformed = timing.get("conformed", now)
         answered = timing.get("answered", conformed)

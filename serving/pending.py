@@ -36,7 +36,7 @@ class PendingRequest:
 
     __slots__ = (
         "_done", "batch_size", "cause", "deadline", "enqueued_at", "error", "finished",
-        "infer_s", "outputs", "rows",
+        "infer_s", "n_merged", "outputs", "rows",
     )  # fmt: skip
 
     def __init__(self, rows: npt.NDArray[Any], timeout_s: float | None = None) -> None:
@@ -51,6 +51,7 @@ class PendingRequest:
         self.finished = False
         self.batch_size = 0  # the size of the predict call that answered these rows
         self.infer_s = 0.0  # that call's wall time, in seconds
+        self.n_merged = 0  # the requests merged into that call
         self.enqueued_at = time.monotonic()
         self.deadline = self.enqueued_at + timeout_s if timeout_s is not None else float("inf")
 
@@ -59,11 +60,16 @@ class PendingRequest:
         return self.error is not None or time.monotonic() > self.deadline
 
     def answer(
-        self, outputs: dict[str, npt.NDArray[Any]], batch_size: int, infer_s: float = 0.0
+        self,
+        outputs: dict[str, npt.NDArray[Any]],
+        batch_size: int,
+        infer_s: float = 0.0,
+        n_merged: int = 1,
     ) -> None:
-        """These rows' outputs, from a predict call on ``batch_size`` instances that took
-        ``infer_s`` seconds."""
+        """These rows' outputs, from a predict call on ``batch_size`` instances of
+        ``n_merged`` requests that took ``infer_s`` seconds."""
         self.outputs, self.batch_size, self.infer_s = outputs, batch_size, infer_s
+        self.n_merged = n_merged
         self._finish()
 
     def fail(self, message: str, cause: BaseException | None) -> None:
