@@ -189,7 +189,9 @@ class DataPlane:
         if queued <= runtime.settings.max_queue_depth:  # else refused below, never queued
             self.metrics.observe_queue(handle.name, handle.version, queued)
         try:
-            answer = batcher.submit_many(rows, timeout_s=timeout_s, stats=timing)
+            answer = batcher.submit_many(
+                rows, timeout_s=timeout_s, stats=timing, tag=tracing.current_span_context()
+            )
         except Overloaded:
             self.metrics.rejected.labels(handle.name, handle.version).inc()
             raise

@@ -15,7 +15,8 @@ caller's W3C ``traceparent``, with children (times measured by the data plane wi
   (reading and decoding the body included);
 - ``queue``: waiting in the model's batcher;
 - ``predict``: the predict call that answered it, with ``serving.batch_size``
-  (instances) and ``serving.batch_requests`` (requests merged) as attributes;
+  (instances) and ``serving.batch_requests`` (requests merged) as attributes, and a link
+  to the server span of every traced request that call served (its own included);
 - ``encode``: from the data plane's answer to the response built.
 
 The trace id (32 hex digits) goes into the request's access-log line as ``trace_id``.
@@ -31,7 +32,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["enabled", "end_request", "record_stages", "setup", "start_request"]
+__all__ = [
+    "current_span_context",
+    "enabled",
+    "end_request",
+    "record_stages",
+    "setup",
+    "start_request",
+]
 
 _lock = threading.Lock()
 _tracer: Any = None
@@ -116,10 +124,21 @@ def end_request(state: tuple[Any, Any, str], status: int) -> None:
     context.detach(token)
 
 
+def current_span_context() -> Any:
+    """The current request's server span context (the batcher hands it to the ``predict``
+    spans of every request merged with it), or None when not traced."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    return context if context.is_valid and context.trace_flags.sampled else None
+
+
 def record_stages(started: float, timing: Mapping[str, Any]) -> None:
     """The ``decode``, ``queue`` and ``predict`` spans of the current request, from the
     data plane's ``perf_counter()`` marks in ``timing`` (``conformed``, ``answered``,
-    ``infer_s``, ``batch_size``, ``batch_requests``); nothing when not traced."""
+    ``infer_s``, ``batch_size``, ``batch_tags``); nothing when not traced."""
     if _tracer is None:
         return
     from opentelemetry import trace
@@ -145,15 +164,20 @@ def record_stages(started: float, timing: Mapping[str, Any]) -> None:
     computed = max(answered - infer_s, conformed)
     _span(ctx, "queue", wall(conformed), wall(computed))
     if "batch_size" in timing:
+        tags = timing.get("batch_tags", ())
         attributes = {
             "serving.batch_size": timing["batch_size"],
-            "serving.batch_requests": timing.get("batch_requests", 1),
+            "serving.batch_requests": len(tags),
         }
-        _span(ctx, "predict", wall(computed), wall(answered), attributes)
+        links = [trace.Link(tag) for tag in tags if tag is not None]
+        _span(ctx, "predict", wall(computed), wall(answered), attributes=attributes, links=links)
     _answered_ns.set(now_ns)
 
 
-def _span(ctx: Any, name: str, start: int, end: int, attributes: Any = None) -> None:
-    _tracer.start_span(name, context=ctx, start_time=start, attributes=attributes).end(
-        end_time=max(end, start)
+def _span(
+    ctx: Any, name: str, start: int, end: int, *, attributes: Any = None, links: Any = None
+) -> None:
+    span = _tracer.start_span(
+        name, context=ctx, start_time=start, attributes=attributes, links=links
     )
+    span.end(end_time=max(end, start))

@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,8 @@ def test_tracing_continues_traceparent_with_stage_spans_and_logs_the_trace_id(
     assert order == sorted(order)
     predict = attributes(by_name["predict"])
     assert predict["serving.batch_size"] >= 3 and predict["serving.batch_requests"] >= 1
+    linked = [link.span_id for link in by_name["predict"].links]
+    assert root.span_id in linked  # the predict span links each request span it served
     resources = [resource for resource, span in receiver.spans if span.name == "POST /predict"]
     assert resources[0]["service.name"] == "serving-test"
     assert len(v2) == 1 and not v2[0].parent_span_id  # no traceparent: a trace of its own
@@ -135,3 +138,31 @@ def test_tracing_continues_traceparent_with_stage_spans_and_logs_the_trace_id(
     access = {line["route"]: line for line in lines if line.get("message") == "request"}
     assert access["/predict"]["trace_id"] == TRACE_ID
     assert access["/v2/models/{model_name}/infer"]["trace_id"] == others.pop()
+
+
+def test_tracing_predict_span_links_every_request_merged_into_its_batch(
+    tmp_path: Path, receiver: OtlpReceiver, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, _ = breast_cancer
+    server = GunicornServer(tmp_path, workers=1, batch_policy="window", max_batch_latency_ms=50)
+    server.env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_BSP_SCHEDULE_DELAY="50")
+    server.start()
+    try:
+        server.wait_ready(workers=1)
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda i: server.predict([X[i].tolist()]), range(8)))
+        predicts = receiver.wait(lambda s: s.name == "predict", 8)
+        roots = receiver.wait(lambda s: s.name == "POST /predict", 8)
+    finally:
+        server.kill()
+
+    assert [a.json()["predictions"][0] for a in answers] == (
+        joblib.load(DEMO_MODEL_PATH).predict(X[:8]).tolist()
+    )
+    root_ids = {span.span_id for span in roots}
+    merged = [span for span in predicts if attributes(span)["serving.batch_requests"] > 1]
+    assert merged, [attributes(span) for span in predicts]  # a 50 ms window merges some
+    for span in merged:
+        linked = {link.span_id for link in span.links}
+        assert len(linked) == attributes(span)["serving.batch_requests"]
+        assert span.parent_span_id in linked and linked <= root_ids
