@@ -8,9 +8,11 @@ Configurations (each ``gunicorn wsgi:app -c gunicorn.conf.py``, 2 workers, acces
 as in bench/http_load.py): ``off``; ``payload-file`` (SERVING_PAYLOAD_LOG=all to a
 ``file://`` JSON-lines sink in a temporary directory); ``payload-http`` (all, binary
 CloudEvents to a receiver on loopback in this process that parses nothing and answers
-202); ``tracing`` (OTLP/HTTP to a loopback receiver that answers 200). Rounds repeat the
-configurations in order so a drift of the shared machine hits each. Prints the CPU model,
-each cell's requests/s and p99, and each configuration's median requests/s over ``off``'s.
+202); ``tracing`` (OTLP/HTTP to a loopback receiver that answers 200, every request traced);
+``tracing-1%`` (the same, ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` at 0.01).
+Rounds repeat the configurations in order so a drift of the shared machine hits each.
+Prints the CPU model, each cell's requests/s, p99 and payload records dropped, and each
+configuration's median requests/s over ``off``'s.
 The receivers share the machine's CPUs with the server: their cost is in the numbers.
 """
 
@@ -28,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.http_load import Server, wrk  # noqa: E402
+from bench.http_load import Server, request, wrk  # noqa: E402
 from bench.models import RESULTS, write_bodies  # noqa: E402
 from bench.typed_path import cpu_model  # noqa: E402
 
@@ -63,7 +65,22 @@ def configurations(tmp: Path, events: Receiver, otlp: Receiver) -> dict[str, dic
         },
         "payload-http": {"SERVING_PAYLOAD_LOG": "all", "SERVING_PAYLOAD_LOG_URL": events.url},
         "tracing": {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url, "OTEL_SERVICE_NAME": "bench"},
+        "tracing-1%": {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url,
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.01",
+        },
     }
+
+
+def dropped(port: int) -> float:
+    """payload_log_dropped_total summed over its reasons, from /metrics."""
+    _, text = request(port, "GET", "/metrics")
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith("payload_log_dropped_total")
+    )
 
 
 def main() -> None:
@@ -83,12 +100,14 @@ def main() -> None:
             server = Server("service", "light", extra_env=env)
             try:
                 result = wrk(server.port, args.connections, args.duration, bodies, close=False)
+                lost = dropped(server.port)
             finally:
                 server.stop()
             results[name].append(result)
             print(
                 f"round {round_ + 1} {name:13s} {result['rps']:8.0f} req/s  "
-                f"p99 {result['p99_us'] / 1000:7.1f} ms  errors {result['errors']}",
+                f"p99 {result['p99_us'] / 1000:7.1f} ms  errors {result['errors']}  "
+                f"payload records dropped {lost:.0f}",
                 flush=True,
             )
     base = statistics.median(r["rps"] for r in results["off"])

@@ -41,6 +41,7 @@ import socket
 import threading
 import time
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -121,13 +122,13 @@ class PayloadLog:
         if current is None or not current[3] or rows is None:
             return
         request_id, protocol, endpoint, _ = current
-        meta = (request_id, protocol, endpoint, model, version)
+        meta = (request_id, protocol, endpoint, model, version, time.time())
         if "request" in self.kinds:
             self._put(("request", meta, rows))
         if outputs is not None and "response" in self.kinds:
             self._put(("response", meta, outputs))
 
-    def _put(self, item: tuple[Kind, tuple[str, ...], Any]) -> None:
+    def _put(self, item: tuple[Kind, tuple[Any, ...], Any]) -> None:
         if self._pid != os.getpid():
             self._start()
         try:
@@ -178,10 +179,10 @@ class PayloadLog:
         if writer is not None:
             writer.close()
 
-    def _event(self, kind: Kind, meta: tuple[str, ...], payload: Any) -> Any:
+    def _event(self, kind: Kind, meta: tuple[Any, ...], payload: Any) -> Any:
         from cloudevents.core.v1.event import CloudEvent  # the SDK only when logging is on
 
-        request_id, protocol, endpoint, model, version = meta
+        request_id, protocol, endpoint, model, version, at = meta
         data: dict[str, Any] = {"model_name": model, "model_version": version}
         if kind == "request":
             data["instances"] = _jsonable_rows(payload)
@@ -191,6 +192,7 @@ class PayloadLog:
             "type": EVENT_TYPE[kind],
             "source": self.source,
             "id": request_id,
+            "time": datetime.fromtimestamp(at, UTC),  # when the model answered
             "datacontenttype": "application/json",
             "inferenceservicename": model,
             "modelversion": version,
