@@ -16,14 +16,14 @@ import orjson
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
-from serving import __version__
+from serving import __version__, payload_log, tracing
 from serving.auth import check_api_key, load_api_keys
 from serving.cache import ModelCache, current_cache
 from serving.dataplane import DataPlane
 from serving.errors import ServingError
 from serving.loaders import ModelHandle
 from serving.metrics import ServingMetrics, default_metrics
-from serving.openapi import build_document
+from serving.openapi import Operation, build_document
 from serving.protocols import mlflow, predict, probes, tfserving, v2
 from serving.protocols.base import ErrorBodies, ProtocolSpec, json_response
 from serving.runtime import ModelRuntime
@@ -95,22 +95,7 @@ def create_app(
     if not settings.metrics_require_auth:
         open_routes.add("/metrics")
 
-    documents: dict[bool, bytes] = {}
-
-    def openapi_document() -> bytes:
-        """Built once before the models are ready and once after, when it also holds each
-        model's instance schema (``Instance.<model>.<version>``)."""
-        models = plane.models
-        ready = models.state == "ready"
-        if ready not in documents:
-            schemas = _instance_schemas(models) if ready else {}
-            documents[ready] = orjson.dumps(build_document(
-                operations, title="serving", version=__version__, api_keys=bool(api_keys),
-                instances=schemas,
-            ))  # fmt: skip
-        return documents[ready]
-
-    app.extensions["serving_openapi"] = openapi_document
+    app.extensions["serving_openapi"] = _openapi(plane, operations, bool(api_keys))
 
     bodies = ErrorBodies.of(PROTOCOLS)
     app.register_error_handler(ServingError, functools.partial(_serving_error, bodies))
@@ -124,11 +109,21 @@ def create_app(
         g.log_fields = {}
         incoming = request.headers.get("X-Request-ID", "")
         g.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+        rule = _template(request.url_rule.rule) if request.url_rule else "<unmatched>"
+        g.trace = tracing.start_request(request.headers, request.method[:16], rule)
+        if g.trace is not None:
+            g.log_fields["trace_id"] = g.trace[2]
+        if plane.payloads is not None and request.url_rule is not None:
+            payload_log.bind(
+                g.request_id, request.blueprint or "", rule, settings.payload_log_sample
+            )
         if api_keys and request.path not in open_routes:
             check_api_key(request.headers, api_keys)
 
     @app.after_request
     def _finish(response: Response) -> Response:
+        if g.get("trace") is not None:
+            tracing.end_request(g.trace, response.status_code)
         response.headers["X-Request-ID"] = g.get("request_id", "")
         route = _template(request.url_rule.rule) if request.url_rule is not None else "<unmatched>"
         duration_s = time.perf_counter() - g.get("started", time.perf_counter())
@@ -170,6 +165,25 @@ def _models_getter(
         models = ModelCache(settings, metrics, runtimes=runtimes)
     cache = models
     return lambda: cache
+
+
+def _openapi(plane: DataPlane, operations: list[Operation], api_keys: bool) -> Callable[[], bytes]:
+    """``/openapi.json``'s bytes: built once before the models are ready and once after,
+    when it also holds each model's instance schema (``Instance.<model>.<version>``)."""
+    documents: dict[bool, bytes] = {}
+
+    def document() -> bytes:
+        models = plane.models
+        ready = models.state == "ready"
+        if ready not in documents:
+            schemas = _instance_schemas(models) if ready else {}
+            documents[ready] = orjson.dumps(build_document(
+                operations, title="serving", version=__version__, api_keys=api_keys,
+                instances=schemas,
+            ))  # fmt: skip
+        return documents[ready]
+
+    return document
 
 
 def _instance_schemas(models: ModelCache) -> dict[str, dict[str, Any]]:

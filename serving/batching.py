@@ -179,6 +179,7 @@ class ThreadedBatcher:
         instances: npt.NDArray[Any],
         timeout_s: float | None = None,
         stats: MutableMapping[str, Any] | None = None,
+        tag: Any = None,
     ) -> dict[str, npt.NDArray[Any]]:
         """Queue ``instances`` and block until all of them are answered.
 
@@ -188,7 +189,11 @@ class ThreadedBatcher:
             the batcher answers (it always does: every queued instance is answered or failed).
             Instances still queued when it has passed are dropped, not computed.
         :param stats: if given, ``stats["batch_size"]`` is set to the size of the predict call
-            that answered these instances (for the access log).
+            that answered these instances (for the access log), ``stats["infer_s"]`` to
+            its wall time in seconds and ``stats["batch_tags"]`` to the ``tag`` of each request
+            it merged.
+        :param tag: anything, handed back in the ``batch_tags`` of every request merged
+            with these instances (the data plane's trace span contexts).
         :returns: the named outputs for exactly these instances, in order.
         :raises ValueError: when ``instances`` is not a non-empty 2-D array.
         :raises NotReady: when the batcher is not started or is stopping.
@@ -204,7 +209,7 @@ class ThreadedBatcher:
                 "instances must be (n_instances >= 1, n_features), or a record array of "
                 f"(n_instances >= 1,), got {instances.shape}"
             )
-        request = PendingRequest(instances, timeout_s)
+        request = PendingRequest(instances, timeout_s, tag)
         with self._lock:
             if not self._accepting:
                 raise NotReady("the batcher is not running (starting up or shutting down)")
@@ -221,6 +226,8 @@ class ThreadedBatcher:
             raise InferenceTimeout(f"no prediction within {timeout_s * 1000:.0f} ms")
         if stats is not None:
             stats["batch_size"] = request.batch_size
+            stats["infer_s"] = request.infer_s
+            stats["batch_tags"] = request.merged
         return request.result()
 
     def stop(self, timeout_s: float | None = None) -> None:
@@ -345,8 +352,9 @@ class ThreadedBatcher:
         duration_s = time.perf_counter() - started
         self._busy_since = None
         if error is None:
+            tags = tuple(request.tag for request in batch)
             for request, outputs in zip(batch, parts, strict=True):
-                request.answer(outputs, len(rows))
+                request.answer(outputs, len(rows), duration_s, tags)
         if self._on_flush is not None:
             stats = FlushStats(len(rows), len(batch), duration_s, self._depth, error)
             try:

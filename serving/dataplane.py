@@ -12,7 +12,10 @@ A protocol's route reads its body, its codec decodes it into ``serving.instances
    ``(n_instances, n_features)`` rows its batcher merges (422);
 5. what is left of the request's deadline (408 when receiving the request used it up);
 6. the queue-depth metric, then the model's batcher (``submit_many``): 503 overloaded
-   (counted as rejected), 504 timeout, 500 when the model fails on these rows.
+   (counted as rejected), 504 timeout, 500 when the model fails on these rows;
+7. the request's stages for the V2 statistics (``ServingMetrics.observe_stages``) and
+   its spans (``serving.tracing``, when configured) and,
+   when ``SERVING_PAYLOAD_LOG`` is on, its rows and outputs to the payload log.
 
 The codec then encodes ``Inference.outputs`` into its response body. Requests of every
 protocol meet in the same batcher, so they are merged into the same predict calls.
@@ -29,12 +32,15 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from serving import tracing
+from serving.batching import ThreadedBatcher
 from serving.cache import ModelCache
 from serving.conform import conform
 from serving.errors import InvalidInput, Overloaded, PayloadTooLarge, RequestTimeout
 from serving.handle import ModelHandle, Outputs
 from serving.instances import Instances, Tensors
 from serving.metrics import ServingMetrics
+from serving.payload_log import PayloadLog
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
 
@@ -70,6 +76,8 @@ class DataPlane:
         self.settings = settings
         self.metrics = metrics
         self.get_models = get_models
+        #: ``SERVING_PAYLOAD_LOG``'s sink, or None when it is off.
+        self.payloads = PayloadLog.from_settings(settings, metrics)
 
     @property
     def models(self) -> ModelCache:
@@ -131,8 +139,42 @@ class DataPlane:
             )
         runtime = self.get_models().resolve(model_name, version)
         handle, batcher = runtime.require_ready()
+        started = time.perf_counter()
+        timing: dict[str, Any] = {}
+        try:
+            answer = self._queue(
+                runtime, handle, batcher, instances,
+                deadline=deadline, outputs=outputs, timing=timing, log=log,
+            )  # fmt: skip
+        except Exception:
+            self._observe(handle, started, timing, ok=False)
+            if self.payloads is not None:
+                self.payloads.record(handle.name, handle.version, timing.get("rows"), None)
+            raise
+        if log is not None:
+            log["batch_size"] = timing["batch_size"]
+        self._observe(handle, started, timing, ok=True)
+        if self.payloads is not None:
+            self.payloads.record(handle.name, handle.version, timing["rows"], answer)
+        return Inference(handle, answer)
+
+    def _queue(
+        self,
+        runtime: ModelRuntime,
+        handle: ModelHandle,
+        batcher: ThreadedBatcher,
+        instances: Instances,
+        *,
+        deadline: float,
+        outputs: list[str] | None,
+        timing: dict[str, Any],
+        log: MutableMapping[str, Any] | None,
+    ) -> Outputs:
+        """Steps 3-6 of ``infer``; ``timing`` gets the batch size, the predict call's
+        ``infer_s`` and the end of each stage (``perf_counter()``) for the statistics."""
         check_outputs(outputs, handle.output_names)
         rows = conform(instances, handle)
+        timing["conformed"], timing["rows"] = time.perf_counter(), rows
         if log is not None:
             log.update(instances=len(rows), model=handle.name, model_version=handle.version)
         timeout_s = deadline - time.monotonic()
@@ -147,12 +189,38 @@ class DataPlane:
         if queued <= runtime.settings.max_queue_depth:  # else refused below, never queued
             self.metrics.observe_queue(handle.name, handle.version, queued)
         try:
-            answer = batcher.submit_many(rows, timeout_s=timeout_s, stats=log)
+            answer = batcher.submit_many(
+                rows, timeout_s=timeout_s, stats=timing, tag=tracing.current_span_context()
+            )
         except Overloaded:
             self.metrics.rejected.labels(handle.name, handle.version).inc()
             raise
+        finally:
+            timing["answered"] = time.perf_counter()
         check_outputs(outputs, tuple(answer))
-        return Inference(handle, answer)
+        return answer
+
+    def _observe(
+        self, handle: ModelHandle, started: float, timing: dict[str, Any], *, ok: bool
+    ) -> None:
+        """Record a request's stages for the V2 statistics extension (seconds; stages it
+        did not reach count 0): compute_input is checking and conforming its instances,
+        queue its wait in the batcher, compute_infer the predict call that answered it,
+        compute_output checking its outputs."""
+        tracing.record_stages(started, timing)  # spans, when OpenTelemetry is configured
+        now = time.perf_counter()
+        conformed = timing.get("conformed", now)
+        answered = timing.get("answered", conformed)
+        infer_s = timing.get("infer_s", 0.0)
+        self.metrics.observe_stages(
+            handle.name,
+            handle.version,
+            ok,
+            compute_input=conformed - started,
+            queue=max(answered - conformed - infer_s, 0.0),
+            compute_infer=infer_s,
+            compute_output=now - answered,
+        )
 
 
 def _count(instances: Instances) -> int:

@@ -10,6 +10,7 @@
      ├── Unauthorized                            401 unauthorized
      ├── PayloadTooLarge                         413 payload_too_large
      ├── ModelNotFound                           404 model_not_found
+     │    └── LabelNotFound                      404 label_not_found
      ├── VersionConflict                         409 version_conflict
      ├── NotReady                                503 not_ready
      ├── Overloaded                              503 overloaded
@@ -33,6 +34,7 @@ __all__ = [
     "InferenceError",
     "InferenceTimeout",
     "InvalidInput",
+    "LabelNotFound",
     "MalformedJSON",
     "ModelLoadError",
     "ModelNotFound",
@@ -134,6 +136,21 @@ class ModelNotFound(ServingError):
         super().__init__(
             f"model {name!r} is not served here (this replica serves {', '.join(served)})"
         )
+
+
+class LabelNotFound(ModelNotFound):
+    """The request named a version label (TF Serving's ``version_labels``) the model
+    does not have."""
+
+    code = "label_not_found"
+
+    def __init__(self, name: str, label: str, labels: list[str]) -> None:
+        ServingError.__init__(
+            self,
+            f"model {name!r} has no version label {label!r} "
+            f"(its labels: {', '.join(labels) or 'none'})",
+        )
+        self.name, self.served, self.label = name, [name], label
 
 
 class VersionConflict(ServingError):

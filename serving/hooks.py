@@ -180,8 +180,11 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         server.log.info(
             "worker %s pinned to CPU %s", worker.pid, ",".join(map(str, sorted(chosen)))
         )
+    from serving import tracing
     from serving.cache import ModelCache, install_cache
     from serving.metrics import default_metrics
+
+    tracing.setup()  # OpenTelemetry's exporter thread does not survive fork: one per worker
 
     service_log = logging.getLogger("serving")
     service_log.handlers = list(server.log.error_log.handlers)

@@ -24,8 +24,10 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Summary,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from serving.batching import FlushStats
@@ -122,6 +124,35 @@ class ServingMetrics:
             multiprocess_mode="livesum",
             registry=registry,
         )
+        self.payload_log_dropped = Counter(
+            "payload_log_dropped",
+            "Payload log records dropped: queue_full (the sink is behind) or sink_error "
+            "(every retry failed).",
+            ["reason"],
+            registry=registry,
+        )
+        self._stages: dict[tuple[str, str, str], Any] = {}
+        #: Per request, as Triton's statistics extension counts them (serving.stats).
+        self.request_stage = Summary(
+            "inference_request_stage_seconds",
+            "Time requests spent per stage (success, fail, compute_input, queue, "
+            "compute_infer, compute_output), in seconds; _count counts requests.",
+            [*MODEL_LABELS, "stage"],
+            registry=registry,
+        )
+        self.batch_compute = Summary(
+            "inference_batch_compute_seconds",
+            "Predict calls that succeeded and their time, by batch size, in seconds.",
+            [*MODEL_LABELS, "batch_size"],
+            registry=registry,
+        )
+        self.last_inference = Gauge(
+            "inference_last_timestamp_seconds",
+            "Unix time of the last request answered, in seconds.",
+            MODEL_LABELS,
+            multiprocess_mode="max",
+            registry=registry,
+        )
 
     def observe_request(self, method: str, route: str, status: int, duration_s: float) -> None:
         """Count one answered request; ``route`` is the URL rule (``/predict``), never the path.
@@ -169,12 +200,37 @@ class ServingMetrics:
             depth.set(stats.queue_depth)
             if stats.error is not None:
                 errors.inc()
+            else:
+                self.batch_compute.labels(model, version, str(stats.batch_size)).observe(
+                    stats.duration_s
+                )
 
         return observe
 
     def model_load_failed(self, model: str, version: str) -> None:
         """Count one failed load of ``model`` at ``version`` (a worker retries it)."""
         self.load_failures.labels(model, version).inc()
+
+    def observe_stages(self, model: str, version: str, ok: bool, **stages_s: float) -> None:
+        """Count one request that reached the model's batcher: ``success`` (or ``fail``)
+        gets its whole time in the data plane, each of ``stages_s`` (``compute_input=``,
+        ``queue=``, ``compute_infer=``, ``compute_output=``, in seconds) its share."""
+        total = sum(stages_s.values())
+        for stage, seconds in (("success" if ok else "fail", total), *stages_s.items()):
+            child = self._stages.get((model, version, stage))
+            if child is None:
+                child = self.request_stage.labels(model, version, stage)
+                self._stages[(model, version, stage)] = child
+            child.observe(seconds)
+        self.last_inference.labels(model, version).set_to_current_time()
+
+    def collect(self) -> list[Metric]:
+        """The metric families of all workers (multiprocess mode) or of ``registry``."""
+        registry = self.registry
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return list(registry.collect())
 
     def model_loaded(self, handle: ModelHandle) -> None:
         """Set ``serving_model_info`` for a model this worker now serves; ``device`` is

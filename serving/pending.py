@@ -36,11 +36,14 @@ class PendingRequest:
 
     __slots__ = (
         "_done", "batch_size", "cause", "deadline", "enqueued_at", "error", "finished",
-        "outputs", "rows",
+        "infer_s", "merged", "outputs", "rows", "tag",
     )  # fmt: skip
 
-    def __init__(self, rows: npt.NDArray[Any], timeout_s: float | None = None) -> None:
+    def __init__(
+        self, rows: npt.NDArray[Any], timeout_s: float | None = None, tag: Any = None
+    ) -> None:
         self.rows = rows
+        self.tag = tag  # the submitter's, opaque here (a trace's span context)
         self.outputs: dict[str, npt.NDArray[Any]] | None = None
         self.error: str | None = None
         self.cause: BaseException | None = None
@@ -50,6 +53,8 @@ class PendingRequest:
         self._done.acquire()
         self.finished = False
         self.batch_size = 0  # the size of the predict call that answered these rows
+        self.infer_s = 0.0  # that call's wall time, in seconds
+        self.merged: tuple[Any, ...] = ()  # the tags of the requests merged into that call
         self.enqueued_at = time.monotonic()
         self.deadline = self.enqueued_at + timeout_s if timeout_s is not None else float("inf")
 
@@ -57,9 +62,17 @@ class PendingRequest:
         """Failed already, or past its deadline: its queued rows need not be computed."""
         return self.error is not None or time.monotonic() > self.deadline
 
-    def answer(self, outputs: dict[str, npt.NDArray[Any]], batch_size: int) -> None:
-        """These rows' outputs, from a predict call on ``batch_size`` instances."""
-        self.outputs, self.batch_size = outputs, batch_size
+    def answer(
+        self,
+        outputs: dict[str, npt.NDArray[Any]],
+        batch_size: int,
+        infer_s: float = 0.0,
+        merged: tuple[Any, ...] = (),
+    ) -> None:
+        """These rows' outputs, from a predict call on ``batch_size`` instances that took
+        ``infer_s`` seconds and merged the requests tagged ``merged``."""
+        self.outputs, self.batch_size, self.infer_s = outputs, batch_size, infer_s
+        self.merged = merged
         self._finish()
 
     def fail(self, message: str, cause: BaseException | None) -> None:

@@ -69,6 +69,11 @@ class ModelSpec(BaseModel):
     max_batch_latency_ms: float | None = Field(None, ge=0, le=10_000, allow_inf_nan=False)
     batch_policy: Literal["adaptive", "window"] | None = None
     max_queue_depth: int | None = Field(None, ge=1)
+    labels: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")], str] = Field(
+        default_factory=dict,
+        description="TF Serving version_labels of this model name: label -> a version "
+        'listed for it, e.g. {"stable": "1", "canary": "2"}.',
+    )
 
     @model_validator(mode="after")
     def _check_format(self) -> ModelSpec:
@@ -140,7 +145,7 @@ class Settings(BaseSettings):
         None,
         description="Several models/versions to keep warm in each worker: a JSON list of "
         "{name, version, path, format, class, sha256, max_batch_size, max_batch_latency_ms, "
-        "batch_policy, max_queue_depth}, or the path of a JSON file holding one. The first "
+        "batch_policy, max_queue_depth, labels}, or the path of a JSON file holding one. The first "
         "entry is what /predict serves; replaces SERVING_MODEL_PATH and friends.",
     )
     max_batch_size: int = Field(
@@ -302,6 +307,41 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Gunicorn and service log level."
     )
+    payload_log: Literal["off", "request", "response", "all"] = Field(
+        "off",
+        description="Payload logging (serving.payload_log): the decoded instances of each "
+        "request, the outputs of each answer, or both, sent to payload_log_url.",
+    )
+    payload_log_url: str | None = Field(
+        None,
+        pattern=r"^(https?|file)://.+",
+        description="Payload log sink: http(s)://... gets one CloudEvent per record; "
+        "file:///path.jsonl one JSON line per record (each worker its own file).",
+    )
+    payload_log_mode: Literal["binary", "structured"] = Field(
+        "binary", description="CloudEvents HTTP content mode of the payload log."
+    )
+    payload_log_sample: float = Field(
+        1.0, ge=0, le=1, allow_inf_nan=False, description="Share of requests logged, 0 to 1."
+    )
+    payload_log_queue_size: int = Field(
+        10_000,
+        ge=1,
+        description="Records a worker holds for its sink; more are dropped and counted "
+        "(payload_log_dropped_total), never waited for.",
+    )
+    payload_log_timeout_ms: float = Field(
+        2000, gt=0, description="Longest one HTTP post of a record may take, in milliseconds."
+    )
+    payload_log_retries: int = Field(
+        3, ge=0, le=10, description="HTTP retries of a record (backoff 0.1 s, doubling)."
+    )
+    payload_log_file_max_bytes: int = Field(
+        100 * 2**20, ge=1024, description="Size at which a payload log file is rotated, bytes."
+    )
+    payload_log_file_backups: int = Field(
+        5, ge=0, description="Rotated payload log files kept per worker."
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -346,6 +386,16 @@ class Settings(BaseSettings):
             if (spec.name, spec.version) in seen:
                 raise ValueError(f"lists model {spec.name!r} version {spec.version!r} twice")
             seen.add((spec.name, spec.version))
+        labels: dict[tuple[str, str], str] = {}
+        for spec in models:
+            for label, version in spec.labels.items():
+                if (spec.name, version) not in seen:
+                    raise ValueError(
+                        f"model {spec.name!r}: label {label!r} names version {version!r}, "
+                        "which is not listed"
+                    )
+                if labels.setdefault((spec.name, label), version) != version:
+                    raise ValueError(f"model {spec.name!r}: label {label!r} names two versions")
         return models
 
     @field_validator("onnx_providers")
@@ -374,6 +424,8 @@ class Settings(BaseSettings):
     def _check_format(self) -> Settings:
         path = self.model_path or self.model_dir
         check_format(path, self.model_format, self.model_class, self.model_sha256)
+        if self.payload_log != "off" and self.payload_log_url is None:
+            raise ValueError("SERVING_PAYLOAD_LOG needs SERVING_PAYLOAD_LOG_URL (the sink)")
         return self
 
     @property
@@ -391,6 +443,15 @@ class Settings(BaseSettings):
                 **{"class": self.model_class},
             )
         ]
+
+    def version_labels(self, name: str) -> dict[str, str]:
+        """Model ``name``'s TF Serving version labels (label -> version), from every
+        ``SERVING_MODELS`` entry of that name."""
+        labels: dict[str, str] = {}
+        for spec in self.models or ():
+            if spec.name == name:
+                labels.update(spec.labels)
+        return labels
 
     def for_model(self, spec: ModelSpec) -> Settings:
         """These settings narrowed to one model: its path, name, version and batching."""

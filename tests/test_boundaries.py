@@ -12,6 +12,11 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from serving.app import create_app
+from serving.handle import ModelHandle
+from serving.metrics import ServingMetrics
+from serving.settings import DEMO_MODEL_PATH, ModelSpec, Settings
+
 ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = ("flask", "werkzeug", "pydantic", "prometheus_client", "gunicorn")
 
@@ -92,9 +97,40 @@ def test_every_prediction_route_goes_through_the_data_plane_once(
     assert len(calls) == 1
 
 
+def test_the_tf_label_route_goes_through_the_data_plane_once(
+    settings: Settings,
+    model_handle: ModelHandle,
+    metrics: ServingMetrics,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entry = {"name": "echo", "version": "7", "path": DEMO_MODEL_PATH, "labels": {"stable": "7"}}
+    labelled = settings.model_copy(update={"models": [ModelSpec(**entry)]})
+    app = create_app(labelled, models=[model_handle], metrics=metrics)
+    plane = app.extensions["serving"]
+    calls: list[tuple[Any, ...]] = []
+    infer = plane.infer
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return infer(*args, **kwargs)
+
+    monkeypatch.setattr(plane, "infer", spy)
+    try:
+        response = app.test_client().post(
+            "/v1/models/echo/labels/stable:predict", json={"inputs": [[1, 2, 3]]}
+        )
+    finally:
+        plane.get_models().stop(timeout_s=10)
+
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert [call[:2] for call in calls] == [("echo", "7")]
+
+
 def test_every_post_route_is_a_prediction_route_checked_above(app: Flask) -> None:
-    """A new POST route must be added to the data-plane check above."""
+    """A new POST route must be added to the data-plane check above (V2's repository
+    index is the one POST that predicts nothing)."""
     posts = {rule.rule for rule in app.url_map.iter_rules() if "POST" in (rule.methods or ())}
+    posts.discard("/v2/repository/index")
     assert posts == {
         "/predict",
         "/predict/<model_name>",
@@ -102,6 +138,7 @@ def test_every_post_route_is_a_prediction_route_checked_above(app: Flask) -> Non
         "/v2/models/<model_name>/versions/<model_version>/infer",
         "/v1/models/<tf_model:model_name>:predict",
         "/v1/models/<tf_model:model_name>/versions/<model_version>:predict",
+        "/v1/models/<tf_model:model_name>/labels/<tf_model:label>:predict",
         "/invocations",
     }
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from serving.errors import SettingsError
 from serving.settings import DEMO_MODEL_PATH, Settings, load_settings, unknown_variables
@@ -249,3 +250,24 @@ def test_models_entries_take_a_class(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
     assert (spec.class_, spec.format, spec.path) == ("custom_model:ShapeRatioModel", None, tmp_path)
     assert load_settings().for_model(spec).resolved_model_format == "python"
+
+
+def test_model_labels_must_name_a_listed_version_and_one_version_each() -> None:
+    path = str(DEMO_MODEL_PATH)
+    ok = Settings(
+        models=[
+            {"name": "m", "version": "1", "path": path, "labels": {"stable": "1"}},
+            {"name": "m", "version": "2", "path": path, "labels": {"canary": "2"}},
+        ]
+    )
+    assert ok.version_labels("m") == {"stable": "1", "canary": "2"}
+    assert ok.version_labels("other") == {}
+    with pytest.raises(ValidationError, match="label 'beta' names version '3'"):
+        Settings(models=[{"name": "m", "path": path, "labels": {"beta": "3"}}])
+    with pytest.raises(ValidationError, match="label 'stable' names two versions"):
+        Settings(
+            models=[
+                {"name": "m", "version": "1", "path": path, "labels": {"stable": "1"}},
+                {"name": "m", "version": "2", "path": path, "labels": {"stable": "2"}},
+            ]
+        )

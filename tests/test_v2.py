@@ -64,7 +64,12 @@ def test_v2_server_metadata_and_health_answer_200(client: FlaskClient) -> None:
     assert client.get("/v2").get_json() == {
         "name": "serving",
         "version": __version__,
-        "extensions": ["binary_tensor_data"],
+        "extensions": [
+            "binary_tensor_data",
+            "statistics",
+            "model_configuration",
+            "model_repository",
+        ],
     }
     live, ready_ = client.get("/v2/health/live"), client.get("/v2/health/ready")
     assert (live.status_code, live.get_json()) == (200, {"live": True})

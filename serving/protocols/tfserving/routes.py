@@ -1,5 +1,8 @@
 """TF Serving's REST API: ``POST /v1/models/{name}[/versions/{version}]:predict``, model
 status and model metadata, so TensorFlow Serving clients can call this server unchanged.
+Each also answers under ``/v1/models/{name}/labels/{label}``, a version label of the model's
+``SERVING_MODELS`` entries (``"labels": {"stable": "1"}``, TF Serving's ``version_labels``);
+an unknown label is a 404 ``label_not_found``.
 
 Source: https://www.tensorflow.org/tfx/serving/api_rest. Requests go through the data
 plane (``serving.dataplane``) and the model's batcher, merged with ``/predict`` and the
@@ -19,7 +22,7 @@ from flask import Blueprint, Response, g
 from flask.blueprints import BlueprintSetupState
 from werkzeug.routing import BaseConverter
 
-from serving.errors import InvalidInput
+from serving.errors import InvalidInput, LabelNotFound
 from serving.handle import TensorSpec
 from serving.openapi import Operation, errors
 from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_json_body
@@ -41,14 +44,31 @@ bp = Blueprint("tfserving", __name__)
 SIGNATURE = "serving_default"
 _MODEL = "/v1/models/<tf_model:model_name>"
 _VERSION = _MODEL + "/versions/<model_version>"
+_LABEL = _MODEL + "/labels/<tf_model:label>"
 
 
-def _both(suffix: str) -> tuple[str, str]:
-    """The OpenAPI paths of a route with and without ``/versions/{model_version}``."""
+def _both(suffix: str) -> tuple[str, str, str]:
+    """The OpenAPI paths of a route: the model, a version of it, a version label of it."""
     return (
         "/v1/models/{model_name}" + suffix,
         "/v1/models/{model_name}/versions/{model_version}" + suffix,
+        "/v1/models/{model_name}/labels/{label}" + suffix,
     )
+
+
+def _version(model_name: str, model_version: str | None, label: str | None) -> str | None:
+    """The version asked for: ``model_version``, or the one ``label`` names.
+
+    :raises ModelNotFound: (404) no model ``model_name``.
+    :raises LabelNotFound: (404) the model has no such label.
+    """
+    if label is None:
+        return model_version
+    labels = dataplane().settings.version_labels(model_name)
+    if label not in labels:
+        dataplane().models.resolve(model_name)  # an unknown model is a model_not_found
+        raise LabelNotFound(model_name, label, sorted(labels))
+    return labels[label]
 
 
 _PREDICT_ERRORS = errors(TFErrorResponse, 400, 401, 404, 408, 409, 413, 415, 422, 500, 503, 504)
@@ -109,9 +129,11 @@ PROTOCOL = ProtocolSpec(bp, OPERATIONS, _error_body, ("/v1/",))
 
 @bp.post(_MODEL + ":predict", defaults={"model_version": None}, provide_automatic_options=False)
 @bp.post(_VERSION + ":predict", provide_automatic_options=False)
-def predict(model_name: str, model_version: str | None) -> Response:
+@bp.post(_LABEL + ":predict", defaults={"model_version": None}, provide_automatic_options=False)
+def predict(model_name: str, model_version: str | None, label: str | None = None) -> Response:
     """Row format answers ``{"predictions": ...}``, columnar ``{"outputs": ...}``."""
     plane = dataplane()
+    model_version = _version(model_name, model_version, label)
     body = parse_body(TFPredictRequest, read_json_body(plane.settings.max_body_bytes))
     if body.signature_name not in (None, "", SIGNATURE):
         msg = f"signature {body.signature_name!r} not found; the model has {SIGNATURE!r}"
@@ -145,9 +167,11 @@ def _version_status(runtime: ModelRuntime) -> dict[str, Any]:
 
 @bp.get(_MODEL, defaults={"model_version": None})
 @bp.get(_VERSION)
-def status(model_name: str, model_version: str | None) -> Response:
+@bp.get(_LABEL, defaults={"model_version": None})
+def status(model_name: str, model_version: str | None, label: str | None = None) -> Response:
     """Every version of the model this worker serves (or the one asked for), with its
     state; 200 whatever the state, as TF Serving answers."""
+    model_version = _version(model_name, model_version, label)
     cache = dataplane().models
     pinned = cache.resolve(model_name, model_version)
     runtimes = [pinned] if model_version is not None else [
@@ -176,11 +200,13 @@ def _tensor_info(spec: TensorSpec) -> dict[str, Any]:
 
 @bp.get(_MODEL + "/metadata", defaults={"model_version": None})
 @bp.get(_VERSION + "/metadata")
-def metadata(model_name: str, model_version: str | None) -> Response:
+@bp.get(_LABEL + "/metadata", defaults={"model_version": None})
+def metadata(model_name: str, model_version: str | None, label: str | None = None) -> Response:
     """The ``serving_default`` signature's inputs and outputs, and the feature names.
 
     :raises NotReady: (503) until the model is loaded (its inputs are not known before).
     """
+    model_version = _version(model_name, model_version, label)
     runtime, handle = dataplane().ready(model_name, model_version)
     signature = {
         "inputs": {spec.name: _tensor_info(spec) for spec in handle.input_specs()},

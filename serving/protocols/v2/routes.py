@@ -3,7 +3,9 @@
 Inference goes the same way as ``/predict``: ``codec.decode`` turns the input tensors into
 ``Tensors``, ``DataPlane.infer`` checks them against the model and queues them on its
 batcher, so V2 and ``/predict`` requests are merged into the same predict calls. The
-binary tensor data extension is supported both ways.
+binary tensor data extension is supported both ways; so are Triton's statistics
+(``serving.protocols.v2.stats``, summed over all workers), model configuration and model
+repository index (``serving.protocols.v2.repository``) extensions.
 
 Status codes: 400 for every invalid request (the protocol defines no other; our 422
 ``invalid_input`` answers 400 here, same ``code``), 404 unknown model, 409 a version not
@@ -32,6 +34,14 @@ from serving.protocols.v2.codec import (
     encode_outputs,
     split_body,
 )
+from serving.protocols.v2.repository import (
+    V2ModelConfig,
+    V2RepositoryIndex,
+    V2RepositoryIndexRequest,
+    model_config,
+    platform_of,
+    repository_index,
+)
 from serving.protocols.v2.schemas import (
     V2Error,
     V2InferRequest,
@@ -42,6 +52,7 @@ from serving.protocols.v2.schemas import (
     V2Ready,
     V2ServerMetadata,
 )
+from serving.protocols.v2.stats import V2InferenceStatistics, model_statistics
 from serving.workers import readiness
 
 __all__ = ["EXTENSIONS", "OPERATIONS", "PROTOCOL", "bp"]
@@ -49,7 +60,7 @@ __all__ = ["EXTENSIONS", "OPERATIONS", "PROTOCOL", "bp"]
 bp = Blueprint("v2", __name__)
 
 #: Protocol extensions this server implements (``GET /v2``).
-EXTENSIONS = ["binary_tensor_data"]
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository"]
 
 _MODEL = "/v2/models/{model_name}"
 _VERSION = "/v2/models/{model_name}/versions/{model_version}"
@@ -83,6 +94,22 @@ OPERATIONS = [
                   descriptions={400: "Invalid request (the error names the input)"})
         for path in (_MODEL, _VERSION)
     ],
+    *[
+        Operation("get", f"{path}/stats", "Statistics extension: request counts and cumulative "
+                  "ns per stage, and predict calls by batch size, summed over all workers",
+                  {200: V2InferenceStatistics} | errors(V2Error, 401, 404, 409), tag="kserve-v2")
+        for path in ("/v2/models", _MODEL, _VERSION)
+    ],
+    *[
+        Operation("get", f"{path}/config", "Model configuration extension: max batch size, "
+                  "inputs and outputs, dynamic batching (Triton's ModelConfig JSON)",
+                  {200: V2ModelConfig} | errors(V2Error, 401, 404, 409, 503), tag="kserve-v2")
+        for path in (_MODEL, _VERSION)
+    ],
+    Operation("post", "/v2/repository/index", "Model repository extension: every model version "
+              "and its state (READY, LOADING, UNAVAILABLE, UNLOADING)",
+              {200: V2RepositoryIndex} | errors(V2Error, 400, 401, 413),
+              request=V2RepositoryIndexRequest, tag="kserve-v2"),
 ]  # fmt: skip
 
 
@@ -132,7 +159,7 @@ def model_metadata(model_name: str, model_version: str | None) -> Response:
     body = {
         "name": handle.name,
         "versions": plane.models.versions(handle.name),
-        "platform": "onnxruntime_onnx" if handle.format == "onnx" else handle.format,
+        "platform": platform_of(handle),
         "inputs": [_tensor(spec, share) for spec, share in zip(specs, names, strict=True)],
         "outputs": [_tensor(spec, None) for spec in runtime.outputs],
     }
@@ -218,3 +245,51 @@ def _infer_response(
     response = Response(header + tail, mimetype="application/octet-stream")
     response.headers[HEADER_LENGTH] = str(len(header))
     return response
+
+
+@bp.get("/v2/models/stats", defaults={"model_name": None, "model_version": None})
+@bp.get("/v2/models/<model_name>/stats", defaults={"model_version": None})
+@bp.get("/v2/models/<model_name>/versions/<model_version>/stats")
+def statistics(model_name: str | None, model_version: str | None) -> Response:
+    """Every model version's statistics, or those of ``model_name`` (each version, or
+    ``model_version``), summed over all workers (``serving.protocols.v2.stats``).
+
+    :raises ModelNotFound: (404). :raises VersionConflict: (409).
+    """
+    plane = dataplane()
+    models = plane.models
+    if model_name is None:
+        wanted = [(r.model_name, r.model_version) for r in models.runtimes]
+    elif model_version is None:
+        models.resolve(model_name)  # 404 when not served
+        wanted = [(model_name, version) for version in models.versions(model_name)]
+    else:
+        runtime = models.resolve(model_name, model_version)
+        wanted = [(runtime.model_name, runtime.model_version)]
+    stats = model_statistics(plane.metrics.collect(), wanted)
+    return json_response({"model_stats": stats})
+
+
+@bp.get("/v2/models/<model_name>/config", defaults={"model_version": None})
+@bp.get("/v2/models/<model_name>/versions/<model_version>/config")
+def configuration(model_name: str, model_version: str | None) -> Response:
+    """:raises ModelNotFound: (404). :raises VersionConflict: (409). :raises NotReady: (503)
+    while the model loads (its inputs and outputs are known once it is loaded)."""
+    plane = dataplane()
+    runtime, handle = plane.ready(model_name, model_version)
+    return json_response(model_config(runtime, handle, plane.settings.workers))
+
+
+@bp.post("/v2/repository/index", provide_automatic_options=False)
+def repository() -> Response:
+    """Every model version served; the optional body ``{"ready": true}`` keeps the ready
+    ones. tritonclient sends no body and no Content-Type.
+
+    :raises InvalidInput: (400 here) for a body that is not ``{"ready": bool}``.
+    """
+    plane = dataplane()
+    body = read_body(plane.settings.max_body_bytes)
+    wanted = parse_body(V2RepositoryIndexRequest, body) if body.strip() else None
+    index = repository_index(plane.models, bool(wanted and wanted.ready))
+    data = orjson.dumps(index)
+    return Response(data, mimetype="application/json")

@@ -1,0 +1,144 @@
+"""KServe V2 model configuration and repository extensions, as Triton serves them.
+
+``GET /v2/models/{name}[/versions/{v}]/config`` answers the model's configuration in
+Triton's ``ModelConfig`` JSON: ``max_batch_size``, each input and output with its
+``data_type`` and ``dims`` (the batch axis left out, as Triton does when
+``max_batch_size > 0``), ``dynamic_batching`` (``max_queue_delay_microseconds`` is
+``SERVING_MAX_BATCH_LATENCY_MS`` under the window policy, 0 under the adaptive one;
+``max_queue_size`` is ``SERVING_MAX_QUEUE_DEPTH`` in instances) and one CPU or GPU
+``instance_group`` per Gunicorn worker. ``POST /v2/repository/index`` lists every model
+version with its state. Loading and unloading through the API are not offered: models
+are set by ``SERVING_MODELS``. Source: Triton's ``docs/protocol/extension_model_configuration.md``
+and ``extension_model_repository.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+from serving.cache import ModelCache
+from serving.handle import ModelHandle, TensorSpec
+from serving.protocols.v2.codec import datatype_of
+from serving.runtime import ModelRuntime
+
+__all__ = [
+    "V2ModelConfig",
+    "V2RepositoryIndex",
+    "V2RepositoryIndexRequest",
+    "V2RepositoryModel",
+    "model_config",
+    "repository_index",
+]
+
+#: Our runtime states as Triton's model repository names them.
+_STATES = {"ready": "READY", "loading": "LOADING", "failed": "UNAVAILABLE", "stopping": "UNLOADING"}
+
+
+class V2ConfigTensor(BaseModel):
+    name: str
+    data_type: str = Field(description="TYPE_FP32, TYPE_INT64, TYPE_STRING...")
+    dims: list[int] = Field(description="The shape without the batch axis (-1: open).")
+
+
+class V2ModelConfig(BaseModel):
+    """``GET /v2/models/{model_name}[/versions/{model_version}]/config``: Triton's
+    ``ModelConfig`` JSON, the fields this server has."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    platform: str
+    max_batch_size: int = Field(description="Most instances in one predict call.")
+    input: list[V2ConfigTensor]
+    output: list[V2ConfigTensor]
+    dynamic_batching: dict[str, Any]
+    instance_group: list[dict[str, Any]]
+
+
+class V2RepositoryIndexRequest(BaseModel):
+    """``POST /v2/repository/index`` body (optional): ``ready`` lists only ready models."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    ready: bool | None = None
+
+
+class V2RepositoryModel(BaseModel):
+    name: str
+    version: str
+    state: str = Field(description="READY, LOADING, UNAVAILABLE or UNLOADING.")
+    reason: str = Field(description="Why it is not ready, when it is not.")
+
+
+class V2RepositoryIndex(RootModel[list[V2RepositoryModel]]):
+    """``POST /v2/repository/index``: each model version served, in configuration order."""
+
+
+def platform_of(handle: ModelHandle) -> str:
+    """The ``platform`` of V2 model metadata and configuration."""
+    return "onnxruntime_onnx" if handle.format == "onnx" else handle.format
+
+
+def model_config(runtime: ModelRuntime, handle: ModelHandle, workers: int) -> dict[str, Any]:
+    """Triton's ``ModelConfig`` of one loaded model version (``workers``: Gunicorn's)."""
+    settings = runtime.settings
+    delay_us = 0 if settings.batch_policy == "adaptive" else settings.max_batch_latency_ms * 1000
+    kind = "KIND_GPU" if handle.device_id is not None else "KIND_CPU"
+    group: dict[str, Any] = {"name": handle.name, "kind": kind, "count": workers}
+    if handle.device_id is not None:
+        group["gpus"] = [handle.device_id]
+    return {
+        "name": handle.name,
+        "platform": platform_of(handle),
+        "version_policy": {"specific": {"versions": [handle.version]}},
+        "max_batch_size": settings.max_batch_size,
+        "input": [_tensor(spec) for spec in handle.input_specs()],
+        "output": [_tensor(spec) for spec in runtime.outputs],
+        "dynamic_batching": {
+            "preferred_batch_size": [settings.max_batch_size],
+            "max_queue_delay_microseconds": round(delay_us),
+            "preserve_ordering": True,
+            "default_queue_policy": {
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": round(settings.request_timeout_ms * 1000),
+                "allow_timeout_override": False,
+                "max_queue_size": settings.max_queue_depth,
+            },
+        },
+        "instance_group": [group],
+    }
+
+
+def _tensor(spec: TensorSpec) -> dict[str, Any]:
+    datatype = datatype_of(spec.dtype)
+    data_type = "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+    tensor: dict[str, Any] = {"name": spec.name, "data_type": data_type}
+    dims = list(spec.shape[1:])
+    if dims:
+        tensor["dims"] = dims
+    else:  # one value per instance: Triton writes dims [1] reshaped to a scalar
+        tensor["dims"] = [1]
+        tensor["reshape"] = {"shape": []}
+    return tensor
+
+
+def repository_index(models: ModelCache, ready_only: bool) -> list[dict[str, Any]]:
+    """Every model version served, in configuration order, with its state and the reason
+    it is not ready (``""`` when it is)."""
+    index = []
+    for runtime in models.runtimes:
+        state = runtime.state
+        if ready_only and state != "ready":
+            continue
+        reason = runtime.problem() or (str(runtime.error) if runtime.error is not None else "")
+        index.append(
+            {
+                "name": runtime.model_name,
+                "version": runtime.model_version,
+                "state": _STATES[state],
+                "reason": reason,
+            }
+        )
+    return index

@@ -1,0 +1,95 @@
+"""KServe V2 statistics, model configuration and repository extensions in-process (Flask
+test client, the tiny echo model of conftest); e2e with tritonclient in
+tests/e2e/test_v2_extensions.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from serving.protocols.v2.repository import V2ModelConfig, V2RepositoryIndex
+from serving.protocols.v2.stats import V2InferenceStatistics
+
+
+@pytest.fixture(autouse=True)
+def _own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The statistics read this app's registry, not a multiprocess directory that a test
+    of the Gunicorn config may have left in the environment."""
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+
+
+def infer(client: FlaskClient, rows: list[list[float]]) -> Any:
+    flat = [value for row in rows for value in row]
+    body = {
+        "inputs": [{"name": "input-0", "shape": [len(rows), 3], "datatype": "FP64", "data": flat}]
+    }
+    response = client.post("/v2/models/echo/infer", json=body)
+    assert response.status_code == 200, response.text
+    return response.get_json()
+
+
+def test_v2_stats_count_each_request_stage_and_batch(client: FlaskClient) -> None:
+    infer(client, [[1.0, 2.0, 3.0]])
+    infer(client, [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    bad = client.post(
+        "/v2/models/echo/infer",
+        json={"inputs": [{"name": "input-0", "shape": [1, 2], "datatype": "FP64", "data": [1, 2]}]},
+    )
+    assert bad.status_code == 400
+
+    response = client.get("/v2/models/echo/stats")
+
+    assert response.status_code == 200
+    body = V2InferenceStatistics.model_validate(response.get_json())
+    (stats,) = body.model_stats
+    assert (stats.name, stats.version) == ("echo", "7")
+    assert (stats.inference_count, stats.execution_count) == (3, 2)
+    infer_stats = stats.inference_stats
+    assert (infer_stats.success.count, infer_stats.fail.count) == (2, 1)
+    assert infer_stats.compute_infer.count == 3  # every request that reached the model
+    assert infer_stats.success.ns >= infer_stats.compute_infer.ns > 0
+    assert [(b.batch_size, b.compute_infer.count) for b in stats.batch_stats] == [(1, 1), (2, 1)]
+    assert stats.last_inference > 0
+    assert client.get("/v2/models/echo/versions/7/stats").get_json() == response.get_json()
+    assert client.get("/v2/models/stats").get_json() == response.get_json()
+
+
+def test_v2_stats_and_config_answer_404_and_409_for_models_not_served(
+    client: FlaskClient,
+) -> None:
+    for path in ("/v2/models/nope/stats", "/v2/models/nope/config"):
+        assert client.get(path).status_code == 404
+    for path in ("/v2/models/echo/versions/8/stats", "/v2/models/echo/versions/8/config"):
+        assert client.get(path).status_code == 409
+
+
+def test_v2_config_tells_batching_and_tensors(client: FlaskClient) -> None:
+    response = client.get("/v2/models/echo/config")
+
+    assert response.status_code == 200, response.text
+    config = V2ModelConfig.model_validate(response.get_json())
+    assert (config.name, config.max_batch_size) == ("echo", 8)
+    assert [(t.name, t.data_type, t.dims) for t in config.input] == [("input-0", "TYPE_FP64", [3])]
+    assert "predictions" in [t.name for t in config.output]
+    assert config.dynamic_batching["default_queue_policy"]["max_queue_size"] > 0
+    assert config.instance_group == [{"name": "echo", "kind": "KIND_CPU", "count": 1}]
+
+
+def test_v2_repository_index_lists_models_with_their_state(client: FlaskClient) -> None:
+    every = client.post("/v2/repository/index")
+    ready = client.post("/v2/repository/index", json={"ready": True})
+    bad = client.post("/v2/repository/index", json={"ready": "yes"})
+
+    assert every.status_code == 200 and ready.status_code == 200
+    index = V2RepositoryIndex.model_validate(every.get_json()).root
+    assert [(m.name, m.version, m.state, m.reason) for m in index] == [("echo", "7", "READY", "")]
+    assert ready.get_json() == every.get_json()
+    assert bad.status_code == 400 and bad.get_json()["code"] == "invalid_input"
+
+
+def test_v2_server_metadata_lists_the_extensions(client: FlaskClient) -> None:
+    extensions = client.get("/v2").get_json()["extensions"]
+
+    assert {"statistics", "model_configuration", "model_repository"} <= set(extensions)
