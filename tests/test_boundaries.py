@@ -43,6 +43,11 @@ def fresh_python(code: str) -> str:
         "serving.errors",
         "serving.instances",
         "serving.conform",
+        "serving.values",
+        "serving.schema",
+        "serving.schema_sklearn",
+        "serving.schema_onnx",
+        "serving.artifacts",
     ],
 )
 def test_core_module_imports_no_web_stack(module: str) -> None:
