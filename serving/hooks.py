@@ -270,6 +270,16 @@ def _load_before_accepting(server: Any, worker: Any, settings: Settings, slot: i
     pid = os.getpid()
     metrics = default_metrics()
     delay_s = RETRY_FIRST_S
+
+    def leave(signum: int, frame: Any) -> None:
+        # Gunicorn installs the worker's own handlers only after post_fork: until then a
+        # SIGTERM (the master shutting down) would be lost and the worker SIGKILLed after
+        # the graceful timeout. It has accepted nothing yet, so it can just go.
+        server.log.info("worker %s: stopping while loading (signal %s)", pid, signum)
+        sys.exit(0)
+
+    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(stop, leave)
     while True:
         if _board is not None:
             _board.write(pid, "warming")

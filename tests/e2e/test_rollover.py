@@ -3,6 +3,7 @@ recycles, under real Gunicorn on a busy machine (``cpu_hog``)."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import threading
@@ -116,3 +117,27 @@ def test_max_requests_recycles_one_worker_at_a_time_and_loses_nothing(
     for event in events:
         in_progress += 1 if event == "recycling after" else -1 if in_progress else 0
         assert in_progress <= 1, "two workers recycled at the same time"
+
+
+def test_sigterm_to_a_worker_still_loading_stops_it_at_once(
+    gunicorn: Start, pickled: Pickled, tmp_path: Path
+) -> None:
+    """A worker forked after the first boot loads before Gunicorn installs its signal
+    handlers; a SIGTERM reaching it then (an operator, an OOM killer's polite first step)
+    must stop it, not be lost while it goes on to load and serve."""
+    tickets = tmp_path / "tickets"
+    tickets.mkdir()
+    model = pickled(UnevenLoading((0.3, 8.0, 0.3), str(tickets)), "m.pkl")  # reload: 8 s
+    server = gunicorn(model_path=model, workers=1, request_timeout_ms=int(DEADLINE_S * 1000))
+    server.wait_ready(workers=1, timeout_s=60)
+    server.wait_for_log("every worker is ready", 1)
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGHUP)
+    server.wait_for_log("loading before accepting", 1, timeout_s=30)
+    found = re.search(r"worker (\d+): loading before accepting", server.output())
+    assert found is not None
+
+    os.kill(int(found.group(1)), signal.SIGTERM)
+
+    server.wait_for_log("stopping while loading", 1, timeout_s=5)  # not 8 s later
+    assert server.terminate() == 0, server.output()
