@@ -402,3 +402,64 @@ def test_batcher_refuses_at_once_when_the_queue_would_overflow(stop_after: Any) 
         np.testing.assert_array_equal(queued.result(WAIT_S)["predictions"], [1000, 1001, 1002])
     # A request larger than the limit is still taken when the queue is empty.
     assert len(batcher.submit_many(rows_for(3, 5), timeout_s=WAIT_S)["predictions"]) == 5
+
+
+def test_leader_policy_runs_a_lone_request_on_the_callers_thread(stop_after: Any) -> None:
+    threads: list[str] = []
+
+    def model(rows: np.ndarray) -> dict[str, np.ndarray]:
+        threads.append(threading.current_thread().name)
+        return {"predictions": rows[:, 0]}
+
+    batcher = ThreadedBatcher(model, policy="leader", name="the-batcher").start()
+    stop_after(batcher)
+    stats: dict[str, Any] = {}
+
+    out = batcher.submit_many(rows_for(7), timeout_s=WAIT_S, stats=stats)
+
+    assert out["predictions"].tolist() == [7000.0]
+    assert threads == [threading.current_thread().name]  # no hand-off
+    assert stats["batch_size"] == 1
+
+
+def test_leader_policy_batches_what_arrives_while_a_caller_leads(stop_after: Any) -> None:
+    started, release = threading.Event(), threading.Event()
+    calls: list[tuple[str, int]] = []
+
+    def model(rows: np.ndarray) -> dict[str, np.ndarray]:
+        calls.append((threading.current_thread().name, len(rows)))
+        if len(calls) == 1:
+            started.set()
+            assert release.wait(WAIT_S)
+        return {"predictions": rows[:, 0]}
+
+    batcher = ThreadedBatcher(model, policy="leader", max_batch_size=8, name="the-batcher")
+    stop_after(batcher.start())
+    with ThreadPoolExecutor(6) as pool:
+        leader = pool.submit(batcher.submit_many, rows_for(0), WAIT_S)
+        assert started.wait(WAIT_S)
+        followers = [pool.submit(batcher.submit_many, rows_for(i), WAIT_S) for i in range(1, 6)]
+        wait_while(lambda: batcher.queue_depth < 5)
+        release.set()
+        assert leader.result(WAIT_S)["predictions"].tolist() == [0.0]
+        answers = [f.result(WAIT_S)["predictions"].tolist() for f in followers]
+
+    assert answers == [[1000.0], [2000.0], [3000.0], [4000.0], [5000.0]]
+    assert calls[0][0] != "the-batcher" and calls[0][1] == 1
+    assert calls[1:] == [("the-batcher", 5)]  # the followers: one batch, on the batcher thread
+
+
+def test_leader_policy_isolates_a_failing_lone_request(stop_after: Any) -> None:
+    batcher = ThreadedBatcher(outputs_of(FailsOnNegative()), policy="leader").start()
+    stop_after(batcher)
+
+    with pytest.raises(InferenceError):
+        batcher.submit_many(-np.ones((1, 3)), timeout_s=WAIT_S)
+    assert batcher.submit_many(np.ones((1, 3)), timeout_s=WAIT_S)["predictions"].shape == (1,)
+
+
+def test_leader_policy_refuses_after_stop(stop_after: Any) -> None:
+    batcher = ThreadedBatcher(outputs_of(RowEcho()), policy="leader").start()
+    batcher.stop(timeout_s=WAIT_S)
+    with pytest.raises(NotReady):
+        batcher.submit_many(np.ones((1, 3)), timeout_s=WAIT_S)
