@@ -3,6 +3,7 @@
     python bench/http_load.py                   # full run: ~15 minutes on 2 cores
     python bench/http_load.py --short           # light model, 1 and 64 keep-alive: ~2 minutes
     python bench/http_load.py --variant log-off:SERVING_ACCESS_LOG=false --servers service
+    python bench/http_load.py --interleave ...  # servers take turns run by run (noisy host)
 
 Starts, one after another on 127.0.0.1 (2 workers each):
   service        gunicorn wsgi:app -c gunicorn.conf.py, default settings (access log on)
@@ -226,20 +227,25 @@ def wrk(
     return summary
 
 
-def run_cell(
+def run_once(
     server: Server, connections: int, mode: str, args: argparse.Namespace, bodies: Path
 ) -> dict[str, Any]:
-    runs = []
-    for _ in range(args.repeats):
-        calls0, rows0 = server.batch_stats()
-        per_worker0 = server.per_worker_requests()
-        result = wrk(server.port, connections, args.duration, bodies, mode == "close")
-        calls1, rows1 = server.batch_stats()
-        per_worker1 = server.per_worker_requests()
-        result["mean_batch"] = (rows1 - rows0) / (calls1 - calls0) if calls1 > calls0 else None
-        served = [b - a for a, b in zip(per_worker0, per_worker1, strict=False)]
-        result["worker_share"] = [round(s / sum(served), 2) for s in served] if sum(served) else []
-        runs.append(result)
+    """One wrk run on ``server``, with the mean batch size and each worker's share."""
+    calls0, rows0 = server.batch_stats()
+    per_worker0 = server.per_worker_requests()
+    result = wrk(server.port, connections, args.duration, bodies, mode == "close")
+    calls1, rows1 = server.batch_stats()
+    per_worker1 = server.per_worker_requests()
+    result["mean_batch"] = (rows1 - rows0) / (calls1 - calls0) if calls1 > calls0 else None
+    served = [b - a for a, b in zip(per_worker0, per_worker1, strict=False)]
+    result["worker_share"] = [round(s / sum(served), 2) for s in served] if sum(served) else []
+    return result
+
+
+def summarize(
+    server: Server, connections: int, mode: str, runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A cell: the median of its runs."""
     median = {
         key: statistics.median(r[key] for r in runs)
         for key in ("rps", "p50_us", "p95_us", "p99_us", "errors")
@@ -256,6 +262,38 @@ def run_cell(
         "median": median,
         "runs": runs,
     }
+
+
+def run_cell(
+    server: Server, connections: int, mode: str, args: argparse.Namespace, bodies: Path
+) -> dict[str, Any]:
+    runs = [run_once(server, connections, mode, args, bodies) for _ in range(args.repeats)]
+    return summarize(server, connections, mode, runs)
+
+
+def run_interleaved(
+    plan: list[tuple[str, str, str, dict[str, str]]], args: argparse.Namespace, bodies: Path
+) -> list[dict[str, Any]]:
+    """Every server of ``plan`` started at once; each repeat of each cell runs on all of
+    them in turn, so a burst of load from elsewhere on the host hits every server alike."""
+    cells: list[dict[str, Any]] = []
+    servers: list[Server] = []
+    try:
+        for kind, name, model, env in plan:
+            servers.append(Server(kind, model, env, name))
+        for mode in args.modes:
+            for connections in args.connections:
+                runs: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(servers))}
+                for _ in range(args.repeats):
+                    for i, server in enumerate(servers):
+                        runs[i].append(run_once(server, connections, mode, args, bodies))
+                for i, server in enumerate(servers):
+                    cells.append(summarize(server, connections, mode, runs[i]))
+                    print_row(cells[-1])
+    finally:
+        for server in servers:
+            server.stop()
+    return cells
 
 
 def exercise(server: Server) -> dict[str, float]:
@@ -310,7 +348,7 @@ def machine() -> str:
     )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
     parser.add_argument("--repeats", type=int, default=3)
@@ -333,10 +371,21 @@ def main() -> None:
         action="store_true",
         help="bounded quick run: light model, 1 and 64 keep-alive connections, 2 s, 1 repeat",
     )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="start every server at once and take turns run by run (for a noisy host); "
+        "skips the 1,000-instance exercise",
+    )
     args = parser.parse_args()
     if args.short:
         args.duration, args.repeats, args.connections = 2.0, 1, [1, 64]
         args.modes, args.models = ["keepalive"], ["light"]
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     if not shutil.which("wrk"):
         raise SystemExit("wrk not found: apt-get install wrk")
     extra_env = dict(item.split("=", 1) for item in args.env)
@@ -356,6 +405,9 @@ def main() -> None:
         plan += [("service", name, model, env) for name, env in variants]
     if "echo" in args.servers:
         plan.append(("echo", "echo", "light", {}))
+    if args.interleave:
+        cells = run_interleaved(plan, args, bodies)
+        plan = []
     for kind, name, model, env in plan:
         server = Server(kind, model, env, name)
         try:
@@ -376,7 +428,10 @@ def main() -> None:
         json.dumps({"machine": machine(), "cells": cells, "exercise": exercises}, indent=1)
     )
     if not args.short:
-        plot(cells, args)
+        try:
+            plot(cells, args)
+        except ImportError:
+            print("no plots: matplotlib is not installed (pip install -e '.[bench]')")
 
 
 def print_row(cell: dict[str, Any]) -> None:
