@@ -1,8 +1,8 @@
 """In-process batcher cost: a no-op model, 16 threads submitting one instance at a time.
 
-    python bench/batcher_overhead.py [--threads 1 16] [--seconds 3]
+    python bench/batcher_overhead.py [--threads 16] [--seconds 3]
 
-Prints instances/s through ThreadedBatcher (adaptive, window and leader policies) next to the
+Prints instances/s through ThreadedBatcher (adaptive and window policies) next to the
 floor of this machine: the same threads handing a lock to one server thread and back,
 with no batching code at all (the cost of two thread wake-ups under the GIL). Measured
 twice: threads free to run on any CPU, then all on one CPU, as a pinned service worker.
@@ -75,12 +75,12 @@ def measure(label: str, threads: int, seconds: float) -> None:
     print(
         f"[{label}] floor (bare lock hand-off): {base:>9,.0f} instances/s  {each_us:5.1f} us each"
     )
-    for policy in ("adaptive", "window", "leader"):
+    for policy in ("adaptive", "window"):
         batcher = ThreadedBatcher(
             lambda rows: {"predictions": rows[:, 0]},
             max_batch_size=32,
             max_batch_latency_ms=1,
-            policy=policy,  # type: ignore[arg-type]
+            policy=policy,
         ).start()
         rate = drive(lambda b=batcher: b.submit_many(row), threads, seconds)
         batcher.stop()
@@ -92,17 +92,15 @@ def measure(label: str, threads: int, seconds: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, nargs="+", default=[16])
+    parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
-    for threads in args.threads:
-        measure(f"any CPU, {threads} threads", threads, args.seconds)
+    measure("any CPU", args.threads, args.seconds)
     if hasattr(os, "sched_setaffinity"):
         # As a service worker runs (SERVING_CPU_AFFINITY=auto): threads started from here on
         # inherit this thread's single CPU.
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        for threads in args.threads:
-            measure(f"one CPU, {threads} threads", threads, args.seconds)
+        measure("one CPU", args.threads, args.seconds)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,6 @@ Two flush policies (``docs/batching.md`` draws both):
   when saturated. This is Triton's dynamic batcher with ``max_queue_delay`` 0 and the
   "batch what arrived while busy" behaviour Clipper (Crankshaw et al., NSDI 2017) starts
   from; ``max_batch_latency_ms`` is not used for waiting.
-- ``leader``: ``adaptive``, except that a caller who finds the model idle and nothing
-  queued runs its own rows on its own thread (no hand-off to the batcher thread and back:
-  two thread wake-ups saved); requests arriving meanwhile queue and go as the next batch
-  on the batcher thread, as under ``adaptive``. The "leader/follower" pattern (Schmidt et
-  al., *Pattern-Oriented Software Architecture* vol. 2). An experiment: docs/batching.md
-  has the measurement that decides whether it pays.
 
 A request is never split: one that does not fit in the room left opens the next batch,
 and one larger than ``max_batch_size`` runs alone in one call (its size is bounded by
@@ -71,9 +65,8 @@ log = logging.getLogger(__name__)
 #: ``predict_batch(rows)``: rows ``(n_instances, n_features)`` -> outputs of ``n_instances`` rows.
 PredictBatch = Callable[[npt.NDArray[Any]], BatchOutputs]
 
-#: ``window``: wait up to max_batch_latency_ms to fill a batch; ``adaptive``: never wait;
-#: ``leader``: adaptive, and a caller finding the model idle runs its own rows.
-BatchPolicy = Literal["adaptive", "window", "leader"]
+#: ``window``: wait up to max_batch_latency_ms to fill a batch; ``adaptive``: never wait.
+BatchPolicy = Literal["adaptive", "window"]
 
 _STOP: Final = object()
 
@@ -143,18 +136,14 @@ class ThreadedBatcher:
         self._predict = predict_batch
         self.max_batch_size = max_batch_size
         self.max_batch_latency_ms = max_batch_latency_ms
-        if policy not in ("adaptive", "window", "leader"):
-            raise ValueError(f"policy must be 'adaptive', 'window' or 'leader', got {policy!r}")
+        if policy not in ("adaptive", "window"):
+            raise ValueError(f"policy must be 'adaptive' or 'window', got {policy!r}")
         self.policy = policy
         self.max_queue_depth = max_queue_depth
         self._latency_s = max_batch_latency_ms / 1000.0 if policy == "window" else 0.0
         self._on_flush = on_flush
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()  # orders submit against stop: nothing lands after _STOP
-        # Held for every batch from its collection to its answers: by the batcher thread,
-        # or under "leader" by a caller running its own rows. Taken after _lock, never
-        # waited for while holding it (callers only try it), so the two cannot deadlock.
-        self._model = threading.Lock()
         self._accepting = False
         self._depth = 0
         self._carry: PendingRequest | None = None
@@ -220,20 +209,6 @@ class ThreadedBatcher:
             if not self._accepting:
                 raise NotReady("the batcher is not running (starting up or shutting down)")
             depth = self._depth
-            # Nothing queued and no batch collected or running: lead (run it here).
-            lead = self.policy == "leader" and not depth and self._model.acquire(blocking=False)
-        if lead:
-            try:
-                self._answer([request])
-            finally:
-                self._model.release()
-            if stats is not None:
-                stats["batch_size"] = request.batch_size
-            return request.result()
-        with self._lock:
-            if not self._accepting:
-                raise NotReady("the batcher is not running (starting up or shutting down)")
-            depth = self._depth
             if depth and depth + len(instances) > self.max_queue_depth:
                 raise Overloaded(
                     f"{depth} instances are queued; {len(instances)} more would pass the "
@@ -264,11 +239,8 @@ class ThreadedBatcher:
 
     def _run(self) -> None:
         try:
-            while (first := self._first()) is not None:
-                with self._model:  # waits for a caller leading a batch (policy "leader")
-                    batch = self._collect(first)  # empty if ``first`` died meanwhile
-                    if batch:
-                        self._flush(batch)
+            while (batch := self._collect()) is not None:
+                self._flush(batch)
         except BaseException as exc:  # a bug here must not leave any caller waiting
             log.exception("batcher thread died; failing every queued instance")
             with self._lock:  # after this no submit can queue, so the drain below is final
@@ -296,19 +268,16 @@ class ThreadedBatcher:
         request: PendingRequest = item
         return request
 
-    def _first(self) -> PendingRequest | None:
-        """Block for the first live request of the next batch; None once stopped."""
+    def _collect(self) -> list[PendingRequest] | None:
+        """Block for a first request, then fill the batch until it is full or its time is up."""
         request = self._next(None)
         while request is not None and request.dead():
             self._discard(request)  # failed already, or its caller has given up waiting
             request = self._next(None)
-        return request
-
-    def _collect(self, first: PendingRequest) -> list[PendingRequest]:
-        """Fill the batch opened by ``first`` until it is full or its time is up."""
-        request: PendingRequest | None = first
-        key = _key(first.rows)
-        deadline = first.enqueued_at + self._latency_s
+        if request is None:
+            return None
+        key = _key(request.rows)
+        deadline = request.enqueued_at + self._latency_s
         batch: list[PendingRequest] = []
         size = 0
         while request is not None:
@@ -335,10 +304,6 @@ class ThreadedBatcher:
     def _flush(self, batch: list[PendingRequest]) -> None:
         with self._lock:
             self._depth -= sum(len(request.rows) for request in batch)
-        self._answer(batch)
-
-    def _answer(self, batch: list[PendingRequest]) -> None:
-        """Run ``batch`` (not counted in the queue depth) and answer or fail every request."""
         try:
             self._isolate(batch)
         except BaseException as exc:  # a bug of ours: still, nobody in this batch may hang

@@ -56,7 +56,7 @@ class ModelSpec(BaseModel):
     sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
     max_batch_size: int | None = Field(None, ge=1, le=4096)
     max_batch_latency_ms: float | None = Field(None, ge=0, le=10_000, allow_inf_nan=False)
-    batch_policy: Literal["adaptive", "window", "leader"] | None = None
+    batch_policy: Literal["adaptive", "window"] | None = None
     max_queue_depth: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
@@ -108,11 +108,10 @@ class Settings(BaseSettings):
         description="window policy: longest a batch's first instance waits for more, "
         "in milliseconds.",
     )
-    batch_policy: Literal["adaptive", "window", "leader"] = Field(
+    batch_policy: Literal["adaptive", "window"] = Field(
         "adaptive",
         description="adaptive: flush what is queued as soon as the model is free; "
-        "window: wait up to max_batch_latency_ms to fill a batch; leader: adaptive, and a "
-        "request finding the model idle runs on its own thread (docs/batching.md).",
+        "window: wait up to max_batch_latency_ms to fill a batch.",
     )
     max_instances_per_request: int = Field(
         1024, ge=1, description="Most instances one request may carry (413 above)."
