@@ -155,3 +155,16 @@ def test_unknown_variables_are_typos_but_not_kubernetes_service_variables() -> N
         "HOME": "/root",
     }
     assert unknown_variables(environ) == ["SERVING_FOO", "SERVING_MAX_BATCH_SZE"]
+
+
+def test_settings_workers_default_to_the_cpus_this_process_may_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no affinity mask on this OS")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})  # as under taskset -c 3
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+
+    assert Settings().workers == 1
