@@ -325,7 +325,7 @@ def exercise(server: Server) -> dict[str, float]:
     }
 
 
-def machine() -> str:
+def machine(when: str = "at start") -> str:
     """CPU model, cores and the BLAS kernel numpy uses here (threadpoolctl): ratios from one
     run mean something only next to the machine they were measured on."""
     from threadpoolctl import threadpool_info  # numpy is loaded: bench.models imports it
@@ -344,7 +344,7 @@ def machine() -> str:
     load = os.getloadavg()[0]
     return (
         f"{cpu}, {len(os.sched_getaffinity(0))} CPUs, BLAS {blas or 'none found'}; "
-        f"load average {load:.1f} at start"
+        f"load average {load:.1f} {when}"
     )
 
 
@@ -421,11 +421,13 @@ def main() -> None:
         finally:
             server.stop()
 
-    print(f"\nmachine: {machine()}")
+    print(f"\nmachine: {machine('at the end')}")
     print_tables(cells, exercises, [name for name, _ in variants])
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "http_load.json").write_text(
-        json.dumps({"machine": machine(), "cells": cells, "exercise": exercises}, indent=1)
+        json.dumps(
+            {"machine": machine("at the end"), "cells": cells, "exercise": exercises}, indent=1
+        )
     )
     if not args.short:
         try:
