@@ -34,7 +34,14 @@ from serving.errors import SettingsError
 from serving.loaders import find_artifact, format_from_path
 from serving.providers import parse_providers
 
-__all__ = ["DEMO_MODEL_PATH", "ModelFormat", "ModelSpec", "Settings", "load_settings"]
+__all__ = [
+    "DEMO_MODEL_PATH",
+    "ModelFormat",
+    "ModelSpec",
+    "Settings",
+    "load_settings",
+    "usable_cpus",
+]
 
 ModelFormat = Literal["pickle", "joblib", "onnx", "python"]
 
@@ -101,6 +108,15 @@ def check_format(
     artifact = find_artifact(path) if path.is_dir() else path  # ValueError naming the files
     if fmt is None:
         format_from_path(artifact)  # raises ValueError naming the extension
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask where the OS has one (Linux), else
+    ``os.cpu_count()``. Under ``taskset -c 0`` or a container's cpuset on a 64-core host
+    this is 1, where ``os.cpu_count()`` says 64 and one worker per CPU would oversubscribe."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 class Settings(BaseSettings):
@@ -198,9 +214,10 @@ class Settings(BaseSettings):
         "worker not ready and recycles it.",
     )
     workers: int = Field(
-        default_factory=lambda: os.cpu_count() or 1,
+        default_factory=usable_cpus,
         ge=1,
-        description="Gunicorn worker processes; unset means one per CPU.",
+        description="Gunicorn worker processes; unset means one per CPU this process may run "
+        "on (its affinity mask: taskset, a cpuset), not one per CPU of the host.",
     )
     threads: int | None = Field(
         None, ge=1, description="Request threads per worker; unset means 2 x max_batch_size."

@@ -18,6 +18,17 @@ p99 latency budget, with the reasoning:
   filling while the previous runs).
 - **utilisation**: plan for at most 70 % of measured capacity, where queueing delay is
   still small (M/D/1 waiting time grows as rho / (1 - rho)).
+- **when no setting meets the budget** (even two calls of one instance exceed half of
+  it): the tool says so and recommends the *knee*, the largest batch whose call costs at
+  most 25 % more than a call of one instance: the most capacity for about the latency
+  that cannot be avoided anyway (a 300-tree forest costs ~the same for 1 and 64 rows).
+
+Measurement: every size is first called a few times (warmup: lazy initialisation, caches,
+the allocator), then timed in several rounds interleaved over the sizes, so a burst of
+noise from another process spreads over sizes instead of landing on one; each size's cost
+is the median of its calls. The recommendation then reads the costs through a monotone
+envelope (a batch never costs more than a bigger one), which absorbs a slow outlier that
+survives the median.
 """
 
 from __future__ import annotations
@@ -33,19 +44,40 @@ import numpy.typing as npt
 
 from serving.loaders import ModelHandle, load_model
 
-__all__ = ["Recommendation", "SweepPoint", "plateau_start", "recommend", "sweep"]
+__all__ = [
+    "Recommendation",
+    "SweepPoint",
+    "knee",
+    "monotone",
+    "plateau_start",
+    "recommend",
+    "sweep",
+]
 
 SIZES = tuple(2**k for k in range(11))  # 1 .. 1024
 PLATEAU_FRACTION = 0.9  # "within 10 % of the best rows/s"
 UTILISATION = 0.7
+KNEE_TOLERANCE = 1.25  # "costs about what a batch of 1 costs": at most 25 % more
 
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """One batch size: ``seconds_per_call`` is the median wall time of a predict call."""
+    """One batch size: ``seconds_per_call`` is the median wall time of a predict call, in
+    seconds; ``samples`` the timed calls it is the median of (empty for a recorded cost)."""
 
     batch_size: int
     seconds_per_call: float
+    samples: tuple[float, ...] = ()
+
+    @classmethod
+    def from_samples(cls, batch_size: int, samples: list[float]) -> SweepPoint:
+        """The median of ``samples`` (seconds per call).
+
+        :raises ValueError: when ``samples`` is empty.
+        """
+        if not samples:
+            raise ValueError(f"batch {batch_size}: no timed calls")
+        return cls(batch_size, float(np.median(samples)), tuple(samples))
 
     @property
     def rows_per_s(self) -> float:
@@ -60,24 +92,63 @@ def sweep(
     handle: ModelHandle,
     rows: npt.NDArray[np.float64],
     sizes: tuple[int, ...] = SIZES,
+    *,
     min_time_s: float = 0.2,
+    rounds: int = 3,
+    warmup_calls: int = 2,
+    min_calls: int = 7,
 ) -> list[SweepPoint]:
     """Time ``handle.predict_batch`` at each size (rows tiled from ``rows``, shape
-    ``(n, n_features)``); each size runs for at least ``min_time_s`` seconds after a warmup
-    call and reports the median call time (``time.perf_counter``)."""
-    points = []
-    for size in sizes:
-        batch = np.ascontiguousarray(np.resize(rows, (size, rows.shape[1])))
-        handle.predict_batch(batch)
-        times: list[float] = []
-        spent = 0.0
-        while spent < min_time_s or len(times) < 5:
-            started = time.perf_counter()
+    ``(n, n_features)``) with ``time.perf_counter``.
+
+    Every size is called ``warmup_calls`` times untimed first; then ``rounds`` passes over
+    all sizes each time a size for at least ``min_time_s / rounds`` seconds, so each size
+    gets at least ``min_time_s`` seconds and ``min_calls`` calls in all. A size's cost is
+    the median of its calls (:meth:`SweepPoint.from_samples`).
+
+    :raises ValueError: when ``sizes`` is empty or ``rounds`` < 1.
+    """
+    if not sizes or rounds < 1:
+        raise ValueError("sweep: give at least one size and one round")
+    batches = {size: np.ascontiguousarray(np.resize(rows, (size, rows.shape[1]))) for size in sizes}
+    for batch in batches.values():
+        for _ in range(warmup_calls):
             handle.predict_batch(batch)
-            times.append(time.perf_counter() - started)
-            spent += times[-1]
-        points.append(SweepPoint(size, float(np.median(times))))
-    return points
+    samples: dict[int, list[float]] = {size: [] for size in sizes}
+    per_round_calls = -(-min_calls // rounds)  # ceiling
+    for _ in range(rounds):
+        for size, batch in batches.items():
+            spent = 0.0
+            calls = 0
+            while spent < min_time_s / rounds or calls < per_round_calls:
+                started = time.perf_counter()
+                handle.predict_batch(batch)
+                samples[size].append(time.perf_counter() - started)
+                spent += samples[size][-1]
+                calls += 1
+    return [SweepPoint.from_samples(size, samples[size]) for size in sizes]
+
+
+def monotone(points: list[SweepPoint]) -> list[SweepPoint]:
+    """The costs read through a monotone envelope: each size costs at most what any bigger
+    size measured (a bigger batch does at least the work of a smaller one, so a smaller
+    batch measuring slower is noise: a cold first call, another process's burst).
+
+    ``points`` sorted by batch size; returns new points (samples kept), same order.
+    """
+    out: list[SweepPoint] = []
+    cheapest = float("inf")
+    for p in reversed(points):
+        cheapest = min(cheapest, p.seconds_per_call)
+        out.append(SweepPoint(p.batch_size, cheapest, p.samples))
+    return out[::-1]
+
+
+def knee(points: list[SweepPoint], tolerance: float = KNEE_TOLERANCE) -> SweepPoint:
+    """The largest batch whose call costs at most ``tolerance`` x the smallest batch's call:
+    the most rows per call for about the latency of one. Read it on :func:`monotone` points."""
+    limit = tolerance * points[0].seconds_per_call
+    return [p for p in points if p.seconds_per_call <= limit][-1]
 
 
 def plateau_start(points: list[SweepPoint]) -> SweepPoint:
@@ -88,45 +159,89 @@ def plateau_start(points: list[SweepPoint]) -> SweepPoint:
 
 @dataclass(frozen=True)
 class Recommendation:
+    """Settings for a p99 budget. ``expected_p99_ms``: the model's share of p99 at the chosen
+    batch (two calls, milliseconds, before HTTP); ``meets_budget``: whether that fits in half
+    the budget."""
+
     max_batch_size: int
     max_batch_latency_ms: float
     workers: int
     threads: int
     capacity_rps: float
     reasons: list[str]
+    expected_p99_ms: float = 0.0
+    meets_budget: bool = True
 
 
 def recommend(
     points: list[SweepPoint], p99_ms: float, cpus: int, clients: int = 64
 ) -> Recommendation:
     """Settings for a p99 budget of ``p99_ms`` milliseconds on ``cpus`` cores with about
-    ``clients`` concurrent requests in flight (see the module doc for the rules)."""
+    ``clients`` concurrent requests in flight (see the module doc for the rules).
+
+    ``points`` as :func:`sweep` returns them (sorted by batch size); their costs are read
+    through :func:`monotone`.
+
+    :raises ValueError: when ``points`` is empty.
+    """
+    if not points:
+        raise ValueError("recommend: no sweep points")
+    measured = points
+    points = monotone(sorted(points, key=lambda p: p.batch_size))
     plateau = plateau_start(points)
     budget_s = p99_ms / 1000 / 2
     workers = max(1, cpus)
     per_worker = max(1, clients // workers)
     limit = min(plateau.batch_size, per_worker)
     fitting = [p for p in points if p.batch_size <= limit and 2 * p.seconds_per_call <= budget_s]
-    chosen = fitting[-1] if fitting else points[0]
     reasons = [
         f"plateau starts at batch {plateau.batch_size} "
         f"({plateau.rows_per_s:,.0f} rows/s, {plateau.us_per_row:.1f} us/row)"
     ]
+    smoothed = [
+        f"{m.batch_size} ({m.seconds_per_call * 1000:.2f} -> {p.seconds_per_call * 1000:.2f} ms)"
+        for m, p in zip(sorted(measured, key=lambda p: p.batch_size), points, strict=True)
+        if p.seconds_per_call < m.seconds_per_call
+    ]
+    if smoothed:
+        reasons.append(
+            "read as costing no more than a bigger batch (noise): batch " + ", ".join(smoothed)
+        )
     if per_worker < plateau.batch_size:
         reasons.append(
             f"{clients} concurrent clients over {workers} workers put at most {per_worker} "
             "requests in flight per worker: no bigger batch can form"
         )
     if fitting:
+        chosen = fitting[-1]
         reasons.append(
             f"batch {chosen.batch_size} takes {chosen.seconds_per_call * 1000:.2f} ms; 2 calls "
             f"= {2 * chosen.seconds_per_call * 1000:.2f} ms <= half the p99 budget "
             f"({budget_s * 1000:.1f} ms)"
         )
     else:
+        bend = knee(points)
+        chosen = max(
+            (p for p in points if p.batch_size <= min(bend.batch_size, per_worker)),
+            key=lambda p: p.batch_size,
+        )
         reasons.append(
-            f"even batch 1 takes {points[0].seconds_per_call * 1000:.2f} ms: half the p99 "
-            f"budget of {p99_ms} ms cannot hold two calls; expect to miss it under load"
+            f"NO SETTING MEETS p99 <= {p99_ms:g} ms: even batch {points[0].batch_size} takes "
+            f"{points[0].seconds_per_call * 1000:.2f} ms, and two calls "
+            f"({2 * points[0].seconds_per_call * 1000:.2f} ms) exceed half the budget "
+            f"({budget_s * 1000:.1f} ms); expect p99 of about "
+            f"{2 * chosen.seconds_per_call * 1000:.0f} ms plus HTTP under load"
+        )
+        reasons.append(
+            f"batch {chosen.batch_size} ({chosen.seconds_per_call * 1000:.2f} ms/call) gives the "
+            f"most capacity at the least latency: {chosen.rows_per_s / points[0].rows_per_s:.1f}x "
+            f"the rows/s of batch {points[0].batch_size} (the largest batch costing at most "
+            f"{KNEE_TOLERANCE:.2f}x a call of {points[0].batch_size}"
+            + (
+                f", capped at the {per_worker} requests in flight per worker)"
+                if bend.batch_size > per_worker
+                else ")"
+            )
         )
     window_ms = max(0.0, round((budget_s - 2 * chosen.seconds_per_call) * 1000, 1))
     reasons.append(
@@ -141,7 +256,16 @@ def recommend(
         f"model capacity about {capacity:,.0f} instances/s at that batch size, before HTTP "
         f"costs; plan for at most {UTILISATION:.0%} of what bench/http_load.py measures"
     )
-    return Recommendation(chosen.batch_size, window_ms, workers, threads, capacity, reasons)
+    return Recommendation(
+        chosen.batch_size,
+        window_ms,
+        workers,
+        threads,
+        capacity,
+        reasons,
+        expected_p99_ms=2 * chosen.seconds_per_call * 1000,
+        meets_budget=bool(fitting),
+    )
 
 
 def plot(points: list[SweepPoint], path: Path, title: str) -> None:
@@ -197,14 +321,22 @@ def main() -> None:
     else:
         rows = np.random.default_rng(0).normal(size=(1024, n_features))
     points = sweep(handle, rows)
-    print(f"{'batch':>6} {'ms/call':>9} {'rows/s':>12} {'us/row':>9}")
+    print(
+        f"{'batch':>6} {'ms/call':>9} {'p10-p90 ms':>17} {'calls':>5} {'rows/s':>12} {'us/row':>9}"
+    )
     plateau = plateau_start(points)
     for p in points:
         mark = "  <- plateau start" if p is plateau else ""
         ms = p.seconds_per_call * 1000
-        print(f"{p.batch_size:>6} {ms:>9.3f} {p.rows_per_s:>12,.0f} {p.us_per_row:>9.1f}{mark}")
+        low, high = np.percentile(p.samples, [10, 90]) * 1000
+        print(
+            f"{p.batch_size:>6} {ms:>9.3f} {low:>8.3f}-{high:<8.3f} {len(p.samples):>5} "
+            f"{p.rows_per_s:>12,.0f} {p.us_per_row:>9.1f}{mark}"
+        )
+    print("(median of the calls after a warmup, sizes timed in interleaved rounds)")
     rec = recommend(points, args.p99_ms, os.cpu_count() or 1, args.clients)
-    print(f"\nfor p99 <= {args.p99_ms} ms on {os.cpu_count()} cores:")
+    verdict = "" if rec.meets_budget else " (cannot be met: see below)"
+    print(f"\nfor p99 <= {args.p99_ms} ms on {os.cpu_count()} cores{verdict}:")
     print(f"  SERVING_MAX_BATCH_SIZE={rec.max_batch_size}")
     print("  SERVING_BATCH_POLICY=adaptive")
     print(f"  SERVING_MAX_BATCH_LATENCY_MS={rec.max_batch_latency_ms}  (window policy only)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -102,3 +103,61 @@ def test_cpus_for_slot_round_robins_over_the_allowed_cpus(
     slot: int, cpus: list[int], per_worker: int, expected: set[int]
 ) -> None:
     assert hooks.cpus_for_slot(slot, cpus, per_worker) == expected
+
+
+@pytest.fixture
+def access_logger() -> Iterator[logging.Logger]:
+    """serving.access as configure_access_log leaves it, restored after the test."""
+    logger = logging.getLogger("serving.access")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield logger
+    hooks.stop_access_log()
+    logger.handlers, logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+def test_access_log_is_written_by_a_listener_thread_not_the_caller(
+    monkeypatch: pytest.MonkeyPatch, access_logger: logging.Logger
+) -> None:
+    import io
+    import json
+    import threading
+
+    written: list[tuple[str, str]] = []
+
+    class Recorder(io.StringIO):
+        def write(self, text: str) -> int:
+            written.append((threading.current_thread().name, text))
+            return len(text)
+
+    monkeypatch.setattr("sys.stdout", Recorder())
+    hooks.configure_access_log(Settings(access_log=True))
+    try:
+        access_logger.info("request", extra={"status": 200, "route": "/p"})
+    finally:
+        hooks.stop_access_log()  # writes what is queued
+
+    lines = [json.loads(text) for _, text in written if text.strip()]
+    assert lines == [
+        {
+            "time": lines[0]["time"],
+            "level": "INFO",
+            "message": "request",
+            "status": 200,
+            "route": "/p",
+        }
+    ]
+    assert all(name != threading.current_thread().name for name, _ in written)
+
+
+def test_access_log_off_writes_no_request_lines(
+    monkeypatch: pytest.MonkeyPatch, access_logger: logging.Logger
+) -> None:
+    import io
+
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    hooks.configure_access_log(Settings(access_log=False))
+    access_logger.info("request", extra={"status": 200})
+
+    assert out.getvalue() == ""
+    assert hooks._access_listener is None

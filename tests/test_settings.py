@@ -271,3 +271,16 @@ def test_model_labels_must_name_a_listed_version_and_one_version_each() -> None:
                 {"name": "m", "version": "2", "path": path, "labels": {"stable": "2"}},
             ]
         )
+
+
+def test_settings_workers_default_to_the_cpus_this_process_may_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no affinity mask on this OS")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})  # as under taskset -c 3
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+
+    assert Settings().workers == 1
