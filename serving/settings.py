@@ -3,36 +3,30 @@
 ``load_settings()`` is called by ``gunicorn.conf.py`` in the master (so a bad value
 stops start-up before any worker forks) and by ``create_app()`` when no settings are
 passed. Nothing else in the service reads ``os.environ`` for its settings; the
-README's settings table lists exactly the fields below (a test checks it).
+README's settings table lists exactly the fields below and the model fields of
+``serving.model_settings`` (a test checks it).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
-    DirectoryPath,
     Field,
     FilePath,
     SecretStr,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from serving.custom import CLASS_PATTERN
 from serving.errors import SettingsError
-from serving.loaders import find_artifact, format_from_path
-from serving.providers import parse_providers
+from serving.model_settings import DEMO_MODEL_PATH, ModelFormat, ModelSettings, ModelSpec
 
 __all__ = [
     "DEMO_MODEL_PATH",
@@ -42,72 +36,6 @@ __all__ = [
     "load_settings",
     "usable_cpus",
 ]
-
-ModelFormat = Literal["pickle", "joblib", "onnx", "python"]
-
-#: The bundled demo: StandardScaler + LogisticRegression on scikit-learn's breast-cancer
-#: data (30 features), rebuilt by ``examples/build_demo_model.py``.
-DEMO_MODEL_PATH = Path(__file__).parent / "demo" / "breast_cancer.joblib"
-
-
-class ModelSpec(BaseModel):
-    """One entry of ``SERVING_MODELS``: a model version to keep warm, with its own batcher.
-
-    Batching fields left out take the server-wide ``SERVING_*`` value.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$", description="Name in URLs and metrics.")
-    version: str = Field("1", pattern=r"^[A-Za-z0-9_.:-]{1,128}$", description="Version served.")
-    path: FilePath | DirectoryPath = Field(
-        description="The model artifact, or a directory holding exactly one (or what the "
-        "class of a python model reads)."
-    )
-    format: ModelFormat | None = Field(None, description="pickle, joblib, onnx or python.")
-    class_: str | None = Field(
-        None,
-        alias="class",
-        pattern=CLASS_PATTERN,
-        description="package.module:ClassName of a python model; implies format python.",
-    )
-    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
-    max_batch_size: int | None = Field(None, ge=1, le=4096)
-    max_batch_latency_ms: float | None = Field(None, ge=0, le=10_000, allow_inf_nan=False)
-    batch_policy: Literal["adaptive", "window"] | None = None
-    max_queue_depth: int | None = Field(None, ge=1)
-    labels: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")], str] = Field(
-        default_factory=dict,
-        description="TF Serving version_labels of this model name: label -> a version "
-        'listed for it, e.g. {"stable": "1", "canary": "2"}.',
-    )
-
-    @model_validator(mode="after")
-    def _check_format(self) -> ModelSpec:
-        check_format(self.path, self.format, self.class_, self.sha256)
-        return self
-
-
-def check_format(
-    path: Path | None, fmt: str | None, class_path: str | None, sha256: str | None = None
-) -> None:
-    """Refuse a model whose format cannot be known or contradicts its class.
-
-    :raises ValueError: naming the problem: no class for format python, a class with another
-        format, no single artifact in a directory, an unknown extension, or a SHA-256 for a
-        directory a class reads (a digest pins one file).
-    """
-    if sha256 is not None and class_path is not None and path is not None and path.is_dir():
-        raise ValueError("a SHA-256 pins one file; a class reading a directory has none")
-    if class_path is not None and fmt not in (None, "python"):
-        raise ValueError(f"a model class is set, so the format is python, not {fmt}")
-    if fmt == "python" and class_path is None:
-        raise ValueError("format python needs SERVING_MODEL_CLASS (or class in SERVING_MODELS)")
-    if path is None or fmt == "python" or class_path is not None:
-        return
-    artifact = find_artifact(path) if path.is_dir() else path  # ValueError naming the files
-    if fmt is None:
-        format_from_path(artifact)  # raises ValueError naming the extension
 
 
 def usable_cpus() -> int:
@@ -119,7 +47,7 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-class Settings(BaseSettings):
+class Settings(ModelSettings):
     """Every setting of the service; each field is the environment variable ``SERVING_<NAME>``.
 
     Usage::
@@ -130,40 +58,6 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SERVING_", frozen=True, extra="forbid")
 
-    model_path: FilePath | None = Field(
-        None, description="Model artifact to serve; unset serves the bundled breast-cancer demo."
-    )
-    model_format: ModelFormat | None = Field(
-        None,
-        description="pickle, joblib, onnx or python; unset means python when model_class is "
-        "set, else from the file extension.",
-    )
-    model_class: str | None = Field(
-        None,
-        pattern=CLASS_PATTERN,
-        description="package.module:ClassName of your own model class (load(path), "
-        "predict(instances)); implies model_format python.",
-    )
-    model_dir: DirectoryPath | None = Field(
-        None,
-        description="Directory holding the model, such as KServe's /mnt/models: the one "
-        "artifact in it is served (a python model's class gets the directory itself); "
-        "instead of model_path.",
-    )
-    model_name: str | None = Field(
-        None, min_length=1, description="Name reported in responses; unset means the file stem."
-    )
-    model_version: str = Field("1", min_length=1, description="Version reported and pinned.")
-    max_models: int = Field(
-        8, ge=1, description="Most entries SERVING_MODELS may have (each costs a model copy)."
-    )
-    models: Annotated[list[ModelSpec] | None, NoDecode] = Field(
-        None,
-        description="Several models/versions to keep warm in each worker: a JSON list of "
-        "{name, version, path, format, class, sha256, max_batch_size, max_batch_latency_ms, "
-        "batch_policy, max_queue_depth, labels}, or the path of a JSON file holding one. The first "
-        "entry is what /predict serves; replaces SERVING_MODEL_PATH and friends.",
-    )
     max_batch_size: int = Field(
         32, ge=1, le=4096, description="Most instances merged into one predict call."
     )
@@ -272,44 +166,12 @@ class Settings(BaseSettings):
     metrics_require_auth: bool = Field(
         False, description="Also require an API key for /metrics (probes stay open)."
     )
-    model_sha256: str | None = Field(
-        None,
-        pattern=r"^[0-9a-fA-F]{64}$",
-        description="Expected SHA-256 of the model file, checked before loading it.",
-    )
-    allow_world_writable_model: bool = Field(
-        False,
-        description="Load a model file anyone may write (refused by default: pickle and "
-        "joblib run code when loaded).",
-    )
     header_timeout_s: float = Field(
         10.0,
         gt=0,
         allow_inf_nan=False,
         description="Longest a client may take to send a request's line and headers, in "
         "seconds; then the connection is closed, so a slow client holds no worker thread.",
-    )
-    keep_model_n_jobs: bool = Field(
-        False,
-        description="Keep the n_jobs a scikit-learn model was trained with; by default every "
-        "n_jobs parameter (pipeline steps included) is set to 1 at load, logged once.",
-    )
-    onnx_providers: str = Field(
-        "auto",
-        description="ONNX Runtime execution providers: auto (CUDA when a GPU is usable, else "
-        "CPU) or a comma list in order of preference such as cuda,cpu or tensorrt,cuda,cpu; "
-        "a GPU provider this host cannot run stops start-up.",
-    )
-    cuda_device: int | None = Field(
-        None,
-        ge=0,
-        description="CUDA device for every worker; unset means worker k uses device "
-        "k mod the number of GPUs.",
-    )
-    onnx_optimized_model_path: Path | None = Field(
-        None,
-        description="Where to save the optimized ONNX graph and reuse it from on later "
-        "starts (same source file, providers and onnxruntime), so workers start faster.",
     )
     metrics_dir: Path | None = Field(
         None,
@@ -375,61 +237,6 @@ class Settings(BaseSettings):
             raise ValueError("port must be 1..65535")
         return value
 
-    @field_validator("models", mode="before")
-    @classmethod
-    def _read_models(cls, value: object) -> object:
-        if not isinstance(value, str):
-            return value
-        try:
-            inline = value.lstrip().startswith(("[", "{"))
-            return json.loads(value if inline else Path(value).read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"neither a JSON list nor a readable JSON file: {exc}") from None
-
-    @field_validator("models")
-    @classmethod
-    def _check_models(
-        cls, models: list[ModelSpec] | None, info: ValidationInfo
-    ) -> list[ModelSpec] | None:
-        if models is None:
-            return None
-        limit = info.data.get("max_models", 8)
-        if not models:
-            raise ValueError("is an empty list")
-        if len(models) > limit:
-            raise ValueError(f"lists {len(models)} models, more than SERVING_MAX_MODELS={limit}")
-        seen = set()
-        for spec in models:
-            if (spec.name, spec.version) in seen:
-                raise ValueError(f"lists model {spec.name!r} version {spec.version!r} twice")
-            seen.add((spec.name, spec.version))
-        labels: dict[tuple[str, str], str] = {}
-        for spec in models:
-            for label, version in spec.labels.items():
-                if (spec.name, version) not in seen:
-                    raise ValueError(
-                        f"model {spec.name!r}: label {label!r} names version {version!r}, "
-                        "which is not listed"
-                    )
-                if labels.setdefault((spec.name, label), version) != version:
-                    raise ValueError(f"model {spec.name!r}: label {label!r} names two versions")
-        return models
-
-    @field_validator("onnx_providers")
-    @classmethod
-    def _check_providers(cls, value: str) -> str:
-        parse_providers(value)  # raises ValueError naming the unknown entry
-        return value
-
-    @field_validator("model_dir")
-    @classmethod
-    def _check_model_dir(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        if value is not None and info.data.get("model_path") is not None:
-            raise ValueError("set SERVING_MODEL_PATH or SERVING_MODEL_DIR, not both")
-        if value is not None and info.data.get("model_class") is None:
-            find_artifact(value)  # raises ValueError naming what the directory holds
-        return value
-
     @field_validator("metrics_dir")
     @classmethod
     def _check_metrics_dir(cls, value: Path | None) -> Path | None:
@@ -438,37 +245,10 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _check_format(self) -> Settings:
-        path = self.model_path or self.model_dir
-        check_format(path, self.model_format, self.model_class, self.model_sha256)
+    def _check_payload_log(self) -> Settings:
         if self.payload_log != "off" and self.payload_log_url is None:
             raise ValueError("SERVING_PAYLOAD_LOG needs SERVING_PAYLOAD_LOG_URL (the sink)")
         return self
-
-    @property
-    def model_specs(self) -> list[ModelSpec]:
-        """``models``, or the one model of ``model_path``/``model_name``/``model_version``."""
-        if self.models is not None:
-            return list(self.models)
-        return [
-            ModelSpec(
-                name=self.resolved_model_name,
-                version=self.model_version,
-                path=self.resolved_model_path,
-                format=self.model_format,
-                sha256=self.model_sha256,
-                **{"class": self.model_class},
-            )
-        ]
-
-    def version_labels(self, name: str) -> dict[str, str]:
-        """Model ``name``'s TF Serving version labels (label -> version), from every
-        ``SERVING_MODELS`` entry of that name."""
-        labels: dict[str, str] = {}
-        for spec in self.models or ():
-            if spec.name == name:
-                labels.update(spec.labels)
-        return labels
 
     def for_model(self, spec: ModelSpec) -> Settings:
         """These settings narrowed to one model: its path, name, version and batching."""
@@ -486,28 +266,6 @@ class Settings(BaseSettings):
             if getattr(spec, name) is not None:
                 update[name] = getattr(spec, name)
         return self.model_copy(update=update)
-
-    @property
-    def resolved_model_path(self) -> Path:
-        """``model_path``, else ``model_dir``, else the bundled demo; for a directory, the one
-        artifact in it, unless a python model's class reads the directory itself."""
-        path = self.model_path or self.model_dir or DEMO_MODEL_PATH
-        if path.is_dir() and self.model_class is None:
-            return find_artifact(path)
-        return path
-
-    @property
-    def resolved_model_format(self) -> str:
-        """``model_format``; else python when ``model_class`` is set; else the format the
-        resolved path's extension implies."""
-        if self.model_format is not None:
-            return self.model_format
-        return "python" if self.model_class else format_from_path(self.resolved_model_path)
-
-    @property
-    def resolved_model_name(self) -> str:
-        """``model_name``, or the model file's stem (``breast_cancer`` for the demo)."""
-        return self.model_name or self.resolved_model_path.stem
 
     @property
     def drain_timeout_s(self) -> int:
