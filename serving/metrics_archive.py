@@ -18,26 +18,35 @@ Imports only the standard library and prometheus-client.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.mmap_dict import MmapedDict
 
 __all__ = ["ARCHIVED_TYPES", "archive_dead_worker"]
 
-#: File types whose samples are summed over processes (gauges are not: the live ones are
-#: dropped by ``mark_process_dead``).
-ARCHIVED_TYPES = ("counter", "histogram", "summary")
+#: File types folded into the archive, and how: summed over processes, or the largest
+#: (a ``max`` gauge such as the last inference time). ``live*`` gauges are not archived:
+#: ``mark_process_dead`` drops them.
+_FOLD: dict[str, Callable[[float, float], float]] = {
+    "counter": operator.add,
+    "histogram": operator.add,
+    "summary": operator.add,
+    "gauge_max": max,
+}
+ARCHIVED_TYPES = tuple(_FOLD)
 
 
 def archive_dead_worker(directory: Path, pid: int, tag: str) -> int:
-    """Add dead worker ``pid``'s counter, histogram and summary samples to the archive in
-    ``directory`` and remove its files; the number of samples moved.
+    """Fold dead worker ``pid``'s counter, histogram, summary and ``max`` gauge samples
+    into the archive in ``directory`` and remove its files; the number of samples moved.
 
     :raises OSError: when a file cannot be read or the archive cannot be written (the
         worker's file is then left in place: nothing is lost, only not yet folded).
     """
     moved = 0
-    for kind in ARCHIVED_TYPES:
+    for kind, fold in _FOLD.items():
         dead = directory / f"{kind}_{pid}.db"
         if not dead.exists():
             continue
@@ -46,7 +55,7 @@ def archive_dead_worker(directory: Path, pid: int, tag: str) -> int:
         try:
             for key, value, timestamp, _ in samples:
                 total, _ = archive.read_value(key)  # type: ignore[no-untyped-call]
-                archive.write_value(key, total + value, timestamp)  # type: ignore[no-untyped-call]
+                archive.write_value(key, fold(total, value), timestamp)  # type: ignore[no-untyped-call]
                 moved += 1
         finally:
             archive.close()  # type: ignore[no-untyped-call]
