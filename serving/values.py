@@ -86,7 +86,9 @@ def refuse(loc: str, msg: str, kind: str) -> InvalidInput:
 
 
 def _show(value: Any) -> str:
-    return repr(value)[:40]
+    """``value``'s repr, cut to 40 characters with ``...`` (a 5 MB string stays short)."""
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def _is_nan(value: Any) -> bool:
