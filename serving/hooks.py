@@ -32,7 +32,7 @@ from typing import Any
 from serving.auth import load_api_keys
 from serving.errors import SettingsError
 from serving.settings import Settings, load_settings, unknown_variables
-from serving.workers import Board, RecycleGate, install_board, roll_over
+from serving.workers import Board, RecycleGate, alive, install_board, roll_over
 
 __all__ = [
     "child_exit",
@@ -421,15 +421,5 @@ def on_exit(server: Any) -> None:
         _board.destroy()
     path = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR", ""))
     other = server.reexec_pid or server.master_pid
-    if (path / _OWNED_MARK).exists() and not (other and _pid_alive(other)):
+    if (path / _OWNED_MARK).exists() and not (other and alive(other)):
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -17,6 +17,7 @@ import io
 import logging
 import pickle
 import re
+from abc import abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -207,54 +208,54 @@ def declared_features(path: Path) -> tuple[Feature, ...] | None:
         raise ModelLoadError(path, f"schema file {found.name}: {exc}") from None
 
 
-class PickleLoader(ModelLoader):
+class _EstimatorLoader(ModelLoader):
+    """A file holding a scikit-learn style estimator, loaded from the bytes already read
+    and checked (``check_artifact``), or else from its path; ``n_jobs`` set to 1 unless
+    kept, and its input schema read with it. Runs code from the file: trusted sources only."""
+
+    format = ""
+
+    @abstractmethod
+    def _read(self, data: bytes | None, path: Path) -> Any:
+        """The estimator in ``data`` (or, when None, in the file at ``path``)."""
+
+    def load(
+        self,
+        path: Path,
+        *,
+        name: str,
+        version: str,
+        threads: int = 1,
+        data: bytes | None = None,
+        keep_n_jobs: bool = False,
+    ) -> ModelHandle:
+        model = self._read(data, path)
+        if not keep_n_jobs:
+            single_threaded(model, path)
+        return estimator_handle(
+            model, name=name, version=version, format=self.format, source=path,
+            declared=declared_features(path),
+        )  # fmt: skip
+
+
+class PickleLoader(_EstimatorLoader):
     """``pickle`` files (``.pkl``, ``.pickle``). Runs code from the file: trusted sources only."""
 
-    def load(
-        self,
-        path: Path,
-        *,
-        name: str,
-        version: str,
-        threads: int = 1,
-        data: bytes | None = None,
-        keep_n_jobs: bool = False,
-    ) -> ModelHandle:
-        """Unpickle ``data`` (the file's bytes, already checked) or else the file at ``path``."""
-        if data is None:
-            data = path.read_bytes()
-        model = pickle.loads(data)
-        if not keep_n_jobs:
-            single_threaded(model, path)
-        return estimator_handle(
-            model, name=name, version=version, format="pickle", source=path,
-            declared=declared_features(path),
-        )  # fmt: skip
+    format = "pickle"
+
+    def _read(self, data: bytes | None, path: Path) -> Any:
+        return pickle.loads(data if data is not None else path.read_bytes())
 
 
-class JoblibLoader(ModelLoader):
+class JoblibLoader(_EstimatorLoader):
     """``joblib.dump`` files (``.joblib``). Runs code from the file: trusted sources only."""
 
-    def load(
-        self,
-        path: Path,
-        *,
-        name: str,
-        version: str,
-        threads: int = 1,
-        data: bytes | None = None,
-        keep_n_jobs: bool = False,
-    ) -> ModelHandle:
-        """``joblib.load`` of ``data`` (the file's bytes, already checked) or of ``path``."""
+    format = "joblib"
+
+    def _read(self, data: bytes | None, path: Path) -> Any:
         import joblib
 
-        model = joblib.load(io.BytesIO(data) if data is not None else path)
-        if not keep_n_jobs:
-            single_threaded(model, path)
-        return estimator_handle(
-            model, name=name, version=version, format="joblib", source=path,
-            declared=declared_features(path),
-        )  # fmt: skip
+        return joblib.load(io.BytesIO(data) if data is not None else path)
 
 
 def single_threaded(model: object, path: Path) -> None:

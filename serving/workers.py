@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 __all__ = [
     "Board",
+    "alive",
     "Fleet",
     "RecycleGate",
     "WorkerState",
@@ -58,7 +59,8 @@ WorkerState = Literal["starting", "warming", "failed", "ready", "leaving"]
 _COUNTED = ("starting", "ready")
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a signal 0 reaches it, or it is another user's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -145,7 +147,7 @@ class Board:
         except OSError:
             return Fleet(states)
         for entry in entries:
-            if not entry.name.isdigit() or not _alive(int(entry.name)):
+            if not entry.name.isdigit() or not alive(int(entry.name)):
                 continue
             try:
                 data = json.loads(entry.read_text())
@@ -189,7 +191,7 @@ class RecycleGate:
 
     def replaced(self) -> None:
         with self._lock:
-            if self._leaver.value and not _alive(self._leaver.value):
+            if self._leaver.value and not alive(self._leaver.value):
                 self._leaver.value = 0
 
 
