@@ -105,6 +105,16 @@ def test_cpus_for_slot_round_robins_over_the_allowed_cpus(
     assert hooks.cpus_for_slot(slot, cpus, per_worker) == expected
 
 
+def test_cpus_for_slot_of_two_servers_start_apart() -> None:
+    """Each master starts its round-robin at its pid: the workers of two servers on one
+    host do not all crowd the first CPU, and each server's workers still use every CPU."""
+    cpus = [0, 1, 2, 3]
+    first = [hooks.cpus_for_slot(slot, cpus, 1, start=1000) for slot in range(4)]
+    second = [hooks.cpus_for_slot(slot, cpus, 1, start=1001) for slot in range(4)]
+    assert first[0] != second[0]
+    assert set().union(*first) == set().union(*second) == set(cpus)
+
+
 @pytest.fixture
 def access_logger() -> Iterator[logging.Logger]:
     """serving.access as configure_access_log leaves it, restored after the test."""
