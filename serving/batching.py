@@ -20,6 +20,18 @@ Two flush policies (``docs/batching.md`` draws both):
   "batch what arrived while busy" behaviour Clipper (Crankshaw et al., NSDI 2017) starts
   from; ``max_batch_latency_ms`` is not used for waiting.
 
+  At low load the hand-off itself is the cost: a request that finds nothing queued, the
+  model idle and recent calls merging almost nothing (fewer than
+  ``INLINE_BELOW_REQUESTS_PER_CALL`` requests per call on average) runs its own rows on
+  its own thread, as the naive server would, if recent calls took less than half the
+  time it has left (a call on the caller's thread cannot be abandoned at the deadline).
+  Two thread wake-ups are saved, which on an idle multi-core VM cost about as much as a
+  light model's predict call (``docs/batching.md``).
+  What arrives meanwhile queues and goes as the next batch on the batcher thread; once
+  calls merge requests, every request goes through the batcher thread and batches grow
+  as above. The "leader/follower" pattern (Schmidt et al., *Pattern-Oriented Software
+  Architecture* vol. 2), gated by load so that it never breaks batches up.
+
 A request is never split: one that does not fit in the room left opens the next batch,
 and one larger than ``max_batch_size`` runs alone in one call (its size is bounded by
 ``max_instances_per_request``; splitting it would only add calls: 125 instances through
@@ -70,6 +82,11 @@ BatchPolicy = Literal["adaptive", "window"]
 
 _STOP: Final = object()
 
+#: ``adaptive``: a request runs on its caller's thread (no hand-off) only while calls
+#: merge fewer requests than this on average (an exponential moving average, weight 0.1).
+INLINE_BELOW_REQUESTS_PER_CALL: Final = 1.5
+_AVERAGE_WEIGHT: Final = 0.1
+
 
 @dataclass(frozen=True)
 class FlushStats:
@@ -100,7 +117,8 @@ def _merge(parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
 class ThreadedBatcher:
     """Merge the instances of concurrent requests into batched ``predict_batch`` calls.
 
-    :param predict_batch: called on the batcher thread with a float array of shape
+    :param predict_batch: called on the batcher thread (at low load on the caller's,
+        one call at a time either way) with a float array of shape
         ``(n_instances, n_features)``; returns named outputs of ``n_instances`` rows each.
     :param max_batch_size: most instances per predict call (>= 1).
     :param max_batch_latency_ms: ``window`` policy: longest the first instance of a batch
@@ -109,7 +127,8 @@ class ThreadedBatcher:
         free) or ``window`` (wait up to ``max_batch_latency_ms`` to fill the batch).
     :param max_queue_depth: most instances waiting; beyond it ``submit_many`` refuses at
         once (backpressure) instead of letting latency grow without bound.
-    :param on_flush: optional observer called on the batcher thread after each flush.
+    :param on_flush: optional observer called after each predict call, on the thread
+        that made it.
 
     Usage::
 
@@ -144,6 +163,13 @@ class ThreadedBatcher:
         self._on_flush = on_flush
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()  # orders submit against stop: nothing lands after _STOP
+        # Held for every batch from its collection to its answers: by the batcher thread,
+        # or by a caller running its own rows. Taken after _lock, never waited for while
+        # holding it (callers only try it), so the two cannot deadlock.
+        self._model = threading.Lock()
+        self._inline = policy == "adaptive"
+        self._requests_per_call = 1.0  # moving averages, written under _model only
+        self._call_s = float("inf")  # unknown until a call on the batcher thread ends
         self._accepting = False
         self._depth = 0
         self._carry: PendingRequest | None = None
@@ -214,6 +240,24 @@ class ThreadedBatcher:
             if not self._accepting:
                 raise NotReady("the batcher is not running (starting up or shutting down)")
             depth = self._depth
+            # Nothing queued, no batch collected or running, little merging lately: run here.
+            inline = (
+                self._inline
+                and not depth
+                and self._requests_per_call < INLINE_BELOW_REQUESTS_PER_CALL
+                and (timeout_s is None or 2 * self._call_s < timeout_s)
+                and self._model.acquire(blocking=False)
+            )
+        if inline:
+            try:
+                self._answer([request])
+            finally:
+                self._model.release()
+            return self._result(request, stats)
+        with self._lock:
+            if not self._accepting:
+                raise NotReady("the batcher is not running (starting up or shutting down)")
+            depth = self._depth
             if depth and depth + len(instances) > self.max_queue_depth:
                 raise Overloaded(
                     f"{depth} instances are queued; {len(instances)} more would pass the "
@@ -224,6 +268,12 @@ class ThreadedBatcher:
         if not request.wait(timeout_s):
             assert timeout_s is not None
             raise InferenceTimeout(f"no prediction within {timeout_s * 1000:.0f} ms")
+        return self._result(request, stats)
+
+    @staticmethod
+    def _result(
+        request: PendingRequest, stats: MutableMapping[str, Any] | None
+    ) -> dict[str, npt.NDArray[Any]]:
         if stats is not None:
             stats["batch_size"] = request.batch_size
             stats["infer_s"] = request.infer_s
@@ -246,8 +296,11 @@ class ThreadedBatcher:
 
     def _run(self) -> None:
         try:
-            while (batch := self._collect()) is not None:
-                self._flush(batch)
+            while (first := self._first()) is not None:
+                with self._model:  # waits for a caller running its own rows
+                    batch = self._collect(first)  # empty if ``first`` died meanwhile
+                    if batch:
+                        self._flush(batch)
         except BaseException as exc:  # a bug here must not leave any caller waiting
             log.exception("batcher thread died; failing every queued instance")
             with self._lock:  # after this no submit can queue, so the drain below is final
@@ -275,16 +328,19 @@ class ThreadedBatcher:
         request: PendingRequest = item
         return request
 
-    def _collect(self) -> list[PendingRequest] | None:
-        """Block for a first request, then fill the batch until it is full or its time is up."""
+    def _first(self) -> PendingRequest | None:
+        """Block for the first live request of the next batch; None once stopped."""
         request = self._next(None)
         while request is not None and request.dead():
             self._discard(request)  # failed already, or its caller has given up waiting
             request = self._next(None)
-        if request is None:
-            return None
-        key = _key(request.rows)
-        deadline = request.enqueued_at + self._latency_s
+        return request
+
+    def _collect(self, first: PendingRequest) -> list[PendingRequest]:
+        """Fill the batch opened by ``first`` until it is full or its time is up."""
+        request: PendingRequest | None = first
+        key = _key(first.rows)
+        deadline = first.enqueued_at + self._latency_s
         batch: list[PendingRequest] = []
         size = 0
         while request is not None:
@@ -311,6 +367,12 @@ class ThreadedBatcher:
     def _flush(self, batch: list[PendingRequest]) -> None:
         with self._lock:
             self._depth -= sum(len(request.rows) for request in batch)
+        self._answer(batch)
+
+    def _answer(self, batch: list[PendingRequest]) -> None:
+        """Run ``batch`` (no longer counted in the queue depth; ``_model`` held) and answer
+        or fail every request of it."""
+        self._requests_per_call += _AVERAGE_WEIGHT * (len(batch) - self._requests_per_call)
         try:
             self._isolate(batch)
         except BaseException as exc:  # a bug of ours: still, nobody in this batch may hang
@@ -351,6 +413,10 @@ class ThreadedBatcher:
             error = exc
         duration_s = time.perf_counter() - started
         self._busy_since = None
+        if self._call_s == float("inf"):
+            self._call_s = duration_s
+        else:
+            self._call_s += _AVERAGE_WEIGHT * (duration_s - self._call_s)
         if error is None:
             tags = tuple(request.tag for request in batch)
             for request, outputs in zip(batch, parts, strict=True):

@@ -30,7 +30,8 @@ BatchOutputs = Mapping[str, npt.NDArray[Any]]
 class PendingRequest:
     """One caller's rows ``(n_instances, n_features)`` and, once answered, its outputs.
 
-    Written by the batcher thread only (``answer``, ``fail``); read by the caller after
+    Written by the thread running its batch only (``answer``, ``fail``: the batcher
+    thread, or the caller itself at low load); read by the caller after
     ``wait`` returns True.
     """
 
@@ -80,7 +81,7 @@ class PendingRequest:
             self.error, self.cause = message, cause
         self._finish()
 
-    def _finish(self) -> None:  # batcher thread only, so the flag needs no lock
+    def _finish(self) -> None:  # one thread runs a batch at a time: the flag needs no lock
         if not self.finished:
             self.finished = True
             self._done.release()

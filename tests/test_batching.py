@@ -402,3 +402,119 @@ def test_batcher_refuses_at_once_when_the_queue_would_overflow(stop_after: Any) 
         np.testing.assert_array_equal(queued.result(WAIT_S)["predictions"], [1000, 1001, 1002])
     # A request larger than the limit is still taken when the queue is empty.
     assert len(batcher.submit_many(rows_for(3, 5), timeout_s=WAIT_S)["predictions"]) == 5
+
+
+def recording(calls: list[tuple[str, int]], delay_s: float = 0.0) -> Any:
+    """A model echoing the first feature that records (thread name, batch size) per call."""
+
+    def model(rows: np.ndarray) -> dict[str, np.ndarray]:
+        calls.append((threading.current_thread().name, len(rows)))
+        time.sleep(delay_s)
+        return {"predictions": rows[:, 0]}
+
+    return model
+
+
+def test_adaptive_policy_runs_a_lone_request_on_its_callers_thread_at_low_load(
+    stop_after: Any,
+) -> None:
+    calls: list[tuple[str, int]] = []
+    batcher = ThreadedBatcher(recording(calls), name="the-batcher")
+    stop_after(batcher.start())
+    stats: dict[str, Any] = {}
+
+    answers = [batcher.submit_many(rows_for(c), WAIT_S, stats)["predictions"] for c in range(3)]
+
+    assert [a.tolist() for a in answers] == [[0.0], [1000.0], [2000.0]]
+    me = threading.current_thread().name
+    # The first call's duration is unknown, so it goes to the batcher thread; then no hand-off.
+    assert calls == [("the-batcher", 1), (me, 1), (me, 1)]
+    assert stats["batch_size"] == 1 and stats["infer_s"] > 0
+
+
+def test_adaptive_policy_batches_what_arrives_while_a_caller_runs_its_own_rows(
+    stop_after: Any,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    calls: list[tuple[str, int]] = []
+    record = recording(calls)
+
+    def model(rows: np.ndarray) -> dict[str, np.ndarray]:
+        if len(calls) == 1:  # the second call: the caller's own
+            started.set()
+            assert release.wait(WAIT_S)
+        return record(rows)
+
+    batcher = ThreadedBatcher(model, max_batch_size=8, name="the-batcher")
+    stop_after(batcher.start())
+    batcher.submit_many(rows_for(9), timeout_s=WAIT_S)  # measures a call on the batcher thread
+    with ThreadPoolExecutor(6) as pool:
+        leader = pool.submit(batcher.submit_many, rows_for(0), WAIT_S)
+        assert started.wait(WAIT_S)
+        followers = [pool.submit(batcher.submit_many, rows_for(i), WAIT_S) for i in range(1, 6)]
+        wait_while(lambda: batcher.queue_depth < 5)
+        release.set()
+        assert leader.result(WAIT_S)["predictions"].tolist() == [0.0]
+        answers = [f.result(WAIT_S)["predictions"].tolist() for f in followers]
+
+    assert answers == [[1000.0], [2000.0], [3000.0], [4000.0], [5000.0]]
+    assert calls[1][0] != "the-batcher" and calls[1][1] == 1
+    assert calls[2:] == [("the-batcher", 5)]  # one batch, on the batcher thread
+
+
+def test_adaptive_policy_hands_every_request_to_the_batcher_once_calls_merge(
+    stop_after: Any,
+) -> None:
+    calls: list[tuple[str, int]] = []
+    batcher = ThreadedBatcher(recording(calls, delay_s=0.05), name="the-batcher")
+    stop_after(batcher.start())
+    batcher.submit_many(rows_for(0), timeout_s=WAIT_S)
+    for _ in range(3):  # three calls merging 8 requests each: load
+        with ThreadPoolExecutor(9) as pool:
+            before = len(calls)
+            first = pool.submit(batcher.submit_many, rows_for(1), WAIT_S)
+            wait_while(lambda: len(calls) == before)  # noqa: B023 (the first call is running)
+            rest = [pool.submit(batcher.submit_many, rows_for(2), WAIT_S) for _ in range(8)]
+            for future in [first, *rest]:
+                future.result(WAIT_S)
+    calls.clear()
+
+    batcher.submit_many(rows_for(3), timeout_s=WAIT_S)
+
+    assert calls == [("the-batcher", 1)]
+
+
+def test_adaptive_policy_keeps_a_slow_call_off_a_caller_with_little_time(stop_after: Any) -> None:
+    calls: list[tuple[str, int]] = []
+    batcher = ThreadedBatcher(recording(calls, delay_s=0.3), name="the-batcher")
+    stop_after(batcher.start())
+    batcher.submit_many(rows_for(0), timeout_s=WAIT_S)  # a call takes 0.3 s
+
+    # Run here, the caller could not stop waiting at its deadline: it goes to the batcher.
+    with pytest.raises(InferenceTimeout):
+        batcher.submit_many(rows_for(1), timeout_s=0.1)
+    assert [thread for thread, _ in calls] == ["the-batcher", "the-batcher"]
+
+
+def test_window_policy_never_runs_a_request_on_its_callers_thread(stop_after: Any) -> None:
+    calls: list[tuple[str, int]] = []
+    batcher = ThreadedBatcher(
+        recording(calls), policy="window", max_batch_latency_ms=1, name="the-batcher"
+    )
+    stop_after(batcher.start())
+    for c in range(3):
+        batcher.submit_many(rows_for(c), timeout_s=WAIT_S)
+    assert calls == [("the-batcher", 1)] * 3
+
+
+def test_a_request_run_on_its_callers_thread_fails_alone(stop_after: Any) -> None:
+    batcher = ThreadedBatcher(outputs_of(FailsOnNegative())).start()
+    stop_after(batcher)
+    batcher.submit_many(np.ones((1, 3)), timeout_s=WAIT_S)
+
+    with pytest.raises(InferenceError):
+        batcher.submit_many(-np.ones((1, 3)), timeout_s=WAIT_S)
+    assert batcher.submit_many(np.ones((1, 3)), timeout_s=WAIT_S)["predictions"].shape == (1,)
+    batcher.stop(timeout_s=WAIT_S)
+    with pytest.raises(NotReady):
+        batcher.submit_many(np.ones((1, 3)), timeout_s=WAIT_S)
