@@ -7,8 +7,8 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import secrets
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,7 +16,7 @@ import orjson
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
-from serving import __version__, payload_log, tracing
+from serving import __version__, access_log, payload_log, tracing
 from serving.auth import check_api_key, load_api_keys
 from serving.cache import ModelCache, current_cache
 from serving.dataplane import DataPlane
@@ -33,8 +33,6 @@ from serving.settings import Settings, load_settings
 __all__ = ["create_app"]
 
 log = logging.getLogger("serving")
-#: One JSON line per request (serving.hooks gives it a JSON formatter under Gunicorn).
-access_log = logging.getLogger("serving.access")
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -108,7 +106,7 @@ def create_app(
         g.deadline = plane.deadline()  # SERVING_REQUEST_TIMEOUT_MS from now
         g.log_fields = {}
         incoming = request.headers.get("X-Request-ID", "")
-        g.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+        g.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else secrets.token_hex(16)
         rule = _template(request.url_rule.rule) if request.url_rule else "<unmatched>"
         g.trace = tracing.start_request(request.headers, request.method[:16], rule)
         if g.trace is not None:
@@ -130,19 +128,16 @@ def create_app(
         metrics.observe_request(request.method, route, response.status_code, duration_s)
         if settings.access_log:
             served = plane.models
-            access_log.info(
-                "request",
-                extra={
-                    "request_id": g.get("request_id"),
-                    "method": request.method[:16],
-                    "route": route,
-                    "status": response.status_code,
-                    "latency_ms": round(duration_s * 1000, 3),
-                    "model": served.model_name,
-                    "model_version": served.model_version,
-                    **g.get("log_fields", {}),
-                },
-            )
+            access_log.record({
+                "request_id": g.get("request_id"),
+                "method": request.method[:16],
+                "route": route,
+                "status": response.status_code,
+                "latency_ms": round(duration_s * 1000, 3),
+                "model": served.model_name,
+                "model_version": served.model_version,
+                **g.get("log_fields", {}),
+            })  # fmt: skip
         return response
 
     return app

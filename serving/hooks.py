@@ -16,10 +16,8 @@ exists). Each worker loads its own copy, pins its own pools, and warms up.
 from __future__ import annotations
 
 import logging
-import logging.handlers
 import multiprocessing
 import os
-import queue
 import shutil
 import signal
 import sys
@@ -29,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from serving import access_log
 from serving.auth import load_api_keys
 from serving.errors import SettingsError
 from serving.settings import Settings, load_settings, unknown_variables
@@ -36,7 +35,6 @@ from serving.workers import Board, RecycleGate, alive, install_board, roll_over
 
 __all__ = [
     "child_exit",
-    "configure_access_log",
     "on_exit",
     "cpus_for_slot",
     "on_starting",
@@ -44,7 +42,6 @@ __all__ = [
     "pre_fork",
     "prepare_metrics_dir",
     "settings_or_exit",
-    "stop_access_log",
     "worker_exit",
 ]
 
@@ -133,61 +130,6 @@ def on_starting(server: Any) -> None:
     roll_over(server, _board, booted)
 
 
-class _RecordQueueHandler(logging.handlers.QueueHandler):
-    """A ``QueueHandler`` that queues the record as it is: the standard one formats the
-    message and copies the record on the calling thread (``prepare``), which is the cost
-    this handler exists to move off the request thread. Access records carry only plain
-    values (``extra``), nothing that changes after the call."""
-
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        return record
-
-
-_access_listener: logging.handlers.QueueListener | None = None
-
-
-def configure_access_log(settings: Settings) -> None:
-    """One JSON object per line on stdout for ``serving.access`` (python-json-logger):
-    time, request id, route template, status, latency, instances, batch size, model.
-
-    The request thread only builds the record and puts it on a queue; a
-    ``QueueListener`` thread of this process formats and writes it (standard library
-    ``logging.handlers``). Call it after fork, in each worker: a thread does not survive
-    ``fork()``. Calling it again replaces the listener; :func:`stop_access_log` writes
-    what is queued and stops it.
-    """
-    global _access_listener
-    from pythonjsonlogger.orjson import OrjsonFormatter
-
-    stop_access_log()
-    access = logging.getLogger("serving.access")
-    writer = logging.StreamHandler(sys.stdout)
-    writer.setFormatter(
-        OrjsonFormatter(
-            "{asctime}{levelname}{message}",
-            style="{",
-            rename_fields={"asctime": "time", "levelname": "level"},
-        )
-    )
-    access.setLevel(logging.INFO if settings.access_log else logging.WARNING)
-    access.propagate = False
-    if not settings.access_log:
-        access.handlers = [writer]  # warnings only: rare, written in place
-        return
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    access.handlers = [_RecordQueueHandler(records)]
-    _access_listener = logging.handlers.QueueListener(records, writer)
-    _access_listener.start()
-
-
-def stop_access_log() -> None:
-    """Write the access lines still queued and stop the listener thread (idempotent)."""
-    global _access_listener
-    if _access_listener is not None:
-        _access_listener.stop()
-        _access_listener = None
-
-
 def pre_fork(server: Any, worker: Any) -> None:
     """Master: give the new worker the lowest CPU slot no live worker holds."""
     taken = {getattr(w, "serving_slot", None) for w in server.WORKERS.values()}
@@ -236,7 +178,7 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     service_log.handlers = list(server.log.error_log.handlers)
     service_log.setLevel(server.log.error_log.level)
     service_log.propagate = False
-    configure_access_log(settings)
+    access_log.configure(settings.access_log)
 
     def on_failure(exc: BaseException) -> None:
         with _boot_failed.get_lock():
@@ -399,7 +341,7 @@ def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
     cache = installed_cache()
     if cache is not None:  # None in the master, which also calls this hook
         cache.stop(timeout_s=settings.drain_timeout_s)
-    stop_access_log()  # after the drain: its answers are logged too
+    access_log.stop()  # after the drain: its answers are logged too
 
 
 def child_exit(server: Any, worker: Any) -> None:

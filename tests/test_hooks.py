@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from serving import hooks, workers
+from serving import access_log, hooks, workers
 from serving.settings import Settings
 
 
@@ -116,17 +117,14 @@ def test_cpus_for_slot_of_two_servers_start_apart() -> None:
 
 
 @pytest.fixture
-def access_logger() -> Iterator[logging.Logger]:
-    """serving.access as configure_access_log leaves it, restored after the test."""
-    logger = logging.getLogger("serving.access")
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    yield logger
-    hooks.stop_access_log()
-    logger.handlers, logger.level, logger.propagate = saved[0], saved[1], saved[2]
+def no_access_writer() -> Iterator[None]:
+    """No access log writer running after the test."""
+    yield
+    access_log.stop()
 
 
-def test_access_log_is_written_by_a_listener_thread_not_the_caller(
-    monkeypatch: pytest.MonkeyPatch, access_logger: logging.Logger
+def test_access_log_is_written_by_its_own_thread_not_the_caller(
+    monkeypatch: pytest.MonkeyPatch, no_access_writer: None
 ) -> None:
     import io
     import json
@@ -140,34 +138,59 @@ def test_access_log_is_written_by_a_listener_thread_not_the_caller(
             return len(text)
 
     monkeypatch.setattr("sys.stdout", Recorder())
-    hooks.configure_access_log(Settings(access_log=True))
+    access_log.configure(enabled=True)
+    before = time.time()
     try:
-        access_logger.info("request", extra={"status": 200, "route": "/p"})
+        access_log.record({"status": 200, "route": "/p"})
+        access_log.record({"status": 404, "route": "<unmatched>", "note": Path("/x")})
     finally:
-        hooks.stop_access_log()  # writes what is queued
+        access_log.stop()  # writes what is queued
+    after = time.time()
 
-    lines = [json.loads(text) for _, text in written if text.strip()]
+    lines = [json.loads(line) for _, text in written for line in text.splitlines()]
     assert lines == [
-        {
-            "time": lines[0]["time"],
-            "level": "INFO",
-            "message": "request",
-            "status": 200,
-            "route": "/p",
-        }
-    ]
-    assert all(name != threading.current_thread().name for name, _ in written)
+        {"time": lines[0]["time"], "level": "INFO", "message": "request", "status": 200,
+         "route": "/p"},
+        {"time": lines[1]["time"], "level": "INFO", "message": "request", "status": 404,
+         "route": "<unmatched>", "note": "/x"},
+    ]  # fmt: skip
+    # logging's asctime: local time, milliseconds after a comma
+    stamp = time.mktime(time.strptime(lines[0]["time"].split(",")[0], "%Y-%m-%d %H:%M:%S"))
+    assert int(before) <= stamp <= after and len(lines[0]["time"].split(",")[1]) == 3
+    assert written and all(name == "serving-access-log" for name, _ in written)
+
+
+def test_access_log_writes_lines_queued_together_in_one_write(
+    monkeypatch: pytest.MonkeyPatch, no_access_writer: None
+) -> None:
+    import io
+
+    writes: list[str] = []
+
+    class Recorder(io.StringIO):
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+    monkeypatch.setattr("sys.stdout", Recorder())
+    writer = access_log.AccessLog(linger_s=0.5).start()
+    for status in range(100):
+        writer.write({"status": status})
+    writer.stop()
+
+    assert len(writes) == 1 and writes[0].count("\n") == 100
 
 
 def test_access_log_off_writes_no_request_lines(
-    monkeypatch: pytest.MonkeyPatch, access_logger: logging.Logger
+    monkeypatch: pytest.MonkeyPatch, no_access_writer: None
 ) -> None:
     import io
 
     out = io.StringIO()
     monkeypatch.setattr("sys.stdout", out)
-    hooks.configure_access_log(Settings(access_log=False))
-    access_logger.info("request", extra={"status": 200})
+    access_log.configure(enabled=False)
+    access_log.record({"status": 200})
+    access_log.stop()
 
     assert out.getvalue() == ""
-    assert hooks._access_listener is None
+    assert access_log._writer is None
