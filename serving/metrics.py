@@ -45,6 +45,9 @@ MODEL_LABELS = ("model", "version")
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
+#: The stages of a request's time in the data plane, as Triton's statistics extension names them.
+_STAGES = ("compute_input", "queue", "compute_infer", "compute_output")
+
 _METHODS = frozenset(
     {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"}
 )
@@ -131,7 +134,7 @@ class ServingMetrics:
             ["reason"],
             registry=registry,
         )
-        self._stages: dict[tuple[str, str, str], Any] = {}
+        self._stages: dict[tuple[str, str, bool], tuple[Any, ...]] = {}
         #: Per request, as Triton's statistics extension counts them (serving.stats).
         self.request_stage = Summary(
             "inference_request_stage_seconds",
@@ -186,11 +189,14 @@ class ServingMetrics:
 
     def flush_observer(self, model: str, version: str) -> Callable[[FlushStats], None]:
         """The ``ThreadedBatcher`` ``on_flush`` observer of one model version: each predict
-        call sets its batch size, duration, queue depth and (when it failed) error count."""
+        call sets its batch size, duration, queue depth, the time of the last answer and
+        (when it failed) the error count."""
         batch_size = self.batch_size.labels(model, version)
         duration = self.inference_duration.labels(model, version)
         depth = self._depth(model, version)
         errors = self.inference_errors.labels(model, version)
+        last = self.last_inference.labels(model, version)
+        by_size: dict[int, Any] = {}  # labels() takes a lock and builds keys: once per size
         self.rejected.labels(model, version)  # exposed at 0 from the start, so rate() works
         depth.set(0)
 
@@ -200,10 +206,14 @@ class ServingMetrics:
             depth.set(stats.queue_depth)
             if stats.error is not None:
                 errors.inc()
-            else:
-                self.batch_compute.labels(model, version, str(stats.batch_size)).observe(
-                    stats.duration_s
+                return
+            compute = by_size.get(stats.batch_size)
+            if compute is None:
+                compute = by_size[stats.batch_size] = self.batch_compute.labels(
+                    model, version, str(stats.batch_size)
                 )
+            compute.observe(stats.duration_s)
+            last.set_to_current_time()
 
         return observe
 
@@ -211,18 +221,30 @@ class ServingMetrics:
         """Count one failed load of ``model`` at ``version`` (a worker retries it)."""
         self.load_failures.labels(model, version).inc()
 
-    def observe_stages(self, model: str, version: str, ok: bool, **stages_s: float) -> None:
+    def observe_stages(
+        self,
+        model: str,
+        version: str,
+        ok: bool,
+        *,
+        compute_input: float,
+        queue: float,
+        compute_infer: float,
+        compute_output: float,
+    ) -> None:
         """Count one request that reached the model's batcher: ``success`` (or ``fail``)
-        gets its whole time in the data plane, each of ``stages_s`` (``compute_input=``,
-        ``queue=``, ``compute_infer=``, ``compute_output=``, in seconds) its share."""
-        total = sum(stages_s.values())
-        for stage, seconds in (("success" if ok else "fail", total), *stages_s.items()):
-            child = self._stages.get((model, version, stage))
-            if child is None:
-                child = self.request_stage.labels(model, version, stage)
-                self._stages[(model, version, stage)] = child
-            child.observe(seconds)
-        self.last_inference.labels(model, version).set_to_current_time()
+        gets its whole time in the data plane, each stage (``compute_input``, ``queue``,
+        ``compute_infer``, ``compute_output``, in seconds) its share."""
+        children = self._stages.get((model, version, ok))
+        if children is None:  # labels() takes a lock and builds keys: once per model and outcome
+            stages = ("success" if ok else "fail", *_STAGES)
+            children = tuple(self.request_stage.labels(model, version, s) for s in stages)
+            self._stages[(model, version, ok)] = children
+        children[0].observe(compute_input + queue + compute_infer + compute_output)
+        children[1].observe(compute_input)
+        children[2].observe(queue)
+        children[3].observe(compute_infer)
+        children[4].observe(compute_output)
 
     def collect(self) -> list[Metric]:
         """The metric families of all workers (multiprocess mode) or of ``registry``."""
