@@ -20,13 +20,15 @@ Two flush policies (``docs/batching.md`` draws both):
   "batch what arrived while busy" behaviour Clipper (Crankshaw et al., NSDI 2017) starts
   from; ``max_batch_latency_ms`` is not used for waiting.
 
-  At low load the hand-off itself is the cost: a request that finds nothing queued, the
-  model idle and recent calls merging almost nothing (fewer than
-  ``INLINE_BELOW_REQUESTS_PER_CALL`` requests per call on average) runs its own rows on
-  its own thread, as the naive server would, if recent calls took less than half the
-  time it has left (a call on the caller's thread cannot be abandoned at the deadline).
-  Two thread wake-ups are saved, which on an idle multi-core VM cost about as much as a
-  light model's predict call (``docs/batching.md``).
+  Where the hand-off itself is the cost, there is none: a request that finds nothing
+  queued and the model idle runs its own rows on its own thread, as the naive server
+  would, when recent calls merged almost nothing (fewer than
+  ``INLINE_BELOW_REQUESTS_PER_CALL`` requests per call on average: low load) or cost less
+  than a hand-off (``handoff_s``, measured on the host: merging cannot save more than it
+  costs), and took less than half the time the caller has left (a call on the caller's
+  thread cannot be abandoned at its deadline). Two thread wake-ups are saved, which on an
+  idle multi-core VM cost about as much as a light model's predict call
+  (``docs/batching.md``).
   What arrives meanwhile queues and goes as the next batch on the batcher thread; once
   calls merge requests, every request goes through the batcher thread and batches grow
   as above. The "leader/follower" pattern (Schmidt et al., *Pattern-Oriented Software
@@ -49,6 +51,7 @@ Durations are measured with ``time.perf_counter()``, deadlines with ``time.monot
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -69,6 +72,7 @@ __all__ = [
     "FlushStats",
     "PredictBatch",
     "ThreadedBatcher",
+    "handoff_s",
     "split_outputs",
 ]
 
@@ -107,6 +111,33 @@ def _key(rows: npt.NDArray[Any]) -> tuple[Any, ...]:
     """What rows must share to be merged into one predict call: their width and element
     type (a record array's fields, for typed batches)."""
     return (rows.dtype, rows.shape[1:])
+
+
+@functools.cache
+def handoff_s(round_trips: int = 100) -> float:
+    """What handing work to another thread and back costs on this host, in seconds: the
+    median of ``round_trips`` round trips between this thread and a helper thread through
+    two locks (two wake-ups, as a request handed to the batcher thread and answered).
+    Measured once per process, in a few milliseconds."""
+    there, back = threading.Lock(), threading.Lock()
+    there.acquire()
+    back.acquire()
+
+    def helper() -> None:
+        for _ in range(round_trips):
+            there.acquire()
+            back.release()
+
+    thread = threading.Thread(target=helper, name="serving-handoff-probe", daemon=True)
+    thread.start()
+    times = []
+    for _ in range(round_trips):
+        started = time.perf_counter()
+        there.release()
+        back.acquire()
+        times.append(time.perf_counter() - started)
+    thread.join()
+    return sorted(times)[len(times) // 2]
 
 
 def _merge(parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
@@ -168,6 +199,7 @@ class ThreadedBatcher:
         # holding it (callers only try it), so the two cannot deadlock.
         self._model = threading.Lock()
         self._inline = policy == "adaptive"
+        self._handoff_s = 0.0  # measured by start()
         self._requests_per_call = 1.0  # moving averages, written under _model only
         self._call_s = float("inf")  # unknown until a call on the batcher thread ends
         self._accepting = False
@@ -195,6 +227,8 @@ class ThreadedBatcher:
 
     def start(self) -> ThreadedBatcher:
         """Start the batcher thread; returns ``self``. Starting twice raises ``RuntimeError``."""
+        if self._inline:
+            self._handoff_s = handoff_s()
         with self._lock:
             self._thread.start()
             self._accepting = True
@@ -244,7 +278,10 @@ class ThreadedBatcher:
             inline = (
                 self._inline
                 and not depth
-                and self._requests_per_call < INLINE_BELOW_REQUESTS_PER_CALL
+                and (
+                    self._requests_per_call < INLINE_BELOW_REQUESTS_PER_CALL
+                    or self._call_s < self._handoff_s
+                )
                 and (timeout_s is None or 2 * self._call_s < timeout_s)
                 and self._model.acquire(blocking=False)
             )

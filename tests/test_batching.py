@@ -518,3 +518,35 @@ def test_a_request_run_on_its_callers_thread_fails_alone(stop_after: Any) -> Non
     batcher.stop(timeout_s=WAIT_S)
     with pytest.raises(NotReady):
         batcher.submit_many(np.ones((1, 3)), timeout_s=WAIT_S)
+
+
+def test_adaptive_policy_runs_a_model_cheaper_than_a_handoff_on_its_callers_thread_under_load(
+    stop_after: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Pretend a hand-off costs 1 s on this host: a 50 ms call is cheaper, so merging it
+    # cannot pay back the wake-ups, load or not.
+    monkeypatch.setattr("serving.batching.handoff_s", lambda: 1.0)
+    calls: list[tuple[str, int]] = []
+    batcher = ThreadedBatcher(recording(calls, delay_s=0.05), name="the-batcher")
+    stop_after(batcher.start())
+    batcher.submit_many(rows_for(0), timeout_s=WAIT_S)
+    with ThreadPoolExecutor(9) as pool:
+        first = pool.submit(batcher.submit_many, rows_for(1), WAIT_S)
+        wait_while(lambda: len(calls) == 1)  # the second call is running
+        rest = [pool.submit(batcher.submit_many, rows_for(2), WAIT_S) for _ in range(8)]
+        for future in [first, *rest]:
+            future.result(WAIT_S)
+    assert any(t == "the-batcher" and n >= 2 for t, n in calls)  # what queued was merged
+    calls.clear()
+
+    batcher.submit_many(rows_for(3), timeout_s=WAIT_S)
+
+    assert calls == [(threading.current_thread().name, 1)]
+
+
+def test_handoff_cost_is_measured_on_this_host() -> None:
+    from serving.batching import handoff_s
+
+    cost = handoff_s()
+    assert 0 < cost < 0.05  # two thread wake-ups: microseconds, not a scheduler tick
+    assert handoff_s() == cost  # measured once per process
