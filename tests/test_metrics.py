@@ -1,0 +1,47 @@
+"""serving.metrics in prometheus-client's multiprocess mode, in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD_WRITES = """
+import os, sys
+from prometheus_client import CollectorRegistry
+from serving.metrics import ServingMetrics
+
+metrics = ServingMetrics(CollectorRegistry())
+metrics.observe_request("POST", "/predict", 200, 0.01)      # the parent's file
+pid = os.fork()
+if pid == 0:                                                # a worker forked after import
+    for _ in range(3):
+        metrics.observe_request("POST", "/predict", 200, 0.01)
+    os._exit(0)
+os.waitpid(pid, 0)
+print(pid)
+"""
+
+
+def test_metrics_written_after_a_fork_go_to_the_childs_own_file(tmp_path: Path) -> None:
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PYTHONPATH": str(Path.cwd())}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD_WRITES], env=env, capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    child = int(out.stdout.strip())
+
+    files = {p.name for p in tmp_path.glob("counter_*.db")}
+    assert f"counter_{child}.db" in files and len(files) == 2, files
+    from prometheus_client.mmap_dict import MmapedDict
+
+    def requests_in(path: Path) -> float:
+        db = MmapedDict(str(path), read_mode=True)
+        try:
+            return sum(v for k, v, _ in db.read_all_values() if '"http_requests_total"' in k)
+        finally:
+            db.close()
+
+    assert requests_in(tmp_path / f"counter_{child}.db") == 3
+    (parent,) = files - {f"counter_{child}.db"}
+    assert requests_in(tmp_path / parent) == 1
