@@ -18,7 +18,6 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 from flask import Blueprint, Response, current_app, request
-from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
 from serving.dataplane import DataPlane
 from serving.errors import PayloadTooLarge, UnreadableBody, UnsupportedMediaType
@@ -120,29 +119,32 @@ def read_body(max_body_bytes: int) -> bytes:
     :raises UnreadableBody: (400) when the server cannot read it (bad chunk encoding, the
         client went away mid-body).
     """
-    length = request.content_length
+    environ = request.environ
+    declared = environ.get("CONTENT_LENGTH", "")  # werkzeug's content_length costs ~10 us
+    length = int(declared) if declared.isdigit() else None
     if length is not None and length > max_body_bytes:
         raise PayloadTooLarge("request body", length, max_body_bytes, _BODY_SETTING, "bytes")
-    if length is None and request.environ.get("wsgi.input_terminated"):
-        # Chunked: werkzeug would stop quietly at the limit and hand on a truncated body
-        # (a 400 for the wrong reason). Read one byte past the limit to tell.
-        try:
-            data: bytes = request.environ["wsgi.input"].read(max_body_bytes + 1)
-        except Exception as exc:  # the server's own errors: bad chunk size, client gone
-            raise UnreadableBody(f"request body could not be read: {type(exc).__name__}") from exc
-        if len(data) > max_body_bytes:
-            raise PayloadTooLarge(
-                "chunked request body", None, max_body_bytes, _BODY_SETTING, "bytes"
-            )
-        return data
+    if length is None and not environ.get("wsgi.input_terminated"):
+        return b""  # neither a length nor a chunked body: WSGI says there is none
+    # Read straight from wsgi.input (werkzeug's stream wrappers cost ~14 us a request).
+    # Chunked (no Content-Length): werkzeug would stop quietly at the limit and hand on a
+    # truncated body (a 400 for the wrong reason). Read one byte past the limit to tell.
+    wanted = length if length is not None else max_body_bytes + 1
+    stream = environ["wsgi.input"]
+    parts: list[bytes] = []
+    got = 0
     try:
-        data = request.get_data(cache=False)
-    except ClientDisconnected as exc:
-        raise UnreadableBody("request body could not be read: the client went away") from exc
-    except RequestEntityTooLarge:
-        raise PayloadTooLarge(
-            "request body", None, max_body_bytes, _BODY_SETTING, "bytes"
-        ) from None
+        while got < wanted:
+            part = stream.read(wanted - got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+    except Exception as exc:  # the server's own errors: bad chunk size, client gone
+        raise UnreadableBody(f"request body could not be read: {type(exc).__name__}") from exc
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    if length is None and len(data) > max_body_bytes:
+        raise PayloadTooLarge("chunked request body", None, max_body_bytes, _BODY_SETTING, "bytes")
     if length is not None and len(data) < length:
         # Under Gunicorn wsgi.input ends quietly when the client half-closes: a body cut
         # short would otherwise be parsed as if complete (a CSV losing its last rows).
