@@ -274,7 +274,8 @@ class ThreadedBatcher:
             if not self._accepting:
                 raise NotReady("the batcher is not running (starting up or shutting down)")
             depth = self._depth
-            # Nothing queued, no batch collected or running, little merging lately: run here.
+            # Nothing queued, no batch collected or running, and the hand-off cannot pay:
+            # run it here (module docstring).
             inline = (
                 self._inline
                 and not depth
@@ -285,23 +286,20 @@ class ThreadedBatcher:
                 and (timeout_s is None or 2 * self._call_s < timeout_s)
                 and self._model.acquire(blocking=False)
             )
+            if not inline:
+                if depth and depth + len(instances) > self.max_queue_depth:
+                    raise Overloaded(
+                        f"{depth} instances are queued; {len(instances)} more would pass the "
+                        f"limit of {self.max_queue_depth} (SERVING_MAX_QUEUE_DEPTH)"
+                    )
+                self._depth = depth + len(instances)
+                self._queue.put(request)
         if inline:
             try:
                 self._answer([request])
             finally:
                 self._model.release()
             return self._result(request, stats)
-        with self._lock:
-            if not self._accepting:
-                raise NotReady("the batcher is not running (starting up or shutting down)")
-            depth = self._depth
-            if depth and depth + len(instances) > self.max_queue_depth:
-                raise Overloaded(
-                    f"{depth} instances are queued; {len(instances)} more would pass the "
-                    f"limit of {self.max_queue_depth} (SERVING_MAX_QUEUE_DEPTH)"
-                )
-            self._depth = depth + len(instances)
-            self._queue.put(request)
         if not request.wait(timeout_s):
             assert timeout_s is not None
             raise InferenceTimeout(f"no prediction within {timeout_s * 1000:.0f} ms")
@@ -318,7 +316,8 @@ class ThreadedBatcher:
         return request.result()
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """Refuse new instances, answer every instance already queued, then end the thread.
+        """Refuse new instances, answer every instance already queued (and wait for a
+        caller running its own rows), then end the thread.
 
         :param timeout_s: longest to wait for the drain, in seconds (``None``: until done).
         """
@@ -327,7 +326,12 @@ class ThreadedBatcher:
                 return
             self._accepting = False
             self._queue.put(_STOP)
+        started = time.monotonic()
         self._thread.join(timeout_s)
+        # A caller running its own rows holds the model lock: wait for its answer too.
+        left = -1.0 if timeout_s is None else max(timeout_s - (time.monotonic() - started), 0.0)
+        if self._model.acquire(timeout=left):
+            self._model.release()
 
     # -- the batcher thread --------------------------------------------------------------
 

@@ -550,3 +550,28 @@ def test_handoff_cost_is_measured_on_this_host() -> None:
     cost = handoff_s()
     assert 0 < cost < 0.05  # two thread wake-ups: microseconds, not a scheduler tick
     assert handoff_s() == cost  # measured once per process
+
+
+def test_batcher_stop_waits_for_a_caller_running_its_own_rows(stop_after: Any) -> None:
+    started, release = threading.Event(), threading.Event()
+    calls: list[tuple[str, int]] = []
+    record = recording(calls)
+
+    def model(rows: np.ndarray) -> dict[str, np.ndarray]:
+        if calls:  # the second call: the caller's own
+            started.set()
+            assert release.wait(WAIT_S)
+        return record(rows)
+
+    batcher = ThreadedBatcher(model, name="the-batcher").start()
+    batcher.submit_many(rows_for(0), timeout_s=WAIT_S)
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(batcher.submit_many, rows_for(1), WAIT_S)
+        assert started.wait(WAIT_S)
+        stopping = pool.submit(batcher.stop, WAIT_S)
+        time.sleep(0.2)
+        assert not stopping.done()  # the answer being computed is not abandoned
+        release.set()
+        stopping.result(WAIT_S)
+        assert running.result(WAIT_S)["predictions"].tolist() == [1000.0]
+    assert calls[1][0] != "the-batcher"
