@@ -309,8 +309,30 @@ def _tensors(tensors: Tensors, handle: ModelHandle) -> npt.NDArray[Any]:
         msg = f"the inputs have {len(columns)} features in all; the model expects {len(features)}"
         raise invalid("inputs", msg, "feature_count")
 
+    return _tensor_table(columns, features, where, [name for name, _ in tensors.inputs])
+
+
+def _tensor_table(
+    columns: list[Any],
+    features: Sequence[Feature],
+    where: list[tuple[int, int | None]],
+    names: list[str],
+) -> npt.NDArray[Any]:
+    """``_table`` of tensor columns; a refusal names the request's input and data index
+    (``where``: per feature, the input and its column; ``names``: the inputs' names), and
+    the input by name when it holds one feature (``input 'color': unknown category``)."""
+    refused: list[int] = []  # the feature of the value refused, if any
+
     def locate(i: int, j: int) -> str:
+        refused.append(j)
         index, col = where[j]
         return f"inputs[{index}].data[{i}]" + ("" if col is None else f"[{col}]")
 
-    return _table(columns, features, locate)
+    try:
+        return _table(columns, features, locate)
+    except InvalidInput as exc:
+        if not refused or not exc.details or where[refused[-1]][1] is not None:
+            raise
+        detail = exc.details[0]
+        msg = f"input {names[where[refused[-1]][0]]!r}: {detail['msg']}"
+        raise invalid(detail["loc"], msg, detail["type"]) from None

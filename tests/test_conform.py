@@ -99,6 +99,19 @@ def test_conform_refuses_a_bad_value_naming_instance_and_feature(
         assert words in detail["msg"]
 
 
+def test_conform_refuses_a_bad_tensor_value_naming_the_input(churn: Any) -> None:
+    _, handle, graph, _ = churn
+    rows = churn_rows()[:2]
+    names = ["usage_hours", "seats", "plan", "region"]  # the request's own order
+    values = {n: [row[n] for row in rows] for n in names} | {"plan": [rows[0]["plan"], "gold"]}
+    tensors = Tensors([(n, np.array(values[n], dtype=object)) for n in names])
+    for model in (handle, graph):
+        with pytest.raises(InvalidInput) as caught:
+            conform(tensors, model)
+        assert caught.value.details[0]["loc"] == "inputs[2].data[1]"
+        assert caught.value.message.startswith("inputs[2].data[1]: input 'plan': unknown category")
+
+
 def test_conform_missing_values_reach_a_model_built_for_them() -> None:
     from serving.loaders import estimator_handle
 
