@@ -68,6 +68,9 @@ def conform(instances: Instances, handle: ModelHandle) -> npt.NDArray[Any]:
     rows: Sequence[Sequence[Any]]
     if isinstance(instances, Records):
         rows, loc = _records(instances.rows, handle, instances.field, instances.unnamed)
+        if handle.features is not None and len(rows[0]) != len(handle.features):
+            # keys in key order for a model without feature names: as many as it has?
+            _check_lengths(rows[:1], len(handle.features), instances.field, known=True)
     else:
         rows, loc = _frame(instances, handle)
     features = handle.features or _floats(len(rows[0]))

@@ -112,6 +112,18 @@ def test_conform_refuses_a_bad_tensor_value_naming_the_input(churn: Any) -> None
         assert caught.value.message.startswith("inputs[2].data[1]: input 'plan': unknown category")
 
 
+def test_conform_refuses_objects_with_too_few_keys_for_a_model_without_names() -> None:
+    # Found by the schemathesis fuzz: MLflow's "instances" as objects, keys taken in
+    # order for a model that knows no feature names, 5 keys for 30 features was a 500.
+    handle = load_model(Path("serving/demo/breast_cancer.joblib"))
+    records = Records([{"a": None, "b": 1.0, "c": 2.0, "d": 3.0, "e": 4.0}], unnamed="key_order")
+
+    detail = _refused(records, handle)
+
+    assert (detail["loc"], detail["type"]) == ("instances[0]", "feature_count")
+    assert detail["msg"] == "expected 30 features, got 5"
+
+
 def test_conform_missing_values_reach_a_model_built_for_them() -> None:
     from serving.loaders import estimator_handle
 
