@@ -30,9 +30,10 @@ Two flush policies (``docs/batching.md`` draws both):
   idle multi-core VM cost about as much as a light model's predict call
   (``docs/batching.md``).
   What arrives meanwhile queues and goes as the next batch on the batcher thread; once
-  calls merge requests, every request goes through the batcher thread and batches grow
-  as above. The "leader/follower" pattern (Schmidt et al., *Pattern-Oriented Software
-  Architecture* vol. 2), gated by load so that it never breaks batches up.
+  calls merge requests (and cost more than a hand-off), every request goes through the
+  batcher thread and batches grow as above. The "leader/follower" pattern (Schmidt et
+  al., *Pattern-Oriented Software Architecture* vol. 2), gated by load so that it never
+  breaks batches up.
 
 A request is never split: one that does not fit in the room left opens the next batch,
 and one larger than ``max_batch_size`` runs alone in one call (its size is bounded by
@@ -43,15 +44,14 @@ request, so only the requests that make the model fail get its error. The queue 
 bounded (``max_queue_depth``, refused at once) and a caller's deadline drops its queued
 instances.
 
-Boundary: this module imports only the standard library, numpy, ``serving.errors`` and
-``serving.pending`` (no Flask, no pydantic, no prometheus); observers get plain
-``FlushStats`` through a callback.
+Boundary: this module imports only the standard library, numpy, ``serving.errors``,
+``serving.handoff`` and ``serving.pending`` (no Flask, no pydantic, no prometheus);
+observers get plain ``FlushStats`` through a callback.
 Durations are measured with ``time.perf_counter()``, deadlines with ``time.monotonic()``.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import threading
@@ -64,6 +64,7 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InferenceTimeout, NotReady, Overloaded, ServingError
+from serving.handoff import handoff_s
 from serving.pending import BatchOutputs, PendingRequest, split_outputs
 
 __all__ = [
@@ -72,7 +73,6 @@ __all__ = [
     "FlushStats",
     "PredictBatch",
     "ThreadedBatcher",
-    "handoff_s",
     "split_outputs",
 ]
 
@@ -111,33 +111,6 @@ def _key(rows: npt.NDArray[Any]) -> tuple[Any, ...]:
     """What rows must share to be merged into one predict call: their width and element
     type (a record array's fields, for typed batches)."""
     return (rows.dtype, rows.shape[1:])
-
-
-@functools.cache
-def handoff_s(round_trips: int = 100) -> float:
-    """What handing work to another thread and back costs on this host, in seconds: the
-    median of ``round_trips`` round trips between this thread and a helper thread through
-    two locks (two wake-ups, as a request handed to the batcher thread and answered).
-    Measured once per process, in a few milliseconds."""
-    there, back = threading.Lock(), threading.Lock()
-    there.acquire()
-    back.acquire()
-
-    def helper() -> None:
-        for _ in range(round_trips):
-            there.acquire()
-            back.release()
-
-    thread = threading.Thread(target=helper, name="serving-handoff-probe", daemon=True)
-    thread.start()
-    times = []
-    for _ in range(round_trips):
-        started = time.perf_counter()
-        there.release()
-        back.acquire()
-        times.append(time.perf_counter() - started)
-    thread.join()
-    return sorted(times)[len(times) // 2]
 
 
 def _merge(parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:

@@ -545,7 +545,7 @@ def test_adaptive_policy_runs_a_model_cheaper_than_a_handoff_on_its_callers_thre
 
 
 def test_handoff_cost_is_measured_on_this_host() -> None:
-    from serving.batching import handoff_s
+    from serving.handoff import handoff_s
 
     cost = handoff_s()
     assert 0 < cost < 0.05  # two thread wake-ups: microseconds, not a scheduler tick

@@ -34,6 +34,7 @@ def fresh_python(code: str) -> str:
     "module",
     [
         "serving.batching",
+        "serving.handoff",
         "serving.pending",
         "serving.handle",
         "serving.loaders",
