@@ -227,6 +227,10 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         from serving.slow_clients import limit_header_phase
 
         limit_header_phase(worker, settings.header_timeout_s)
+    from serving.one_write import join_headers_and_body
+
+    if not join_headers_and_body():
+        server.log.info("worker %s: this Gunicorn writes headers and body apart", pid)
 
 
 def _load_while_accepting(cache: Any, on_failure: Any) -> None:

@@ -81,8 +81,10 @@ def test_v2_repository_index_lists_models_with_their_state(client: FlaskClient) 
     every = client.post("/v2/repository/index")
     ready = client.post("/v2/repository/index", json={"ready": True})
     bad = client.post("/v2/repository/index", json={"ready": "yes"})
+    blank = client.post("/v2/repository/index", data="\n", content_type="application/json")
 
     assert every.status_code == 200 and ready.status_code == 200
+    assert blank.status_code == 400  # whitespace is no JSON (found by schemathesis)
     index = V2RepositoryIndex.model_validate(every.get_json()).root
     assert [(m.name, m.version, m.state, m.reason) for m in index] == [("echo", "7", "READY", "")]
     assert ready.get_json() == every.get_json()

@@ -289,7 +289,7 @@ def repository() -> Response:
     """
     plane = dataplane()
     body = read_body(plane.settings.max_body_bytes)
-    wanted = parse_body(V2RepositoryIndexRequest, body) if body.strip() else None
+    wanted = parse_body(V2RepositoryIndexRequest, body) if body else None
     index = repository_index(plane.models, bool(wanted and wanted.ready))
     data = orjson.dumps(index)
     return Response(data, mimetype="application/json")
