@@ -54,7 +54,10 @@ def test_on_starting_after_usr2_keeps_the_old_generations_files(
 def test_prepare_metrics_dir_creates_and_exports_the_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    # setenv first: a delenv of an absent variable records nothing to undo, and
+    # prepare_metrics_dir exports the variable, which then leaked into later tests.
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
     target = tmp_path / "a" / "b"
 
     path = hooks.prepare_metrics_dir(Settings(metrics_dir=target))
@@ -68,7 +71,10 @@ def test_prepare_metrics_dir_creates_and_exports_the_directory(
 def test_prepare_metrics_dir_that_cannot_be_made_exits_with_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    # setenv first: a delenv of an absent variable records nothing to undo, and
+    # prepare_metrics_dir exports the variable, which then leaked into later tests.
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
     with pytest.raises(SystemExit) as info:
         hooks.prepare_metrics_dir(Settings(metrics_dir=Path("/proc/no/such/dir")))
     assert info.value.code == 2

@@ -6,18 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from flask.testing import FlaskClient
 
 from serving.protocols.v2.repository import V2ModelConfig, V2RepositoryIndex
 from serving.protocols.v2.stats import V2InferenceStatistics
-
-
-@pytest.fixture(autouse=True)
-def _own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The statistics read this app's registry, not a multiprocess directory that a test
-    of the Gunicorn config may have left in the environment."""
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
 
 
 def infer(client: FlaskClient, rows: list[list[float]]) -> Any:
