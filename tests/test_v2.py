@@ -192,10 +192,22 @@ def test_v2_infer_takes_integral_float_shapes_as_json_schema_integers(client: Fl
         ([tensor([1, 2, 3], [1, 3]), tensor([1, 2, 3], [1, 3])], "'input-0' is given twice"),
         ([tensor([1, 2, 3], [1, 3]), tensor([1], [1], name="extra")], "no input 'extra'"),
         ([tensor(["a", "b", "c"], [1, 3], datatype="BYTES")], "data[0][0]: 'a' is not a number"),
-        ([tensor([1, 2.5, 3], [1, 3], datatype="INT64")], "data[1] = 2.5 is not an integer"),
-        ([tensor([1, True, 3], [1, 3])], "data[1] = True is not a finite number"),
-        ([tensor([1, 300, 3], [1, 3], datatype="INT8")], "data[1] = 300 is not an integer"),
-        ([tensor([1, 1e39, 3], [1, 3], datatype="FP32")], "data[1] = 1e+39 is not a finite"),
+        (
+            [tensor([1, 2.5, 3], [1, 3], datatype="INT64")],
+            "data[1] (instance 0, column 1) = 2.5 is not an integer",
+        ),
+        (
+            [tensor([1, True, 3], [1, 3])],
+            "data[1] (instance 0, column 1) = True is not a finite number",
+        ),
+        (
+            [tensor([1, 300, 3], [1, 3], datatype="INT8")],
+            "data[1] (instance 0, column 1) = 300 is not an integer",
+        ),
+        (
+            [tensor([1, 1e39, 3], [1, 3], datatype="FP32")],
+            "data[1] (instance 0, column 1) = 1e+39 is not a finite",
+        ),
         ([tensor([1, 2, 3, 4], [1, 3])], "has 4 values; shape [1, 3] needs 3"),
         ([tensor([1, 2, 3, 4], [2, 2])], "has shape [2, 2]; the model takes [-1, 3]"),
         ([tensor([1, 2, 3], [3])], "has shape [3]; the model takes [-1, 3]"),
@@ -225,7 +237,10 @@ ONE = b'{"name": "input-0", "shape": [1, 3], "datatype": "FP64", "data": '
         (b'{"inputs": []}', "inputs"),
         (b'{"input": []}', "input"),
         (b'{"inputs": [' + ONE + b"[1, 2, NaN]}]}", "inputs[0].data[0][2]: missing value"),
-        (b'{"inputs": [' + ONE + b"[1, 2, 1e999]}]}", "data[2] = inf is not a finite number"),
+        (
+            b'{"inputs": [' + ONE + b"[1, 2, 1e999]}]}",
+            "data[2] (instance 0, column 2) = inf is not a finite number",
+        ),
         (b'{"inputs": [' + ONE.replace(b"FP64", b"FP99") + b"[1]}]}", "inputs[0].datatype"),
         (
             b'{"inputs": [' + ONE + b'[1, 2, 3]}], "outputs": [{"name": "nope"}]}',

@@ -138,7 +138,10 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
         want = f"a finite number within {tensor.datatype}'s range, or null"
     if not all(fits):
         index = fits.index(False)
-        msg = f"input {tensor.name!r}: data[{index}] = {repr(flat[index])[:32]} is not {want}"
+        where = f"data[{index}]"
+        if len(tensor.shape) == 2 and tensor.shape[1] > 1:  # data is row-major, maybe flat
+            where += " (instance {}, column {})".format(*divmod(index, tensor.shape[1]))
+        msg = f"input {tensor.name!r}: {where} = {repr(flat[index])[:32]} is not {want}"
         raise _invalid(loc, msg, "datatype")
     if kind.kind == "O":
         values = np.empty(len(flat), dtype=object)
