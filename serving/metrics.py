@@ -56,8 +56,10 @@ MODEL_LABELS = ("model", "version")
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
-#: The stages of a request's time in the data plane, as Triton's statistics extension names them.
-_STAGES = ("compute_input", "queue", "compute_infer", "compute_output")
+#: The stages of a request's time in the data plane, named and ordered as in Triton's
+#: statistics extension (``inference_request_stage_seconds{stage=...}``, with the whole
+#: time under ``success`` or ``fail``).
+REQUEST_STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
 
 _METHODS = frozenset(
     {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"}
@@ -248,12 +250,12 @@ class ServingMetrics:
         ``compute_infer``, ``compute_output``, in seconds) its share."""
         children = self._stages.get((model, version, ok))
         if children is None:  # labels() takes a lock and builds keys: once per model and outcome
-            stages = ("success" if ok else "fail", *_STAGES)
+            stages = ("success" if ok else "fail", *REQUEST_STAGES)
             children = tuple(self.request_stage.labels(model, version, s) for s in stages)
             self._stages[(model, version, ok)] = children
         children[0].observe(compute_input + queue + compute_infer + compute_output)
-        children[1].observe(compute_input)
-        children[2].observe(queue)
+        children[1].observe(queue)
+        children[2].observe(compute_input)
         children[3].observe(compute_infer)
         children[4].observe(compute_output)
 

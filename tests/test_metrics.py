@@ -45,3 +45,26 @@ def test_metrics_written_after_a_fork_go_to_the_childs_own_file(tmp_path: Path) 
     assert requests_in(tmp_path / f"counter_{child}.db") == 3
     (parent,) = files - {f"counter_{child}.db"}
     assert requests_in(tmp_path / parent) == 1
+
+
+def test_each_request_stage_is_recorded_under_its_own_label() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from serving.metrics import ServingMetrics
+
+    metrics = ServingMetrics(CollectorRegistry())
+    metrics.observe_stages(
+        "m", "1", True, compute_input=1.0, queue=2.0, compute_infer=3.0, compute_output=4.0
+    )
+    metrics.observe_stages(
+        "m", "1", False, compute_input=0.5, queue=0.0, compute_infer=0.0, compute_output=0.0
+    )
+
+    def total(stage: str) -> float | None:
+        labels = {"model": "m", "version": "1", "stage": stage}
+        return metrics.registry.get_sample_value("inference_request_stage_seconds_sum", labels)
+
+    assert [total(s) for s in ("success", "fail")] == [10.0, 0.5]
+    assert [total(s) for s in ("compute_input", "queue", "compute_infer", "compute_output")] == [
+        1.5, 2.0, 3.0, 4.0,
+    ]  # fmt: skip

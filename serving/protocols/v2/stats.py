@@ -27,10 +27,12 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 from pydantic import BaseModel, Field
 
+from serving.metrics import REQUEST_STAGES
+
 __all__ = ["STAGES", "V2InferenceStatistics", "V2ModelStatistics", "model_statistics"]
 
 #: Per-request stages of Triton's ``inference_stats`` that the data plane times.
-STAGES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+STAGES = ("success", "fail", *REQUEST_STAGES)
 #: Stages Triton reports that this server has no use for (no response cache): zeros.
 _ZERO_STAGES = ("cache_hit", "cache_miss")
 
