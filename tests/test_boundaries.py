@@ -68,6 +68,19 @@ def test_data_plane_imports_no_web_framework(module: str) -> None:
     assert fresh_python(code) == ""
 
 
+def infer_calls(plane: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """The positional arguments of every ``plane.infer`` call from now on (it still runs)."""
+    calls: list[tuple[Any, ...]] = []
+    infer = plane.infer
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return infer(*args, **kwargs)
+
+    monkeypatch.setattr(plane, "infer", spy)
+    return calls
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [
@@ -89,14 +102,7 @@ def test_every_prediction_route_goes_through_the_data_plane_once(
     app: Flask, monkeypatch: pytest.MonkeyPatch, method: str, path: str, body: dict[str, Any]
 ) -> None:
     plane = app.extensions["serving"]
-    calls: list[tuple[Any, ...]] = []
-    infer = plane.infer
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args)
-        return infer(*args, **kwargs)
-
-    monkeypatch.setattr(plane, "infer", spy)
+    calls = infer_calls(plane, monkeypatch)
     response = getattr(app.test_client(), method)(path, **body)
 
     assert response.status_code == 200, response.get_data(as_text=True)
@@ -113,14 +119,7 @@ def test_the_tf_label_route_goes_through_the_data_plane_once(
     labelled = settings.model_copy(update={"models": [ModelSpec(**entry)]})
     app = create_app(labelled, models=[model_handle], metrics=metrics)
     plane = app.extensions["serving"]
-    calls: list[tuple[Any, ...]] = []
-    infer = plane.infer
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args)
-        return infer(*args, **kwargs)
-
-    monkeypatch.setattr(plane, "infer", spy)
+    calls = infer_calls(plane, monkeypatch)
     try:
         response = app.test_client().post(
             "/v1/models/echo/labels/stable:predict", json={"inputs": [[1, 2, 3]]}
