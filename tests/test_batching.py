@@ -258,12 +258,21 @@ def test_batcher_fails_the_batch_when_the_model_returns_the_wrong_number_of_rows
 
 
 def test_batcher_stop_answers_everything_queued_then_refuses(stop_after: Any) -> None:
-    model = RowEcho(delay_s=0.02)
-    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=2, max_batch_latency_ms=0).start()
+    model, gate = RowEcho(delay_s=0.02), threading.Event()
+
+    def held(rows: np.ndarray) -> dict[str, np.ndarray]:
+        outputs = {"predictions": model.predict(rows)}
+        assert gate.wait(WAIT_S)  # the first call holds the model until every caller queued
+        return outputs
+
+    batcher = ThreadedBatcher(held, max_batch_size=2, max_batch_latency_ms=0).start()
     with ThreadPoolExecutor(20) as pool:
         futures = [pool.submit(batcher.submit_many, rows_for(c), WAIT_S) for c in range(20)]
-        wait_while(lambda: batcher.queue_depth < 10)
+        # Every caller is in (a busy machine starts threads late: one submitting after
+        # stop() would be refused, as it should): the rest of them queued.
+        wait_while(lambda: batcher.queue_depth + sum(model.batch_sizes) < 20)
         assert batcher.queue_depth >= 10, "callers never queued up behind the slow model"
+        gate.set()
 
         batcher.stop(timeout_s=WAIT_S)
 
