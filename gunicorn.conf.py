@@ -1,10 +1,10 @@
 """Gunicorn settings for serving: ``gunicorn wsgi:app -c gunicorn.conf.py``.
 
 Values come from SERVING_* environment variables (see README); Gunicorn's own command
-line flags still win (``--workers 4``). The hooks only call into ``serving.hooks``.
+line flags still win (``--workers 4``). The hooks only call into ``serving.server.hooks``.
 """
 
-from serving import hooks
+from serving.server import hooks
 
 settings = hooks.settings_or_exit()
 
@@ -19,7 +19,7 @@ max_requests = settings.max_requests
 max_requests_jitter = settings.max_requests_jitter
 keepalive = 5
 loglevel = settings.log_level
-# Never preload: the model is loaded in each worker after fork (see serving/hooks.py),
+# Never preload: the model is loaded in each worker after fork (see serving/server/hooks.py),
 # because ONNX Runtime and BLAS thread pools do not survive fork().
 preload_app = False
 # Gunicorn 25+ opens a control socket at one per-user path (~/.gunicorn/gunicorn.ctl): a

@@ -1,4 +1,5 @@
-"""What the JSON access log costs: ``serving.access_log`` vs the ``logging`` design it replaced.
+"""What the JSON access log costs: ``serving.observe.access_log`` vs the ``logging`` design
+it replaced.
 
     python bench/access_log.py [--lines 20000] [--rounds 3]
 
@@ -7,7 +8,7 @@ Two ways to write the same line (the access record's fields, as ``serving.app`` 
   logging       a ``logging`` record through a ``QueueHandler``, formatted and written by a
                 ``QueueListener`` thread woken for every record (python-json-logger's
                 orjson formatter): the service until this change
-  AccessLog     ``serving.access_log``: the fields put on a queue; a writer thread woken
+  AccessLog     ``serving.observe.access_log``: the fields put on a queue; a writer thread woken
                 for the first line lingers 20 ms, then formats every queued line with
                 orjson and writes them at once
 
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pythonjsonlogger.orjson import OrjsonFormatter
 
-from serving.access_log import AccessLog
+from serving.observe.access_log import AccessLog
 
 FIELDS = {
     "request_id": "0123456789abcdef0123456789abcdef",

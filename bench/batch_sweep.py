@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.models import RESULTS, model_path, real_rows  # noqa: E402
-from serving.loaders import load_model  # noqa: E402
+from serving.model.loaders import load_model  # noqa: E402
 from serving.tune import plateau_start, plot, sweep  # noqa: E402
 
 

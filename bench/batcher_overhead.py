@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from serving.batching import ThreadedBatcher
+from serving.batching.batcher import ThreadedBatcher
 
 
 def drive(submit: object, threads: int, seconds: float) -> float:

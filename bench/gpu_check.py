@@ -1,6 +1,6 @@
 """The checks behind ``bench/gpu_check.sh`` (run that: it installs the CUDA wheels first).
 
-1. CUDA is usable (``serving.providers``) and a session asked for ``cuda,cpu`` really runs
+1. CUDA is usable (``serving.model.providers``) and a session asked for ``cuda,cpu`` really runs
    on ``CUDAExecutionProvider``.
 2. GPU and CPU sessions agree on the 569 real rows: probabilities within 1e-4, labels equal.
 3. In-process rows/s, CPU vs GPU, at batch sizes 1, 32, 256 and 1024 (bench/onnx_bench.py).
@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.http_load import free_port  # noqa: E402
 from bench.models import batch_totals, model_path, real_rows  # noqa: E402
-from serving.loaders import load_model  # noqa: E402
-from serving.onnx_loader import OnnxLoader  # noqa: E402
-from serving.providers import CUDA, provider_problem  # noqa: E402
+from serving.model.loaders import load_model  # noqa: E402
+from serving.model.onnx_loader import OnnxLoader  # noqa: E402
+from serving.model.providers import CUDA, provider_problem  # noqa: E402
 
 
 def check(condition: bool, what: str) -> None:

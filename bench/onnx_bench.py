@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.models import model_path, real_rows  # noqa: E402
-from serving.loaders import load_model  # noqa: E402
-from serving.onnx_loader import OnnxLoader  # noqa: E402
+from serving.model.loaders import load_model  # noqa: E402
+from serving.model.onnx_loader import OnnxLoader  # noqa: E402
 
 
 def rows_per_s(predict: Callable[[np.ndarray], Any], rows: np.ndarray, seconds: float) -> float:

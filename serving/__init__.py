@@ -1,6 +1,6 @@
 """serving: a Gunicorn model server with per-worker dynamic micro-batching.
 
-The names below are re-exported lazily: ``gunicorn.conf.py`` imports ``serving.hooks`` in
+The names below are re-exported lazily: ``gunicorn.conf.py`` imports ``serving.server.hooks`` in
 the master, and must be able to point prometheus-client at its multiprocess directory
 before anything imports prometheus-client (it picks its value storage at import).
 """
@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from serving.app import create_app as create_app
-    from serving.batching import ThreadedBatcher as ThreadedBatcher
-    from serving.loaders import ModelHandle as ModelHandle
-    from serving.loaders import load_model as load_model
-    from serving.loaders import register_loader as register_loader
+    from serving.batching.batcher import ThreadedBatcher as ThreadedBatcher
+    from serving.model.loaders import ModelHandle as ModelHandle
+    from serving.model.loaders import load_model as load_model
+    from serving.model.loaders import register_loader as register_loader
     from serving.settings import Settings as Settings
 
 __all__ = [
@@ -30,10 +30,10 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "create_app": "serving.app",
-    "ThreadedBatcher": "serving.batching",
-    "ModelHandle": "serving.loaders",
-    "load_model": "serving.loaders",
-    "register_loader": "serving.loaders",
+    "ThreadedBatcher": "serving.batching.batcher",
+    "ModelHandle": "serving.model.loaders",
+    "load_model": "serving.model.loaders",
+    "register_loader": "serving.model.loaders",
     "Settings": "serving.settings",
 }
 

@@ -16,18 +16,19 @@ import orjson
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
-from serving import __version__, access_log, payload_log, tracing
+from serving import __version__
 from serving.auth import check_api_key, load_api_keys
 from serving.cache import ModelCache, current_cache
 from serving.dataplane import DataPlane
 from serving.errors import ServingError
-from serving.loaders import ModelHandle
-from serving.metrics import ServingMetrics, default_metrics
+from serving.model.loaders import ModelHandle
+from serving.model.schema import instance_json_schema
+from serving.observe import access_log, payload_log, tracing
+from serving.observe.metrics import ServingMetrics, default_metrics
 from serving.openapi import Operation, build_document
 from serving.protocols import mlflow, predict, probes, tfserving, v2
 from serving.protocols.base import ErrorBodies, ProtocolSpec, json_response
 from serving.runtime import ModelRuntime
-from serving.schema import instance_json_schema
 from serving.settings import Settings, load_settings
 
 __all__ = ["create_app"]

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from serving.errors import ModelNotFound, VersionConflict
-from serving.metrics import ServingMetrics
+from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime, State
 from serving.settings import Settings
 

@@ -25,9 +25,9 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InvalidInput
-from serving.handle import ModelHandle, TensorSpec
 from serving.instances import Columns, Frame, Instances, Records, Tensors, Unnamed
-from serving.schema import Feature, feature, structured_dtype, uniform_dtype
+from serving.model.handle import ModelHandle, TensorSpec
+from serving.model.schema import Feature, feature, structured_dtype, uniform_dtype
 from serving.values import Locate, column, from_text, matrix, refuse
 
 __all__ = ["check_names", "conform", "invalid"]

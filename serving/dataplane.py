@@ -14,7 +14,7 @@ A protocol's route reads its body, its codec decodes it into ``serving.instances
 6. the queue-depth metric, then the model's batcher (``submit_many``): 503 overloaded
    (counted as rejected), 504 timeout, 500 when the model fails on these rows;
 7. the request's stages for the V2 statistics (``ServingMetrics.observe_stages``) and
-   its spans (``serving.tracing``, when configured) and,
+   its spans (``serving.observe.tracing``, when configured) and,
    when ``SERVING_PAYLOAD_LOG`` is on, its rows and outputs to the payload log.
 
 The codec then encodes ``Inference.outputs`` into its response body. Requests of every
@@ -32,15 +32,15 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from serving import tracing
-from serving.batching import ThreadedBatcher
+from serving.batching.batcher import ThreadedBatcher
 from serving.cache import ModelCache
 from serving.conform import conform
 from serving.errors import InvalidInput, Overloaded, PayloadTooLarge, RequestTimeout
-from serving.handle import ModelHandle, Outputs
 from serving.instances import Instances, Tensors
-from serving.metrics import ServingMetrics
-from serving.payload_log import PayloadLog
+from serving.model.handle import ModelHandle, Outputs
+from serving.observe import tracing
+from serving.observe.metrics import ServingMetrics
+from serving.observe.payload_log import PayloadLog
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
 

@@ -25,9 +25,9 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from serving.artifacts import find_artifact, format_from_path
-from serving.custom import CLASS_PATTERN
-from serving.providers import parse_providers
+from serving.model.artifacts import find_artifact, format_from_path
+from serving.model.custom import CLASS_PATTERN
+from serving.model.providers import parse_providers
 
 __all__ = ["DEMO_MODEL_PATH", "ModelFormat", "ModelSettings", "ModelSpec", "check_format"]
 

@@ -83,7 +83,7 @@ def build_document(
     :param api_keys: document the ``Authorization: Bearer`` / ``X-API-Key`` schemes on
         every operation with ``security`` (``SERVING_API_KEYS`` is set).
     :param instances: JSON Schemas of the served models' instances, by component name
-        (``serving.schema.instance_json_schema``), added under ``components/schemas``.
+        (``serving.model.schema.instance_json_schema``), added under ``components/schemas``.
     """
     operations = list(operations)
     keyed: list[tuple[tuple[str, JsonSchemaMode], type[BaseModel]]] = []

@@ -1,6 +1,6 @@
 """One worker's model and batcher, and the readiness they imply.
 
-Under Gunicorn, ``serving.hooks.post_fork`` builds the process's ``ModelCache`` (one
+Under Gunicorn, ``serving.server.hooks.post_fork`` builds the process's ``ModelCache`` (one
 ``ModelRuntime`` per model version, ``serving.cache``) and starts loading in a background
 thread, so the worker answers ``/livez`` (200) and
 ``/healthz`` (503, ``loading``) while the model loads, then ``ready`` once it is loaded,
@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from serving.batching import ThreadedBatcher
-from serving.custom import PythonLoader
+from serving.batching.batcher import ThreadedBatcher
 from serving.errors import ModelLoadError, NotReady
-from serving.handle import ModelLoader, TensorSpec
-from serving.loaders import ModelHandle, check_artifact, load_model
-from serving.metrics import ServingMetrics
-from serving.onnx_loader import OnnxLoader
+from serving.model.custom import PythonLoader
+from serving.model.handle import ModelLoader, TensorSpec
+from serving.model.loaders import ModelHandle, check_artifact, load_model
+from serving.model.onnx_loader import OnnxLoader
+from serving.observe.metrics import ServingMetrics
 from serving.settings import Settings
 
 __all__ = ["ModelRuntime", "State"]

@@ -188,7 +188,7 @@ class Settings(ModelSettings):
     )
     payload_log: Literal["off", "request", "response", "all"] = Field(
         "off",
-        description="Payload logging (serving.payload_log): the decoded instances of each "
+        description="Payload logging (serving.observe.payload_log): the decoded instances of each "
         "request, the outputs of each answer, or both, sent to payload_log_url.",
     )
     payload_log_url: str | None = Field(

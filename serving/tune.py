@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from serving.loaders import ModelHandle, load_model
+from serving.model.loaders import ModelHandle, load_model
 
 __all__ = [
     "Recommendation",

@@ -1,6 +1,6 @@
 """Request values (JSON scalars, CSV cells, tensor elements) -> typed numpy columns.
 
-Each value is checked against its feature (``serving.schema.Feature``): a float feature
+Each value is checked against its feature (``serving.model.schema.Feature``): a float feature
 takes a finite number, an integer feature a whole number its element type can hold
 (exactly: Python ints go straight to int64, never through float64), a string feature a
 string (and, when its encoder refuses unknown values, one of its categories), a boolean
@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InvalidInput
-from serving.schema import Feature
+from serving.model.schema import Feature
 
 __all__ = ["Locate", "column", "from_text", "matrix", "refuse", "value_error"]
 

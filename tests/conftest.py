@@ -17,8 +17,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from serving.app import create_app
-from serving.loaders import ModelHandle, estimator_handle
-from serving.metrics import ServingMetrics
+from serving.model.loaders import ModelHandle, estimator_handle
+from serving.observe.metrics import ServingMetrics
 from serving.settings import Settings
 from tests.models import RowEcho
 

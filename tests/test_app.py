@@ -10,8 +10,8 @@ from flask.testing import FlaskClient
 from prometheus_client import CollectorRegistry
 
 from serving.app import create_app
-from serving.loaders import ModelHandle
-from serving.metrics import ServingMetrics
+from serving.model.loaders import ModelHandle
+from serving.observe.metrics import ServingMetrics
 from serving.protocols.predict.schemas import PredictResponse
 from serving.protocols.schemas import ErrorResponse, HealthResponse
 from serving.runtime import ModelRuntime
@@ -215,7 +215,7 @@ def test_predict_serializes_non_contiguous_model_outputs(
     from sklearn.multiclass import OneVsRestClassifier
     from sklearn.naive_bayes import GaussianNB
 
-    from serving.loaders import estimator_handle
+    from serving.model.loaders import estimator_handle
 
     X, y = load_iris(return_X_y=True)
     model = GaussianNB() if estimator == "GaussianNB" else OneVsRestClassifier(LogisticRegression())
@@ -241,7 +241,7 @@ def test_an_overflowing_request_fails_alone_and_co_batched_requests_succeed(
 
     import joblib
 
-    from serving.loaders import load_model
+    from serving.model.loaders import load_model
     from serving.settings import DEMO_MODEL_PATH
 
     X, _ = breast_cancer
@@ -371,7 +371,7 @@ def test_string_labels_and_numpy_outputs_serialize_as_json(settings: Settings) -
     from sklearn.datasets import load_iris
     from sklearn.linear_model import LogisticRegression
 
-    from serving.loaders import estimator_handle
+    from serving.model.loaders import estimator_handle
 
     X, y = load_iris(return_X_y=True)
     names = np.array(["setosa", "versicolor", "virginica"])[y]

@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry
 
 from serving.app import create_app
 from serving.errors import SettingsError
-from serving.loaders import ModelHandle
-from serving.metrics import ServingMetrics
+from serving.model.loaders import ModelHandle
+from serving.observe.metrics import ServingMetrics
 from serving.settings import Settings
 
 KEY = "k" * 20

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serving.batching import FlushStats, ThreadedBatcher, split_outputs
+from serving.batching.batcher import FlushStats, ThreadedBatcher, split_outputs
 from serving.errors import InferenceError, InferenceTimeout, NotReady, Overloaded
 from tests.models import FailsOnNegative, RowEcho, WrongLength
 
@@ -210,7 +210,7 @@ def test_batcher_survives_a_model_raising_system_exit(stop_after: Any) -> None:
 def test_batcher_answers_its_batch_even_when_its_own_code_fails(
     stop_after: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import serving.batching
+    import serving.batching.batcher
 
     real_concatenate = np.concatenate
     failures = [MemoryError("no room to merge")]
@@ -220,7 +220,7 @@ def test_batcher_answers_its_batch_even_when_its_own_code_fails(
             raise failures.pop()
         return real_concatenate(*args, **kwargs)
 
-    monkeypatch.setattr(serving.batching.np, "concatenate", flaky_concatenate)
+    monkeypatch.setattr(serving.batching.batcher.np, "concatenate", flaky_concatenate)
     batcher = ThreadedBatcher(
         outputs_of(RowEcho()), max_batch_size=3, max_batch_latency_ms=60_000, policy="window"
     )
@@ -534,7 +534,7 @@ def test_adaptive_policy_runs_a_model_cheaper_than_a_handoff_on_its_callers_thre
 ) -> None:
     # Pretend a hand-off costs 1 s on this host: a 50 ms call is cheaper, so merging it
     # cannot pay back the wake-ups, load or not.
-    monkeypatch.setattr("serving.batching.handoff_s", lambda: 1.0)
+    monkeypatch.setattr("serving.batching.batcher.handoff_s", lambda: 1.0)
     calls: list[tuple[str, int]] = []
     batcher = ThreadedBatcher(recording(calls, delay_s=0.05), name="the-batcher")
     stop_after(batcher.start())
@@ -554,7 +554,7 @@ def test_adaptive_policy_runs_a_model_cheaper_than_a_handoff_on_its_callers_thre
 
 
 def test_handoff_cost_is_measured_on_this_host() -> None:
-    from serving.handoff import handoff_s
+    from serving.batching.handoff import handoff_s
 
     cost = handoff_s()
     assert 0 < cost < 0.05  # two thread wake-ups: microseconds, not a scheduler tick

@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serving.batching import ThreadedBatcher
+from serving.batching.batcher import ThreadedBatcher
 from serving.errors import InferenceError, InferenceTimeout
 
 request_spec = st.tuples(

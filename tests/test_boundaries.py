@@ -1,11 +1,14 @@
-"""Written boundaries, checked: the batcher and loaders import no web stack or metrics,
-the data plane and the model cache it resolves from import no Flask, and every
-prediction route goes through ``DataPlane.infer``."""
+"""Written boundaries, checked: every module under ``serving/`` keeps the import rule of its
+folder (each package's README states it), and every prediction route goes through
+``DataPlane.infer``."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +16,88 @@ import pytest
 from flask import Flask
 
 from serving.app import create_app
-from serving.handle import ModelHandle
-from serving.metrics import ServingMetrics
+from serving.model.handle import ModelHandle
+from serving.observe.metrics import ServingMetrics
 from serving.settings import DEMO_MODEL_PATH, ModelSpec, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN = ("flask", "werkzeug", "pydantic", "prometheus_client", "gunicorn")
+PACKAGE = ROOT / "serving"
+WEB = ("flask", "werkzeug", "gunicorn")
+CORE = (*WEB, "pydantic", "prometheus_client")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What the modules of one folder may not import: third-party packages in
+    ``forbidden``; of ``serving``, only modules under one of ``serving`` prefixes (or any,
+    when ``serving`` is None)."""
+
+    forbidden: tuple[str, ...]
+    serving: tuple[str, ...] | None = None
+
+
+# Folder -> rule; a new folder under serving/ must be given one (test below).
+RULES = {
+    "batching": Rule((*CORE, "pandas"), serving=("serving.errors", "serving.batching")),
+    "model": Rule(CORE, serving=("serving.errors", "serving.model")),
+    "observe": Rule(WEB),
+    "server": Rule(("flask", "werkzeug")),
+    # Thin Flask views and their codecs: the web layer.
+    "protocols": Rule(()),
+    "demo": Rule(()),
+}
+# Top level: the data plane and everything it calls import no web framework; the app
+# wires Flask. The request checks run per instance and take no settings or metrics.
+TOP = Rule(WEB)
+TOP_WEB = {"app"}
+TOP_CORE = {"errors", "instances", "conform", "values"}
+
+
+def modules() -> list[str]:
+    """Every module of the package, found on disk (``serving.x.y``)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+def rule_for(module: str) -> Rule:
+    parts = module.split(".")[1:]
+    if len(parts) > 1 or (parts and (PACKAGE / parts[0]).is_dir()):
+        return RULES[parts[0]]
+    name = parts[0] if parts else ""
+    if name in TOP_WEB:
+        return Rule(())
+    return Rule(CORE) if name in TOP_CORE else TOP
+
+
+@cache
+def imported_by_all() -> dict[str, dict[str, list[str]]]:
+    """For every module, what importing it alone (fresh interpreter) puts in ``sys.modules``:
+    the forbidden-candidate packages and the ``serving`` modules. Runs in parallel."""
+    third = sorted(
+        {name for rule in [*RULES.values(), TOP] for name in rule.forbidden} | {"pandas"}
+    )
+    code = (
+        "import importlib, json, sys\n"
+        "importlib.import_module(sys.argv[1])\n"
+        f"print(json.dumps({{'third': [m for m in {third!r} if m in sys.modules], "
+        "'serving': sorted(m for m in sys.modules if m.startswith('serving.'))}))"
+    )
+    runs = {
+        module: subprocess.Popen(
+            [sys.executable, "-c", code, module], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
+        for module in modules()
+        if rule_for(module) != Rule(())
+    }
+    found = {}
+    for module, run in runs.items():
+        out, _ = run.communicate(timeout=120)
+        assert run.returncode == 0, f"importing {module} failed"
+        found[module] = json.loads(out)
+    return found
 
 
 def fresh_python(code: str) -> str:
@@ -30,42 +109,40 @@ def fresh_python(code: str) -> str:
     return result.stdout.strip()
 
 
-@pytest.mark.parametrize(
-    "module",
-    [
-        "serving.batching",
-        "serving.handoff",
-        "serving.pending",
-        "serving.handle",
-        "serving.loaders",
-        "serving.onnx_loader",
-        "serving.custom",
-        "serving.providers",
-        "serving.errors",
-        "serving.instances",
-        "serving.conform",
-        "serving.values",
-        "serving.schema",
-        "serving.schema_sklearn",
-        "serving.schema_onnx",
-        "serving.artifacts",
-    ],
-)
-def test_core_module_imports_no_web_stack(module: str) -> None:
-    code = (
-        f"import sys, {module}\n"
-        f"print(','.join(sorted(m for m in {FORBIDDEN!r} if m in sys.modules)))"
-    )
-    assert fresh_python(code) == ""
+def test_boundaries_every_folder_has_a_rule_and_a_readme_stating_it() -> None:
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(RULES)
+    for name, rule in RULES.items():
+        if name in ("protocols", "demo"):
+            continue
+        readme = (PACKAGE / name / "README.md").read_text()
+        assert "**Boundary.**" in readme, name
+        missing = [module for module in rule.forbidden if module not in readme]
+        assert not missing, f"serving/{name}/README.md does not name {missing}"
 
 
-@pytest.mark.parametrize("module", ["serving.dataplane", "serving.cache", "serving.runtime"])
-def test_data_plane_imports_no_web_framework(module: str) -> None:
-    """The data plane records metrics (prometheus) and reads ``Settings`` (pydantic), but
-    knows nothing of HTTP: no Flask, no werkzeug, no Gunicorn."""
-    web = ("flask", "werkzeug", "gunicorn")
-    code = f"import sys, {module}\nprint(','.join(sorted(m for m in {web!r} if m in sys.modules)))"
-    assert fresh_python(code) == ""
+@pytest.mark.parametrize("module", [m for m in modules() if rule_for(m) != Rule(())])
+def test_boundaries_module_keeps_its_folders_rule(module: str) -> None:
+    rule = rule_for(module)
+    imported = imported_by_all()[module]
+    assert [m for m in imported["third"] if m in rule.forbidden] == []
+    if rule.serving is not None:
+        allowed = (*rule.serving, module.rsplit(".", 1)[0])
+        outside = [
+            m
+            for m in imported["serving"]
+            if not any(m == a or m.startswith(a + ".") for a in allowed)
+        ]
+        assert outside == []
+
+
+def test_boundaries_rules_catch_a_violation() -> None:
+    """The check above can fail: the data plane imports pydantic and prometheus_client,
+    which the request checks' rule forbids, and reaches beyond what the batcher's allows."""
+    dataplane = imported_by_all()["serving.dataplane"]
+    assert {"pydantic", "prometheus_client"} <= set(dataplane["third"]) & set(CORE)
+    assert "serving.settings" in dataplane["serving"]
+    assert rule_for("serving.conform").forbidden == CORE
 
 
 def infer_calls(plane: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from serving.cache import ModelCache
 from serving.errors import ModelNotFound, SettingsError, VersionConflict
-from serving.handle import ModelHandle
-from serving.metrics import ServingMetrics
+from serving.model.handle import ModelHandle
+from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
 from serving.settings import Settings, load_settings
 from tests.conftest import serve_runtimes

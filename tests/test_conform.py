@@ -13,9 +13,9 @@ import pytest
 
 from serving.conform import conform
 from serving.errors import InvalidInput
-from serving.handle import ModelHandle
 from serving.instances import Columns, Frame, Records, Tensors
-from serving.loaders import load_model
+from serving.model.handle import ModelHandle
+from serving.model.loaders import load_model
 from tests.onnx_graphs import int_identity_graph
 from tests.tabular import churn_rows, frame_of, hgb_with_missing, write_churn
 
@@ -125,7 +125,7 @@ def test_conform_refuses_objects_with_too_few_keys_for_a_model_without_names() -
 
 
 def test_conform_missing_values_reach_a_model_built_for_them() -> None:
-    from serving.loaders import estimator_handle
+    from serving.model.loaders import estimator_handle
 
     model, _ = hgb_with_missing()
 

@@ -1,4 +1,4 @@
-"""serving/custom.py: a user's class served through load_model, like any artifact."""
+"""serving/model/custom.py: a user's class served through load_model, like any artifact."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serving.custom import PythonLoader, import_class, python_handle
 from serving.errors import ModelLoadError
-from serving.loaders import load_model
+from serving.model.custom import PythonLoader, import_class, python_handle
+from serving.model.loaders import load_model
 from tests.e2e.server import ROOT
 
 
@@ -145,7 +145,7 @@ def test_models_entry_with_a_class_loads_through_the_runtime_and_batches(
     (feature_names gives the width), batcher."""
     from prometheus_client import CollectorRegistry
 
-    from serving.metrics import ServingMetrics
+    from serving.observe.metrics import ServingMetrics
     from serving.runtime import ModelRuntime
     from serving.settings import ModelSpec, Settings
 

@@ -23,8 +23,8 @@ from serving.errors import (
     VersionConflict,
 )
 from serving.instances import Columns, Frame, Records, Tensors
-from serving.loaders import ModelHandle, estimator_handle
-from serving.metrics import ServingMetrics
+from serving.model.loaders import ModelHandle, estimator_handle
+from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
 from tests.models import RowEcho, RowOffset

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from serving.loaders import load_model
+from serving.model.loaders import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

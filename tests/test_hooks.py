@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from serving import access_log, hooks, workers
+from serving.observe import access_log
+from serving.server import hooks, workers
 from serving.settings import Settings
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from serving.errors import ModelLoadError
-from serving.loaders import (
+from serving.model.loaders import (
     ModelHandle,
     ModelLoader,
     estimator_handle,
@@ -217,7 +217,7 @@ def test_estimator_handle_predictions_equal_the_estimators_own_predict(
 
 
 def test_check_artifact_refuses_a_world_writable_file(tmp_path: Path) -> None:
-    from serving.loaders import check_artifact
+    from serving.model.loaders import check_artifact
 
     path = tmp_path / "m.pkl"
     path.write_bytes(pickle.dumps(RowEcho()))
@@ -233,7 +233,7 @@ def test_check_artifact_refuses_a_world_writable_file(tmp_path: Path) -> None:
 def test_check_artifact_compares_the_sha256(tmp_path: Path) -> None:
     import hashlib
 
-    from serving.loaders import check_artifact
+    from serving.model.loaders import check_artifact
 
     path = tmp_path / "m.pkl"
     path.write_bytes(b"model bytes")
@@ -286,13 +286,13 @@ def test_models_with_n_jobs_are_loaded_single_threaded(
     path = tmp_path / "m.joblib"
     joblib.dump(model, path)
 
-    with caplog.at_level("INFO", logger="serving.loaders"):
+    with caplog.at_level("INFO", logger="serving.model.loaders"):
         load_model(path)
     assert "randomforestclassifier__n_jobs=-1 set to n_jobs=1" in caplog.text
     loaded = joblib.load(path)  # the file keeps what it was trained with
     assert loaded.steps[-1][1].n_jobs == -1
 
-    from serving.loaders import JoblibLoader
+    from serving.model.loaders import JoblibLoader
 
     kept = JoblibLoader().load(path, name="m", version="1", keep_n_jobs=True)
     assert kept.predict_batch(np.zeros((1, 1)))["predictions"].shape == (1,)

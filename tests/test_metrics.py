@@ -1,4 +1,4 @@
-"""serving.metrics in prometheus-client's multiprocess mode, in a fresh interpreter."""
+"""serving.observe.metrics in prometheus-client's multiprocess mode, in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 CHILD_WRITES = """
 import os, sys
 from prometheus_client import CollectorRegistry
-from serving.metrics import ServingMetrics
+from serving.observe.metrics import ServingMetrics
 
 metrics = ServingMetrics(CollectorRegistry())
 metrics.observe_request("POST", "/predict", 200, 0.01)      # the parent's file
@@ -50,7 +50,7 @@ def test_metrics_written_after_a_fork_go_to_the_childs_own_file(tmp_path: Path) 
 def test_each_request_stage_is_recorded_under_its_own_label() -> None:
     from prometheus_client import CollectorRegistry
 
-    from serving.metrics import ServingMetrics
+    from serving.observe.metrics import ServingMetrics
 
     metrics = ServingMetrics(CollectorRegistry())
     metrics.observe_stages(

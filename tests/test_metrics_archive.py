@@ -9,10 +9,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from serving.metrics_archive import archive_dead_worker
+from serving.server.metrics_archive import archive_dead_worker
 
 WORKER = """
-from serving.metrics import ServingMetrics
+from serving.observe.metrics import ServingMetrics
 m = ServingMetrics()
 for status in (200, 200, 503):
     m.observe_request("POST", "/predict", status, 0.003)

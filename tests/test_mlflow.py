@@ -14,8 +14,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from serving.app import create_app
-from serving.loaders import ModelHandle
-from serving.metrics import ServingMetrics
+from serving.model.loaders import ModelHandle
+from serving.observe.metrics import ServingMetrics
 from serving.protocols.mlflow.schemas import MlflowErrorResponse, MlflowRequest, MlflowResponse
 from serving.protocols.schemas import parse_body
 from serving.settings import Settings

@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from serving.app import create_app
-from serving.loaders import load_model
-from serving.metrics import ServingMetrics
+from serving.model.loaders import load_model
+from serving.observe.metrics import ServingMetrics
 from serving.settings import Settings
 from tests.tabular import churn_module
 

@@ -1,4 +1,4 @@
-"""serving.one_write on Gunicorn's own request parser and Response, over a socket pair."""
+"""serving.server.one_write on Gunicorn's own request parser and Response, over a socket pair."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from gunicorn.config import Config  # type: ignore[import-untyped]
 from gunicorn.http import RequestParser, wsgi  # type: ignore[import-untyped]
 
-from serving.one_write import join_headers_and_body
+from serving.server.one_write import join_headers_and_body
 
 
 class Recording:

@@ -16,9 +16,9 @@ from skl2onnx import to_onnx
 from skl2onnx.common.data_types import FloatTensorType
 
 from serving.errors import ModelLoadError
-from serving.loaders import load_model
-from serving.onnx_loader import OnnxLoader
-from serving.providers import CUDA, cuda_device_count, provider_problem
+from serving.model.loaders import load_model
+from serving.model.onnx_loader import OnnxLoader
+from serving.model.providers import CUDA, cuda_device_count, provider_problem
 from serving.settings import Settings
 from tests.onnx_graphs import WEIGHTS, image_graph, multi_input_graph, scale_graph
 from tests.test_loaders import DEMO_MODEL_PATH, DEMO_ONNX_PATH
@@ -31,7 +31,7 @@ def test_auto_runs_on_what_the_host_has_and_logs_no_error() -> None:
         "import logging, sys\n"
         "logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)\n"
         "from pathlib import Path\n"
-        "from serving.onnx_loader import OnnxLoader\n"
+        "from serving.model.onnx_loader import OnnxLoader\n"
         f"h = OnnxLoader('auto').load(Path({str(DEMO_ONNX_PATH)!r}), name='d', version='1')\n"
         "print(h.execution_provider)\n"
     )
@@ -130,7 +130,7 @@ def test_optimized_graph_is_saved_then_reused_until_the_source_changes(
     cached.parent.mkdir()
     loader = OnnxLoader("cpu", optimized_model_path=cached)
     rows = np.random.default_rng(2).normal(size=(5, 30)) * 10
-    caplog.set_level(logging.INFO, logger="serving.onnx_loader")
+    caplog.set_level(logging.INFO, logger="serving.model.onnx_loader")
 
     first = load_model(source, loader=loader).predict_batch(rows)
     assert cached.is_file() and cached.with_name(cached.name + ".json").is_file()
@@ -153,7 +153,7 @@ def multi_input_client(settings: Settings, tmp_path: Path) -> Iterator[FlaskClie
     from prometheus_client import CollectorRegistry
 
     from serving.app import create_app
-    from serving.metrics import ServingMetrics
+    from serving.observe.metrics import ServingMetrics
 
     handle = load_model(multi_input_graph(tmp_path / "multi.onnx"), name="multi")
     app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))

@@ -74,8 +74,8 @@ def test_openapi_describes_each_served_models_instances_once_ready(
     from prometheus_client import CollectorRegistry
 
     from serving.app import create_app
-    from serving.loaders import load_model
-    from serving.metrics import ServingMetrics
+    from serving.model.loaders import load_model
+    from serving.observe.metrics import ServingMetrics
     from tests.tabular import churn_rows, write_churn
 
     _, path, _ = write_churn(tmp_path)

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from serving.metrics import ServingMetrics
-from serving.payload_log import PayloadLog, bind
+from serving.observe.metrics import ServingMetrics
+from serving.observe.payload_log import PayloadLog, bind
 from serving.settings import Settings
 
 ROWS = np.array([[1.0, 2.0, 3.0]])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.providers import (
+from serving.model.providers import (
     CPU,
     CUDA,
     TENSORRT,
@@ -71,5 +71,7 @@ def test_explicit_gpu_provider_on_a_host_without_one_is_an_error(spec: str) -> N
 
 def test_cuda_device_count_is_zero_or_more_without_raising() -> None:
     # In a fresh interpreter: the check must not need onnxruntime or torch loaded first.
-    count = int(fresh_python("from serving.providers import cuda_device_count as c; print(c())"))
+    count = int(
+        fresh_python("from serving.model.providers import cuda_device_count as c; print(c())")
+    )
     assert count == cuda_device_count() >= 0

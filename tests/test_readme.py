@@ -14,8 +14,8 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from serving.app import create_app
-from serving.loaders import load_model
-from serving.metrics import ServingMetrics
+from serving.model.loaders import load_model
+from serving.observe.metrics import ServingMetrics
 from serving.settings import DEMO_MODEL_PATH, Settings
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from serving.errors import ModelLoadError
-from serving.handle import ModelHandle
-from serving.metrics import ServingMetrics
+from serving.model.handle import ModelHandle
+from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
 from tests.models import SlowLoading

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from serving.errors import ModelLoadError
-from serving.loaders import load_model
-from serving.schema import Feature
+from serving.model.loaders import load_model
+from serving.model.schema import Feature
 from tests.tabular import hgb_with_missing, write_churn
 
 

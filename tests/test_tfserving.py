@@ -16,8 +16,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from serving.app import create_app
-from serving.loaders import ModelHandle
-from serving.metrics import ServingMetrics
+from serving.model.loaders import ModelHandle
+from serving.observe.metrics import ServingMetrics
 from serving.protocols.schemas import parse_body
 from serving.protocols.tfserving.schemas import (
     TFErrorResponse,
@@ -295,8 +295,8 @@ def test_tfserving_float32_outputs_print_as_on_predict(
     from prometheus_client import CollectorRegistry
 
     from serving.app import create_app
-    from serving.loaders import load_model
-    from serving.metrics import ServingMetrics
+    from serving.model.loaders import load_model
+    from serving.observe.metrics import ServingMetrics
     from serving.settings import DEMO_MODEL_PATH
 
     graph = load_model(DEMO_MODEL_PATH.with_suffix(".onnx"), name="bc")

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from serving.loaders import ModelHandle
+from serving.model.loaders import ModelHandle
 from serving.tune import SweepPoint, monotone, plateau_start, recommend, sweep
 
 

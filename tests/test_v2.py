@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from serving import __version__
 from serving.app import create_app
-from serving.handle import ModelHandle, TensorSpec
-from serving.metrics import ServingMetrics
+from serving.model.handle import ModelHandle, TensorSpec
+from serving.observe.metrics import ServingMetrics
 from serving.protocols.v2.schemas import V2Error, V2InferResponse, V2ModelMetadata
 from serving.runtime import ModelRuntime
 from serving.settings import Settings

@@ -3,7 +3,7 @@
 
 Liveness does not look at the model: a worker still loading is alive and must not be
 restarted for it. Readiness is 200 only when every live worker of the server has every
-model loaded and warmed up and its batcher running (``serving.workers.readiness``; the body
+model loaded and warmed up and its batcher running (``serving.server.workers.readiness``; the body
 says ``"workers": {"ready": N, "total": M}``); otherwise 503 with the same body.
 ``/metrics`` is the Prometheus text format, summed over all Gunicorn workers. The OpenAPI
 document is built once per process from every protocol's ``OPERATIONS``
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, current_app
 
-from serving.metrics import CONTENT_TYPE_LATEST
+from serving.observe.metrics import CONTENT_TYPE_LATEST
 from serving.openapi import Operation
 from serving.protocols.base import ProtocolSpec, dataplane, json_response
 from serving.protocols.schemas import (
@@ -23,7 +23,7 @@ from serving.protocols.schemas import (
     LivenessResponse,
     OpenAPIDocument,
 )
-from serving.workers import readiness
+from serving.server.workers import readiness
 
 __all__ = ["OPERATIONS", "PROTOCOL", "bp"]
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from serving.metrics import ServingMetrics
+from serving.observe.metrics import ServingMetrics
 from tests.deploy.tools import check_promql
 from tests.e2e.server import ROOT
 

@@ -13,7 +13,7 @@ import yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
 from prometheus_client import CollectorRegistry
 
-from serving.metrics import ServingMetrics
+from serving.observe.metrics import ServingMetrics
 from tests.deploy.tools import check_promql
 from tests.e2e.server import ROOT
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 
-from serving.metrics_archive import ARCHIVED_TYPES
+from serving.server.metrics_archive import ARCHIVED_TYPES
 from tests.e2e.server import GunicornServer
 from tests.models import RowOffset
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import requests
 
-from serving.providers import CUDA, provider_problem
+from serving.model.providers import CUDA, provider_problem
 from serving.settings import DEMO_MODEL_PATH
 from tests.e2e.server import GunicornServer
 

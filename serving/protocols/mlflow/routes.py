@@ -36,7 +36,7 @@ from serving.protocols.mlflow.schemas import (
     PingResponse,
 )
 from serving.protocols.schemas import parse_body
-from serving.workers import readiness
+from serving.server.workers import readiness
 
 __all__ = ["OPERATIONS", "PROTOCOL", "bp"]
 

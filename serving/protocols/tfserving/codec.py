@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.conform import invalid
-from serving.handle import Outputs
 from serving.instances import Columns, Frame, Instances, Records
+from serving.model.handle import Outputs
 from serving.protocols.tfserving.schemas import TFPredictRequest
 
 __all__ = ["columnar_outputs", "decode", "row_predictions"]

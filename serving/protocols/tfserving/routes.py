@@ -23,7 +23,7 @@ from flask.blueprints import BlueprintSetupState
 from werkzeug.routing import BaseConverter
 
 from serving.errors import InvalidInput, LabelNotFound
-from serving.handle import TensorSpec
+from serving.model.handle import TensorSpec
 from serving.openapi import Operation, errors
 from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_json_body
 from serving.protocols.schemas import parse_body

@@ -30,8 +30,8 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InvalidInput
-from serving.handle import Outputs
 from serving.instances import Tensors
+from serving.model.handle import Outputs
 from serving.protocols.v2.schemas import (
     Datatype,
     V2InferRequest,

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from serving.cache import ModelCache
-from serving.handle import ModelHandle, TensorSpec
+from serving.model.handle import ModelHandle, TensorSpec
 from serving.protocols.v2.codec import datatype_of
 from serving.runtime import ModelRuntime
 

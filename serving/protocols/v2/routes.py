@@ -23,7 +23,7 @@ from flask import Blueprint, Response, g, request
 
 from serving import __version__
 from serving.errors import InvalidInput, UnreadableBody
-from serving.handle import ModelHandle, TensorSpec
+from serving.model.handle import ModelHandle, TensorSpec
 from serving.openapi import Operation, errors
 from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_body
 from serving.protocols.schemas import parse_body
@@ -53,7 +53,7 @@ from serving.protocols.v2.schemas import (
     V2ServerMetadata,
 )
 from serving.protocols.v2.stats import V2InferenceStatistics, model_statistics
-from serving.workers import readiness
+from serving.server.workers import readiness
 
 __all__ = ["EXTENSIONS", "OPERATIONS", "PROTOCOL", "bp"]
 

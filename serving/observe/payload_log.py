@@ -48,7 +48,7 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from serving.metrics import ServingMetrics
+from serving.observe.metrics import ServingMetrics
 from serving.settings import Settings
 
 __all__ = ["EVENT_TYPE", "PayloadLog", "bind"]

@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from serving.artifacts import EXTENSIONS, check_artifact, find_artifact, format_from_path
 from serving.errors import InvalidInput, ModelLoadError
-from serving.handle import ModelHandle, ModelLoader, Outputs, Predictor
-from serving.onnx_loader import OnnxLoader
-from serving.schema import Feature, feature, features_from_file, merge_features, schema_file
-from serving.schema_sklearn import estimator_features, estimator_missing
+from serving.model.artifacts import EXTENSIONS, check_artifact, find_artifact, format_from_path
+from serving.model.handle import ModelHandle, ModelLoader, Outputs, Predictor
+from serving.model.onnx_loader import OnnxLoader
+from serving.model.schema import Feature, feature, features_from_file, merge_features, schema_file
+from serving.model.schema_sklearn import estimator_features, estimator_missing
 
 __all__ = [
     "JoblibLoader",
@@ -92,7 +92,7 @@ def estimator_handle(
     ``n_features`` comes from ``n_features_in_`` and ``classes`` from ``classes_`` where
     the estimator has them; ``probabilities`` is produced when ``predict_proba`` exists.
     The input schema is ``declared`` (a schema file beside the model), with what the
-    estimator tells (``serving.schema_sklearn``). A model fitted on a DataFrame
+    estimator tells (``serving.model.schema_sklearn``). A model fitted on a DataFrame
     (``feature_names_in_``) is called with a pandas DataFrame of its training column
     names, each column of its feature's type; others get the batch array.
 
@@ -195,7 +195,7 @@ def _frame_builder(features: tuple[Feature, ...]) -> Callable[[npt.NDArray[Any]]
 
 
 def declared_features(path: Path) -> tuple[Feature, ...] | None:
-    """The features of the schema file beside ``path`` (``serving.schema``), if any.
+    """The features of the schema file beside ``path`` (``serving.model.schema``), if any.
 
     :raises ModelLoadError: when the schema file cannot be read.
     """

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from serving.schema import Feature, Kind, feature
+from serving.model.schema import Feature, Kind, feature
 
 __all__ = ["estimator_features", "estimator_missing"]
 

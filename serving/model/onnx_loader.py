@@ -32,10 +32,10 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import ModelLoadError
-from serving.handle import ModelHandle, ModelLoader, Outputs, TensorSpec
-from serving.providers import CPU, ProviderError, ProviderSelection, select_providers
-from serving.schema import Feature, Kind
-from serving.schema_onnx import GraphFacts, InputFacts, graph_facts
+from serving.model.handle import ModelHandle, ModelLoader, Outputs, TensorSpec
+from serving.model.providers import CPU, ProviderError, ProviderSelection, select_providers
+from serving.model.schema import Feature, Kind
+from serving.model.schema_onnx import GraphFacts, InputFacts, graph_facts
 
 __all__ = ["OnnxLoader"]
 
@@ -318,7 +318,7 @@ def _features(
 ) -> tuple[Feature, ...]:
     """One feature per column of every input, of the input's element type (a string
     input's values are Python ``str``); a one-column input that feeds an encoder or an
-    imputer node takes its categories and missing values (``serving.schema_onnx``)."""
+    imputer node takes its categories and missing values (``serving.model.schema_onnx``)."""
     facts = graph.inputs
     labels = iter(names or tuple(str(j) for j in range(sum(spec.width for spec in specs))))
     features = []

@@ -2,7 +2,7 @@
 
 Under Gunicorn, ``gunicorn.conf.py`` points ``PROMETHEUS_MULTIPROC_DIR`` at a directory
 before any worker imports prometheus-client, wipes it at start and marks dead workers
-(``serving.hooks``). Each worker writes its samples there; ``render()`` builds a fresh
+(``serving.server.hooks``). Each worker writes its samples there; ``render()`` builds a fresh
 registry with a ``MultiProcessCollector`` per scrape, so any worker answers ``/metrics``
 with the sum over all of them (the recipe of prometheus/client_python's multiprocess
 docs). Without that variable (tests, a single process) the given registry is rendered.
@@ -31,8 +31,8 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from serving.batching import FlushStats
-from serving.handle import ModelHandle
+from serving.batching.batcher import FlushStats
+from serving.model.handle import ModelHandle
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics", "default_metrics"]
 

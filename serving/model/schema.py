@@ -8,10 +8,10 @@ Known at load, from (in this order of precedence):
    ``{"inputs": [...]}`` in the same column-spec format: ``{"name": "plan", "type":
    "string", "required": true}`` with MLflow's types ``double``, ``float``, ``long``,
    ``integer``, ``string``, ``boolean``;
-2. the fitted estimator itself (``serving.schema_sklearn``): ``feature_names_in_``, the
+2. the fitted estimator itself (``serving.model.schema_sklearn``): ``feature_names_in_``, the
    columns a ``ColumnTransformer`` sends to a ``OneHotEncoder``/``OrdinalEncoder`` and
    their ``categories_``, and scikit-learn's estimator tags for missing values;
-3. an ONNX graph's input types (``serving.onnx_loader``).
+3. an ONNX graph's input types (``serving.model.onnx_loader``).
 
 Boundary: standard library and numpy; PyYAML is imported only to read an ``MLmodel`` file.
 """

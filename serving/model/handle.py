@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from serving.schema import Feature, feature, sample_batch, structured_dtype, uniform_dtype
+from serving.model.schema import Feature, feature, sample_batch, structured_dtype, uniform_dtype
 
 __all__ = ["ModelHandle", "ModelLoader", "Outputs", "Predictor", "TensorSpec"]
 
@@ -60,7 +60,7 @@ class ModelHandle:
         before they reach the model.
     :param feature_names: the name of each feature column, in order, when the model knows
         them (scikit-learn's ``feature_names_in_``, an ONNX graph's input names).
-    :param features: the input schema (``serving.schema``): kind, element type, missing
+    :param features: the input schema (``serving.model.schema``): kind, element type, missing
         values and categories per feature; by default ``n_features`` floats of
         ``input_dtype``, named by ``feature_names`` or by position.
     :param output_names: the keys ``predict_batch`` returns, when known.

@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import ModelLoadError
-from serving.handle import ModelHandle, ModelLoader, Outputs
+from serving.model.handle import ModelHandle, ModelLoader, Outputs
 
 __all__ = ["CLASS_PATTERN", "PythonLoader", "PythonModel", "import_class", "python_handle"]
 

@@ -1,6 +1,6 @@
 """What handing work to another thread and back costs on this host.
 
-``ThreadedBatcher`` (``serving.batching``) compares it with its model's calls: a call
+``ThreadedBatcher`` (``serving.batching.batcher``) compares it with its model's calls: a call
 cheaper than a hand-off is run on the caller's thread whenever the model is idle, since
 merging it with others cannot save what the two thread wake-ups cost. Measured, not
 assumed: it spans 10-250 us across the hosts and loads seen (``docs/batching.md``).

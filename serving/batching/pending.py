@@ -6,7 +6,7 @@ never split) or failed. ``split_outputs``
 cuts a merged call's outputs back into per-request parts and refuses outputs whose row
 count does not match, so nobody is ever handed another caller's rows.
 
-Boundary: standard library, numpy and ``serving.errors`` only, like ``serving.batching``.
+Boundary: standard library, numpy and ``serving.errors`` only, like ``serving.batching.batcher``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Runs in two roles: ``settings_or_exit``, ``prepare_metrics_dir``, ``on_starting``,
 ``child_exit`` and ``on_exit`` in the master; ``post_fork`` and ``worker_exit`` in each
 worker. How workers know each other's state and how the master rolls them over is in
-``serving.workers``. Nothing
+``serving.server.workers``. Nothing
 here imports prometheus-client or the Flask app at module level: the master must set
 ``PROMETHEUS_MULTIPROC_DIR`` before prometheus-client is first imported.
 
@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serving import access_log
 from serving.auth import load_api_keys
 from serving.errors import SettingsError
+from serving.observe import access_log
+from serving.server.workers import Board, RecycleGate, alive, install_board, roll_over
 from serving.settings import Settings, load_settings, unknown_variables
-from serving.workers import Board, RecycleGate, alive, install_board, roll_over
 
 __all__ = [
     "child_exit",
@@ -54,13 +54,13 @@ WORKER_BOOT_ERROR = 3
 # arbiter just reaps (waiting for its SIGTERM instead can take the whole graceful
 # timeout: a worker still booting loses a signal sent before its handlers exist).
 _boot_failed: Any = None
-# Set by the master once every first-boot worker is ready (serving.workers.roll_over). A
+# Set by the master once every first-boot worker is ready (serving.server.workers.roll_over). A
 # worker forked after that (a respawn, a max_requests recycle, a HUP reload) loads before
 # it accepts a connection and retries a failed load with backoff instead of halting the
 # server. The first workers load while answering /livez 200 and /healthz 503: nobody can
 # serve yet, and probes learn it.
 _booted: Any = None
-# Every worker's state, one file each (serving.workers.Board), and the max_requests gate.
+# Every worker's state, one file each (serving.server.workers.Board), and the max_requests gate.
 _board: Board | None = None
 _gate: RecycleGate | None = None
 #: Marks a metrics directory this server created (and removes when its last master exits).
@@ -110,7 +110,7 @@ def on_starting(server: Any) -> None:
     """Master, once: remove prometheus-client's ``*.db`` files so counters start at zero
     (only those: the directory may be shared or hold other files; and not after a
     ``SIGUSR2`` re-exec, whose old generation still writes there), create the workers'
-    board and make the arbiter roll workers over one by one (``serving.workers``)."""
+    board and make the arbiter roll workers over one by one (``serving.server.workers``)."""
     global _boot_failed, _booted, _board, _gate
     _boot_failed = multiprocessing.Value("b", 0)  # shared with the workers forked later
     _booted = multiprocessing.Value("b", 0)
@@ -168,9 +168,9 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     (``_load_before_accepting``). Each publishes its state on the board (``/healthz``)."""
     if settings.cpu_affinity == "auto" and hasattr(os, "sched_setaffinity"):
         _pin(server, worker, settings.blas_threads)
-    from serving import tracing
     from serving.cache import ModelCache, install_cache
-    from serving.metrics import default_metrics
+    from serving.observe import tracing
+    from serving.observe.metrics import default_metrics
 
     tracing.setup()  # OpenTelemetry's exporter thread does not survive fork: one per worker
 
@@ -224,10 +224,10 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     _recycle_one_at_a_time(server, worker)
     cache.start_watchdog(on_problem)
     if hasattr(worker, "handle_request"):  # Gunicorn's gthread worker
-        from serving.slow_clients import limit_header_phase
+        from serving.server.slow_clients import limit_header_phase
 
         limit_header_phase(worker, settings.header_timeout_s)
-    from serving.one_write import join_headers_and_body
+    from serving.server.one_write import join_headers_and_body
 
     if not join_headers_and_body():
         server.log.info("worker %s: this Gunicorn writes headers and body apart", pid)
@@ -257,7 +257,7 @@ def _load_before_accepting(server: Any, worker: Any, settings: Settings, slot: i
     the other workers. Returns the loaded ``ModelCache``."""
     from serving.cache import ModelCache
     from serving.errors import ModelLoadError
-    from serving.metrics import default_metrics
+    from serving.observe.metrics import default_metrics
 
     pid = os.getpid()
     metrics = default_metrics()
@@ -350,11 +350,11 @@ def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
 
 def child_exit(server: Any, worker: Any) -> None:
     """Master: drop the dead worker's live gauges (``livesum``) from the metrics, fold its
-    counters and histograms into the archive (``serving.metrics_archive``) and drop its
+    counters and histograms into the archive (``serving.server.metrics_archive``) and drop its
     state file from the board."""
     from prometheus_client import multiprocess
 
-    from serving.metrics_archive import archive_dead_worker
+    from serving.server.metrics_archive import archive_dead_worker
 
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
     try:

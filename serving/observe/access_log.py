@@ -13,7 +13,7 @@ A line, in the format the ``logging`` version wrote (``time`` is local time, as
     {"time":"2026-12-01 06:18:57,313","level":"INFO","message":"request",
      "request_id":"...","method":"POST","route":"/predict","status":200,...}
 
-Under Gunicorn, ``serving.hooks.post_fork`` starts the writer (``configure``) and
+Under Gunicorn, ``serving.server.hooks.post_fork`` starts the writer (``configure``) and
 ``worker_exit`` stops it after the drain (``stop``), so the last answers are logged too.
 Without a writer (tests, another WSGI server) ``record`` drops the line.
 

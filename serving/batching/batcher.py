@@ -44,8 +44,8 @@ request, so only the requests that make the model fail get its error. The queue 
 bounded (``max_queue_depth``, refused at once) and a caller's deadline drops its queued
 instances.
 
-Boundary: this module imports only the standard library, numpy, ``serving.errors``,
-``serving.handoff`` and ``serving.pending`` (no Flask, no pydantic, no prometheus);
+Boundary: this module imports only the standard library, numpy, ``serving.errors`` and its
+siblings ``handoff`` and ``pending`` (no Flask, no pydantic, no prometheus; see README.md);
 observers get plain ``FlushStats`` through a callback.
 Durations are measured with ``time.perf_counter()``, deadlines with ``time.monotonic()``.
 """
@@ -63,9 +63,9 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
+from serving.batching.handoff import handoff_s
+from serving.batching.pending import BatchOutputs, PendingRequest, split_outputs
 from serving.errors import InferenceTimeout, NotReady, Overloaded, ServingError
-from serving.handoff import handoff_s
-from serving.pending import BatchOutputs, PendingRequest, split_outputs
 
 __all__ = [
     "BatchOutputs",

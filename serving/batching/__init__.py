@@ -1,0 +1,1 @@
+"""See README.md beside this file."""
