@@ -1,8 +1,13 @@
-"""Shared fixtures: ``settings``, ``app`` and ``client`` around a tiny real in-memory model."""
+"""Shared fixtures: ``settings``, ``app`` and ``client`` around a tiny real in-memory model.
+
+Every test is marked by its folder: ``e2e`` (tests/e2e: real Gunicorn over HTTP), ``deploy``
+(tests/deploy: nginx, promtool, manifests), else ``unit`` (in-process), so
+``pytest -m unit`` is the fast inner loop."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +26,16 @@ from serving.model.loaders import ModelHandle, estimator_handle
 from serving.observe.metrics import ServingMetrics
 from serving.settings import Settings
 from tests.models import RowEcho
+
+SUITES = {"e2e", "deploy"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test ``unit``, ``e2e`` or ``deploy`` by the folder under tests/ it lives in."""
+    tests = Path(__file__).parent
+    for item in items:
+        folder = item.path.relative_to(tests).parts[0]
+        item.add_marker(folder if folder in SUITES else "unit")
 
 
 @pytest.fixture(scope="session")
