@@ -103,8 +103,8 @@ def main() -> None:
 
     problem = provider_problem(CUDA)
     check(problem is None, f"CUDA is usable here ({problem or 'driver, device and libraries'})")
-    gpu = load_model(model_path("mlp-onnx"), loader=OnnxLoader("cuda,cpu"))
-    cpu = load_model(model_path("mlp-onnx"), loader=OnnxLoader("cpu"))
+    gpu = load_model(model_path("mlp-onnx"), loaders={"onnx": OnnxLoader("cuda,cpu")})
+    cpu = load_model(model_path("mlp-onnx"), loaders={"onnx": OnnxLoader("cpu")})
     check(gpu.execution_provider == CUDA, f"the session runs on {gpu.execution_provider}")
 
     X = real_rows()

@@ -59,7 +59,9 @@ def main() -> None:
     threadpool_limits(limits=args.threads)
     engines = {"sklearn": load_model(model_path("mlp"), threads=args.threads)}
     for spec in args.providers:
-        handle = load_model(model_path("mlp-onnx"), threads=args.threads, loader=OnnxLoader(spec))
+        handle = load_model(
+            model_path("mlp-onnx"), threads=args.threads, loaders={"onnx": OnnxLoader(spec)}
+        )
         engines[f"onnx-{spec}"] = handle
         print(f"onnx-{spec}: session on {handle.execution_provider}")
 

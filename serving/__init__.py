@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from serving.app import create_app as create_app
     from serving.batching.batcher import ThreadedBatcher as ThreadedBatcher
     from serving.model.loaders import ModelHandle as ModelHandle
+    from serving.model.loaders import default_loaders as default_loaders
     from serving.model.loaders import load_model as load_model
-    from serving.model.loaders import register_loader as register_loader
     from serving.settings import Settings as Settings
 
 __all__ = [
@@ -23,8 +23,8 @@ __all__ = [
     "Settings",
     "ThreadedBatcher",
     "create_app",
+    "default_loaders",
     "load_model",
-    "register_loader",
 ]
 __version__ = "0.1.0"
 
@@ -33,7 +33,7 @@ _EXPORTS = {
     "ThreadedBatcher": "serving.batching.batcher",
     "ModelHandle": "serving.model.loaders",
     "load_model": "serving.model.loaders",
-    "register_loader": "serving.model.loaders",
+    "default_loaders": "serving.model.loaders",
     "Settings": "serving.settings",
 }
 

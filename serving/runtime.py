@@ -16,23 +16,37 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 from serving.batching.batcher import ThreadedBatcher
 from serving.errors import ModelLoadError, NotReady
 from serving.model.custom import PythonLoader
 from serving.model.handle import ModelLoader, TensorSpec
-from serving.model.loaders import ModelHandle, check_artifact, load_model
+from serving.model.loaders import ModelHandle, check_artifact, default_loaders, load_model
 from serving.model.onnx_loader import OnnxLoader
 from serving.observe.metrics import ServingMetrics
 from serving.settings import Settings
 
-__all__ = ["ModelRuntime", "State"]
+__all__ = ["ModelRuntime", "State", "model_loaders"]
 
 log = logging.getLogger(__name__)
 
 State = Literal["loading", "ready", "failed", "stopping"]
+
+
+def model_loaders(settings: Settings, worker_slot: int = 0) -> dict[str, ModelLoader]:
+    """The loaders one model's settings configure: ``SERVING_KEEP_MODEL_N_JOBS`` for pickle
+    and joblib, ``SERVING_ONNX_*`` and ``SERVING_CUDA_DEVICE`` (with ``worker_slot``) for
+    ONNX, ``SERVING_MODEL_CLASS`` for ``python``."""
+    onnx = OnnxLoader(
+        settings.onnx_providers,
+        cuda_device=settings.cuda_device,
+        worker_slot=worker_slot,
+        optimized_model_path=settings.onnx_optimized_model_path,
+    )
+    python = PythonLoader(settings.model_class) if settings.model_class is not None else None
+    return default_loaders(keep_n_jobs=settings.keep_model_n_jobs, onnx=onnx, python=python)
 
 
 class ModelRuntime:
@@ -45,11 +59,19 @@ class ModelRuntime:
         handle, batcher = runtime.require_ready()
     """
 
-    def __init__(self, settings: Settings, metrics: ServingMetrics, worker_slot: int = 0) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: ServingMetrics,
+        worker_slot: int = 0,
+        loaders: Mapping[str, ModelLoader] | None = None,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
         #: This worker's index among the live workers (0, 1, ...): picks its CUDA device.
         self.worker_slot = worker_slot
+        #: Format -> loader, configured from this model's settings (``model_loaders``).
+        self.loaders = model_loaders(settings, worker_slot) if loaders is None else loaders
         self.handle: ModelHandle | None = None
         #: The model's outputs (name, dtype, shape), from one instance at load time.
         self.outputs: tuple[TensorSpec, ...] = ()
@@ -102,9 +124,10 @@ class ModelRuntime:
         try:
             if handle is None:
                 fmt = settings.resolved_model_format
+                loader = self.loaders.get(fmt)
                 # Read once: the bytes checked are the bytes loaded (not the path again).
                 # A model class reads its own path (a file or a directory): nothing to read.
-                data = None if fmt == "python" else check_artifact(
+                data = None if loader is None or loader.reads_path else check_artifact(
                     settings.resolved_model_path,
                     settings.model_sha256,
                     settings.allow_world_writable_model,
@@ -115,10 +138,9 @@ class ModelRuntime:
                     name=settings.resolved_model_name,
                     version=settings.model_version,
                     threads=settings.blas_threads,
-                    loader=self._loader(fmt),
+                    loaders=self.loaders,
                     data=data,
                     pinned=settings.model_sha256 is not None,
-                    keep_n_jobs=settings.keep_model_n_jobs,
                 )
                 from threadpoolctl import threadpool_limits
 
@@ -148,24 +170,6 @@ class ModelRuntime:
             handle.execution_provider,
             _describe_features(handle),
             time.perf_counter() - started,
-        )
-
-    def _loader(self, fmt: str) -> ModelLoader | None:
-        """The configured loader for ``fmt``, or None for the registered one."""
-        if fmt == "onnx":
-            return self._onnx_loader()
-        if fmt == "python":
-            assert self.settings.model_class is not None  # Settings refuses python without
-            return PythonLoader(self.settings.model_class)
-        return None
-
-    def _onnx_loader(self) -> OnnxLoader:
-        settings = self.settings
-        return OnnxLoader(
-            settings.onnx_providers,
-            cuda_device=settings.cuda_device,
-            worker_slot=self.worker_slot,
-            optimized_model_path=settings.onnx_optimized_model_path,
         )
 
     def start_loading(

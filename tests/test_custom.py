@@ -46,7 +46,9 @@ def factor_file(tmp_path: Path) -> Path:
 
 
 def test_python_loader_calls_load_then_preprocess_predict_postprocess(factor_file: Path) -> None:
-    handle = load_model(factor_file, "python", name="s", loader=PythonLoader(f"{__name__}:Scaled"))
+    handle = load_model(
+        factor_file, "python", name="s", loaders={"python": PythonLoader(f"{__name__}:Scaled")}
+    )
     outputs = handle.predict_batch(np.array([[1.0, 2.0], [0.0, 0.0]]))
 
     np.testing.assert_array_equal(outputs["predictions"], [15.0, 6.0])  # (2+3)*3, (1+1)*3
@@ -79,7 +81,9 @@ def test_python_loader_takes_a_directory(tmp_path: Path) -> None:
     module = sys.modules[__name__]
     module.FromDir = FromDir  # type: ignore[attr-defined]
     try:
-        handle = load_model(tmp_path, "python", loader=PythonLoader(f"{__name__}:FromDir"))
+        handle = load_model(
+            tmp_path, "python", loaders={"python": PythonLoader(f"{__name__}:FromDir")}
+        )
     finally:
         del module.FromDir  # type: ignore[attr-defined]
     assert handle.predict_batch(np.zeros((1, 2)))["predictions"].tolist() == [4.0]
@@ -101,9 +105,9 @@ def test_import_class_names_what_is_wrong(spec: str, message: str) -> None:
 
 def test_python_loader_refuses_a_class_without_the_contract(factor_file: Path) -> None:
     with pytest.raises(ModelLoadError, match="has no load"):
-        load_model(factor_file, "python", loader=PythonLoader(f"{__name__}:NoPredict"))
+        load_model(factor_file, "python", loaders={"python": PythonLoader(f"{__name__}:NoPredict")})
     with pytest.raises(ModelLoadError, match="SERVING_MODEL_CLASS: cannot import"):
-        load_model(factor_file, "python", loader=PythonLoader("nowhere_xyz:Model"))
+        load_model(factor_file, "python", loaders={"python": PythonLoader("nowhere_xyz:Model")})
 
 
 def test_python_handle_refuses_a_malformed_input_schema() -> None:
@@ -125,7 +129,9 @@ def test_example_custom_model_answers_as_its_own_pipeline(
 
     train(tmp_path)
     X, y = breast_cancer
-    handle = load_model(tmp_path, "python", loader=PythonLoader("custom_model:ShapeRatioModel"))
+    handle = load_model(
+        tmp_path, "python", loaders={"python": PythonLoader("custom_model:ShapeRatioModel")}
+    )
     outputs = handle.predict_batch(X)
 
     own = ShapeRatioModel()

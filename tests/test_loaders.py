@@ -14,10 +14,10 @@ from serving.errors import ModelLoadError
 from serving.model.loaders import (
     ModelHandle,
     ModelLoader,
+    default_loaders,
     estimator_handle,
     format_from_path,
     load_model,
-    register_loader,
 )
 from serving.settings import DEMO_MODEL_PATH
 from tests.models import RowEcho
@@ -133,21 +133,42 @@ def test_load_model_failures_name_the_path_and_the_cause(
     assert cause.lower() in str(info.value).lower()
 
 
-def test_register_loader_adds_a_format(tmp_path: Path) -> None:
+def test_load_model_takes_a_new_format_from_the_loaders_given(tmp_path: Path) -> None:
+    seen: list[bytes | None] = []
+
     class DoubleLoader(ModelLoader):
-        def load(self, path: Path, *, name: str, version: str, threads: int = 1) -> ModelHandle:
-            factor = float(path.read_text())
+        def load(
+            self, path: Path, data: bytes | None, *, name: str, version: str, threads: int = 1
+        ) -> ModelHandle:
+            seen.append(data)
+            factor = float(data or b"0")
             return ModelHandle.from_callable(lambda X: X[:, 0] * factor, name=name, version=version)
 
-    register_loader("double", DoubleLoader())
     path = tmp_path / "m.txt"
     path.write_text("2")
 
-    handle = load_model(path, "double")
+    handle = load_model(path, "double", loaders={**default_loaders(), "double": DoubleLoader()})
 
     np.testing.assert_array_equal(handle.predict_batch(np.array([[3.0]]))["predictions"], [6.0])
-    with pytest.raises(TypeError):
-        register_loader("bad", object())  # type: ignore[arg-type]
+    assert seen == [b"2"]  # the loader is given the bytes, read once, not the path to read
+    with pytest.raises(ModelLoadError, match="no loader for format 'double'"):
+        load_model(path, "double")  # no global registry: the default loaders do not know it
+
+
+def test_load_model_refuses_a_loader_reading_its_path_for_a_pinned_model(tmp_path: Path) -> None:
+    class ReadsPath(ModelLoader):
+        reads_path = True
+
+        def load(
+            self, path: Path, data: bytes | None, *, name: str, version: str, threads: int = 1
+        ) -> ModelHandle:
+            raise AssertionError("not called")
+
+    path = tmp_path / "m.txt"
+    path.write_text("2")
+
+    with pytest.raises(ModelLoadError, match="reads the file itself"):
+        load_model(path, "mine", loaders={"mine": ReadsPath()}, data=b"2", pinned=True)
 
 
 def test_from_callable_accepts_arrays_or_named_outputs() -> None:
@@ -294,5 +315,5 @@ def test_models_with_n_jobs_are_loaded_single_threaded(
 
     from serving.model.loaders import JoblibLoader
 
-    kept = JoblibLoader().load(path, name="m", version="1", keep_n_jobs=True)
+    kept = JoblibLoader(keep_n_jobs=True).load(path, path.read_bytes(), name="m", version="1")
     assert kept.predict_batch(np.zeros((1, 1)))["predictions"].shape == (1,)

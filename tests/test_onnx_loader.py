@@ -32,7 +32,8 @@ def test_auto_runs_on_what_the_host_has_and_logs_no_error() -> None:
         "logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)\n"
         "from pathlib import Path\n"
         "from serving.model.onnx_loader import OnnxLoader\n"
-        f"h = OnnxLoader('auto').load(Path({str(DEMO_ONNX_PATH)!r}), name='d', version='1')\n"
+        f"path = Path({str(DEMO_ONNX_PATH)!r})\n"
+        "h = OnnxLoader('auto').load(path, path.read_bytes(), name='d', version='1')\n"
         "print(h.execution_provider)\n"
     )
     result = subprocess.run(
@@ -49,7 +50,7 @@ def test_auto_runs_on_what_the_host_has_and_logs_no_error() -> None:
 @pytest.mark.skipif(provider_problem(CUDA) is None, reason="this host has a usable GPU")
 def test_explicit_cuda_without_a_usable_gpu_fails_the_load_with_the_reason() -> None:
     with pytest.raises(ModelLoadError) as caught:
-        load_model(DEMO_ONNX_PATH, loader=OnnxLoader("cuda,cpu"))
+        load_model(DEMO_ONNX_PATH, loaders={"onnx": OnnxLoader("cuda,cpu")})
     message = str(caught.value)
     assert message.startswith(f"cannot load model {DEMO_ONNX_PATH}: SERVING_ONNX_PROVIDERS=cuda")
     reason = "no CUDA device is visible" if cuda_device_count() == 0 else "cannot be loaded"
@@ -57,7 +58,7 @@ def test_explicit_cuda_without_a_usable_gpu_fails_the_load_with_the_reason() -> 
 
 
 def test_cpu_handle_reports_its_provider_and_no_device() -> None:
-    handle = load_model(DEMO_ONNX_PATH, loader=OnnxLoader("cpu"))
+    handle = load_model(DEMO_ONNX_PATH, loaders={"onnx": OnnxLoader("cpu")})
     assert (handle.execution_provider, handle.device_id) == ("CPUExecutionProvider", None)
     assert handle.output_names == ("predictions", "probabilities")
 
@@ -132,18 +133,18 @@ def test_optimized_graph_is_saved_then_reused_until_the_source_changes(
     rows = np.random.default_rng(2).normal(size=(5, 30)) * 10
     caplog.set_level(logging.INFO, logger="serving.model.onnx_loader")
 
-    first = load_model(source, loader=loader).predict_batch(rows)
+    first = load_model(source, loaders={"onnx": loader}).predict_batch(rows)
     assert cached.is_file() and cached.with_name(cached.name + ".json").is_file()
     assert "saved the optimized graph" in caplog.text
     caplog.clear()
-    second = load_model(source, loader=loader).predict_batch(rows)
+    second = load_model(source, loaders={"onnx": loader}).predict_batch(rows)
     assert "reusing the optimized graph" in caplog.text
     np.testing.assert_array_equal(first["predictions"], second["predictions"])
     np.testing.assert_allclose(first["probabilities"], second["probabilities"], rtol=1e-6)
 
     caplog.clear()
     os.utime(source, ns=(1, 1))  # a new artifact under the same name
-    load_model(source, loader=loader)
+    load_model(source, loaders={"onnx": loader})
     assert "saved the optimized graph" in caplog.text
     assert not list(cached.parent.glob(".*.tmp"))
 

@@ -143,13 +143,17 @@ class PythonLoader(ModelLoader):
     Usage::
 
         loader = PythonLoader("examples.custom_model:ChurnModel")
-        handle = load_model("models/churn", "python", loader=loader)
+        handle = load_model("models/churn", "python", loaders={"python": loader})
     """
+
+    reads_path = True  # the class reads its own path, a file or a directory
 
     def __init__(self, class_path: str) -> None:
         self.class_path = class_path
 
-    def load(self, path: Path, *, name: str, version: str, threads: int = 1) -> ModelHandle:
+    def load(
+        self, path: Path, data: bytes | None, *, name: str, version: str, threads: int = 1
+    ) -> ModelHandle:
         try:
             cls = import_class(self.class_path)
         except ValueError as exc:

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -202,11 +202,22 @@ class ModelHandle:
 
 
 class ModelLoader(ABC):
-    """Loads one artifact format. Subclass it and ``register_loader`` it for a new format."""
+    """Loads one artifact format: ``load(path, data)``, the one seam every format has.
+
+    ``data`` is the artifact's bytes, read once and checked (``check_artifact``): a loader
+    loads exactly these, never ``path`` again (``path`` names it in errors and finds files
+    beside it, such as a schema). A loader that must read ``path`` itself (a directory, a
+    class given a path) sets ``reads_path`` and is given ``data=None``; such a loader cannot
+    serve a model pinned by SHA-256. Pass a new format to ``load_model(loaders=...)``.
+    """
+
+    reads_path: ClassVar[bool] = False
 
     @abstractmethod
-    def load(self, path: Path, *, name: str, version: str, threads: int = 1) -> ModelHandle:
-        """Load ``path`` into a handle; ``threads`` is the intra-op thread budget.
+    def load(
+        self, path: Path, data: bytes | None, *, name: str, version: str, threads: int = 1
+    ) -> ModelHandle:
+        """Load the artifact into a handle; ``threads`` is the intra-op thread budget.
 
-        :raises ModelLoadError: when the file cannot be read or is not a usable model.
+        :raises ModelLoadError: when the artifact is not a usable model.
         """

@@ -18,7 +18,7 @@ import logging
 import pickle
 import re
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,8 @@ __all__ = [
     "estimator_handle",
     "find_artifact",
     "format_from_path",
+    "default_loaders",
     "load_model",
-    "register_loader",
     "single_threaded",
 ]
 
@@ -210,27 +210,26 @@ def declared_features(path: Path) -> tuple[Feature, ...] | None:
 
 class _EstimatorLoader(ModelLoader):
     """A file holding a scikit-learn style estimator, loaded from the bytes already read
-    and checked (``check_artifact``), or else from its path; ``n_jobs`` set to 1 unless
-    kept, and its input schema read with it. Runs code from the file: trusted sources only."""
+    and checked (``check_artifact``); ``n_jobs`` set to 1 unless ``keep_n_jobs``
+    (``SERVING_KEEP_MODEL_N_JOBS``), and its input schema read with it. Runs code from the
+    file: trusted sources only."""
 
     format = ""
 
+    def __init__(self, *, keep_n_jobs: bool = False) -> None:
+        self.keep_n_jobs = keep_n_jobs
+
     @abstractmethod
-    def _read(self, data: bytes | None, path: Path) -> Any:
-        """The estimator in ``data`` (or, when None, in the file at ``path``)."""
+    def _read(self, data: bytes) -> Any:
+        """The estimator in ``data``."""
 
     def load(
-        self,
-        path: Path,
-        *,
-        name: str,
-        version: str,
-        threads: int = 1,
-        data: bytes | None = None,
-        keep_n_jobs: bool = False,
+        self, path: Path, data: bytes | None, *, name: str, version: str, threads: int = 1
     ) -> ModelHandle:
-        model = self._read(data, path)
-        if not keep_n_jobs:
+        if data is None:
+            raise ModelLoadError(path, f"the {self.format} loader loads bytes, got none")
+        model = self._read(data)
+        if not self.keep_n_jobs:
             single_threaded(model, path)
         return estimator_handle(
             model, name=name, version=version, format=self.format, source=path,
@@ -243,8 +242,8 @@ class PickleLoader(_EstimatorLoader):
 
     format = "pickle"
 
-    def _read(self, data: bytes | None, path: Path) -> Any:
-        return pickle.loads(data if data is not None else path.read_bytes())
+    def _read(self, data: bytes) -> Any:
+        return pickle.loads(data)
 
 
 class JoblibLoader(_EstimatorLoader):
@@ -252,10 +251,10 @@ class JoblibLoader(_EstimatorLoader):
 
     format = "joblib"
 
-    def _read(self, data: bytes | None, path: Path) -> Any:
+    def _read(self, data: bytes) -> Any:
         import joblib
 
-        return joblib.load(io.BytesIO(data) if data is not None else path)
+        return joblib.load(io.BytesIO(data))
 
 
 def single_threaded(model: object, path: Path) -> None:
@@ -291,18 +290,24 @@ def single_threaded(model: object, path: Path) -> None:
         )
 
 
-_LOADERS: dict[str, ModelLoader] = {
-    "pickle": PickleLoader(),
-    "joblib": JoblibLoader(),
-    "onnx": OnnxLoader(),
-}
-
-
-def register_loader(fmt: str, loader: ModelLoader) -> None:
-    """Make ``load_model(path, fmt)`` use ``loader`` (replacing any loader for ``fmt``)."""
-    if not isinstance(loader, ModelLoader):
-        raise TypeError(f"loader must be a ModelLoader, got {type(loader).__name__}")
-    _LOADERS[fmt] = loader
+def default_loaders(
+    *,
+    keep_n_jobs: bool = False,
+    onnx: OnnxLoader | None = None,
+    python: ModelLoader | None = None,
+) -> dict[str, ModelLoader]:
+    """The loader of each format, chosen here and nowhere else: ``pickle``, ``joblib``,
+    ``onnx`` (``onnx``, configured, or one on the default providers) and ``python`` when a
+    class loader is given. Each model cache builds its own (``serving.runtime``); add a
+    format by adding an entry to the mapping passed to ``load_model``."""
+    loaders: dict[str, ModelLoader] = {
+        "pickle": PickleLoader(keep_n_jobs=keep_n_jobs),
+        "joblib": JoblibLoader(keep_n_jobs=keep_n_jobs),
+        "onnx": onnx or OnnxLoader(),
+    }
+    if python is not None:
+        loaders["python"] = python
+    return loaders
 
 
 def load_model(
@@ -312,24 +317,22 @@ def load_model(
     name: str | None = None,
     version: str = "1",
     threads: int = 1,
-    loader: ModelLoader | None = None,
+    loaders: Mapping[str, ModelLoader] | None = None,
     data: bytes | None = None,
     pinned: bool = False,
-    keep_n_jobs: bool = False,
 ) -> ModelHandle:
-    """Load the artifact at ``path`` with ``loader``, or the loader registered for ``fmt``.
+    """Load the artifact at ``path`` with the loader ``loaders`` has for ``fmt``.
 
-    :param fmt: ``pickle``, ``joblib``, ``onnx`` or a registered format; ``None`` means from
-        the extension (``.pkl``/``.pickle``, ``.joblib``, ``.onnx``).
+    :param fmt: ``pickle``, ``joblib``, ``onnx``, ``python`` or another key of ``loaders``;
+        ``None`` means from the extension (``.pkl``/``.pickle``, ``.joblib``, ``.onnx``).
     :param name: model name for responses; defaults to the file stem.
     :param threads: intra-op threads the model may use (ONNX Runtime's session option).
-    :param loader: a configured loader to use instead of the registered one (the runtime
-        passes an ``OnnxLoader`` built from the ``SERVING_ONNX_*`` settings).
-    :param data: the file's bytes as ``check_artifact`` read and checked them: the built-in
-        loaders load exactly these; a loader of another kind reads ``path`` itself.
+    :param loaders: format -> loader (default: ``default_loaders()``); the runtime passes
+        the ones its settings configure (``SERVING_ONNX_*``, ``SERVING_MODEL_CLASS``, ...).
+    :param data: the file's bytes as ``check_artifact`` read and checked them; when None
+        they are read here (a loader that ``reads_path`` is given None).
     :param pinned: ``data`` was checked against a SHA-256: refuse (``ModelLoadError``) a
-        loader that would read the path again instead of loading ``data``.
-    :param keep_n_jobs: leave the model's ``n_jobs`` as trained (``single_threaded``).
+        loader that reads the path itself instead of loading ``data``.
     :raises ModelLoadError: naming the path and the cause when the file is missing, the
         format unknown, or loading fails for any reason.
     """
@@ -339,26 +342,24 @@ def load_model(
             fmt = format_from_path(path)
         except ValueError as exc:
             raise ModelLoadError(path, str(exc)) from None
-    loader = loader or _LOADERS.get(fmt)
+    loaders = default_loaders() if loaders is None else loaders
+    loader = loaders.get(fmt)
     if loader is None:
-        raise ModelLoadError(path, f"no loader for format {fmt!r} (known: {sorted(_LOADERS)})")
+        raise ModelLoadError(path, f"no loader for format {fmt!r} (known: {sorted(loaders)})")
     if not path.exists():  # a directory is a model for loaders that read one (python)
         raise ModelLoadError(path, "no such file")
+    if loader.reads_path and pinned:
+        raise ModelLoadError(
+            path, f"the {fmt} loader ({type(loader).__name__}) reads the file itself, so "
+            "the bytes checked (SHA-256, mode) may not be the bytes it loads",
+        )  # fmt: skip
     name = name or path.stem
     try:
-        if isinstance(loader, PickleLoader | JoblibLoader):
-            return loader.load(
-                path, name=name, version=version, threads=threads, data=data,
-                keep_n_jobs=keep_n_jobs,
-            )  # fmt: skip
-        if isinstance(loader, OnnxLoader):
-            return loader.load(path, name=name, version=version, threads=threads, data=data)
-        if pinned:
-            raise ModelLoadError(
-                path, f"the {fmt} loader ({type(loader).__name__}) reads the file itself, so "
-                "the bytes checked (SHA-256, mode) may not be the bytes it loads",
-            )  # fmt: skip
-        return loader.load(path, name=name, version=version, threads=threads)
+        if loader.reads_path:
+            data = None
+        elif data is None:
+            data = path.read_bytes()
+        return loader.load(path, data, name=name, version=version, threads=threads)
     except ModelLoadError:
         raise
     except Exception as exc:

@@ -80,7 +80,7 @@ class OnnxLoader(ModelLoader):
     Usage::
 
         loader = OnnxLoader("auto", worker_slot=0)
-        handle = loader.load(Path("model.onnx"), name="m", version="1", threads=1)
+        handle = load_model("model.onnx", loaders={"onnx": loader})
         handle.execution_provider        # "CUDAExecutionProvider" or "CPUExecutionProvider"
     """
 
@@ -98,16 +98,10 @@ class OnnxLoader(ModelLoader):
         self.optimized_model_path = optimized_model_path
 
     def load(
-        self,
-        path: Path,
-        *,
-        name: str,
-        version: str,
-        threads: int = 1,
-        data: bytes | None = None,
+        self, path: Path, data: bytes | None, *, name: str, version: str, threads: int = 1
     ) -> ModelHandle:
         """Create the session (intra-op ``threads``, inter-op 1, all graph optimizations)
-        from ``data`` (the file's bytes, already checked) or else from ``path``.
+        from ``data`` (the file's bytes, already checked).
 
         :raises ModelLoadError: when the providers asked for cannot run here, the session
             fell back from the GPU, or the graph's inputs are not ``(batch, k)`` tensors.
@@ -118,6 +112,8 @@ class OnnxLoader(ModelLoader):
             )
         except (ProviderError, ValueError) as exc:
             raise ModelLoadError(path, str(exc)) from None
+        if data is None:
+            raise ModelLoadError(path, "the onnx loader loads bytes, got none")
         session = self._session(path, threads, selection, data)
         used = tuple(session.get_providers())
         wanted = [p if isinstance(p, str) else p[0] for p in selection.providers]
@@ -131,25 +127,22 @@ class OnnxLoader(ModelLoader):
         device_id = selection.device_id if used[0] != CPU else None
         return _handle(session, path, name, version, provider=used[0], device_id=device_id)
 
-    def _session(
-        self, path: Path, threads: int, selection: ProviderSelection, data: bytes | None
-    ) -> Any:
+    def _session(self, path: Path, threads: int, selection: ProviderSelection, data: bytes) -> Any:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        source = data if data is not None else str(path)
         cached = self.optimized_model_path
         if cached is None:
-            return ort.InferenceSession(source, options, providers=selection.providers)
+            return ort.InferenceSession(data, options, providers=selection.providers)
         stat = path.stat()
         key = {
             "source": str(path.resolve()),
             "size": stat.st_size,
             "mtime_ns": stat.st_mtime_ns,
-            "sha256": hashlib.sha256(data).hexdigest() if data is not None else None,
+            "sha256": hashlib.sha256(data).hexdigest(),
             "providers": [p if isinstance(p, str) else p[0] for p in selection.providers],
             "onnxruntime": ort.__version__,
             "machine": platform.machine(),
@@ -168,7 +161,7 @@ class OnnxLoader(ModelLoader):
             )  # fmt: skip
         temporary = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
         options.optimized_model_filepath = str(temporary)
-        session = ort.InferenceSession(source, options, providers=selection.providers)
+        session = ort.InferenceSession(data, options, providers=selection.providers)
         os.replace(temporary, cached)  # workers racing here write the same graph
         temporary.write_text(json.dumps(key))
         os.replace(temporary, sidecar)
