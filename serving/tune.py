@@ -1,9 +1,10 @@
 """``python -m serving.tune --model PATH [--p99-ms 50]``: measure, then recommend settings.
 
-Runs the batch-size sweep (``predict_batch`` in-process at 1, 2, 4, ..., 1024 instances)
-on this machine and prints recommended ``SERVING_MAX_BATCH_SIZE``,
-``SERVING_BATCH_POLICY``/``SERVING_MAX_BATCH_LATENCY_MS``, workers and threads for the
-p99 latency budget, with the reasoning:
+Runs the batch-size sweep (``predict_batch`` in-process at 1, 2, 4, ..., 1024 instances,
+rows drawn from the model's input schema, typed columns included) on this machine and
+prints recommended ``SERVING_MAX_BATCH_SIZE``,
+``SERVING_BATCH_POLICY``/``SERVING_MAX_BATCH_LATENCY_MS``, workers and threads for the p99
+latency budget, with the reasoning:
 
 - **plateau start**: the smallest batch size within 10 % of the best rows/s. Past it a
   bigger batch buys almost no throughput and only adds latency.
@@ -36,18 +37,22 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from serving.model.loaders import ModelHandle, load_model
+from serving.model.schema import Feature, structured_dtype
 
 __all__ = [
     "Recommendation",
     "SweepPoint",
     "knee",
+    "schema_rows",
     "monotone",
     "plateau_start",
     "recommend",
@@ -88,6 +93,28 @@ class SweepPoint:
         return self.seconds_per_call / self.batch_size * 1e6
 
 
+def schema_rows(features: Sequence[Feature], n: int, seed: int = 0) -> npt.NDArray[Any]:
+    """``n`` valid, varied instances of a typed model as the batcher hands them (a record
+    array, one field per feature): a known category drawn at random where the schema lists
+    them, else standard normal floats, integers 0-99, ``"a"`` for strings, random booleans.
+    Varied so that a tree walks different paths, as on real traffic."""
+    rng = np.random.default_rng(seed)
+    batch = np.zeros(n, dtype=structured_dtype(features))
+    for f in features:
+        if f.categories:
+            known = sorted(f.categories, key=repr)
+            batch[f.name] = [known[i] for i in rng.integers(0, len(known), n)]
+        elif f.kind == "float":
+            batch[f.name] = rng.normal(size=n)
+        elif f.kind == "integer":
+            batch[f.name] = rng.integers(0, 100, n)
+        elif f.kind == "boolean":
+            batch[f.name] = rng.integers(0, 2, n).astype(bool)
+        elif f.dtype.kind == "O":
+            batch[f.name] = "a"
+    return batch
+
+
 def sweep(
     handle: ModelHandle,
     rows: npt.NDArray[np.float64],
@@ -98,8 +125,9 @@ def sweep(
     warmup_calls: int = 2,
     min_calls: int = 7,
 ) -> list[SweepPoint]:
-    """Time ``handle.predict_batch`` at each size (rows tiled from ``rows``, shape
-    ``(n, n_features)``) with ``time.perf_counter``.
+    """Time ``handle.predict_batch`` at each size (rows tiled from ``rows``: a matrix
+    ``(n, n_features)`` or a record array ``(n,)`` of typed columns, as the batcher merges)
+    with ``time.perf_counter``.
 
     Every size is called ``warmup_calls`` times untimed first; then ``rounds`` passes over
     all sizes each time a size for at least ``min_time_s / rounds`` seconds, so each size
@@ -110,7 +138,10 @@ def sweep(
     """
     if not sizes or rounds < 1:
         raise ValueError("sweep: give at least one size and one round")
-    batches = {size: np.ascontiguousarray(np.resize(rows, (size, rows.shape[1]))) for size in sizes}
+    # rows.shape[1:]: a matrix (n, n_features) or a record array (n,) of typed columns
+    batches = {
+        size: np.ascontiguousarray(np.resize(rows, (size, *rows.shape[1:]))) for size in sizes
+    }
     for batch in batches.values():
         for _ in range(warmup_calls):
             handle.predict_batch(batch)
@@ -314,8 +345,8 @@ def main() -> None:
     handle = load_model(args.model, args.format)
     n_features = handle.n_features or 30
     data = load_breast_cancer().data
-    if handle.matrix_dtype is None:  # typed columns (strings): the schema's own sample
-        rows = handle.sample(1024)
+    if handle.features is not None and handle.matrix_dtype is None:  # typed columns
+        rows = schema_rows(handle.features, 1024)
     elif n_features == data.shape[1]:
         rows = data
     else:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from serving.model.loaders import ModelHandle
-from serving.tune import SweepPoint, monotone, plateau_start, recommend, sweep
+from serving.model.loaders import ModelHandle, load_model
+from serving.tune import SweepPoint, monotone, plateau_start, recommend, schema_rows, sweep
+from tests.tabular import ROOT, write_churn
 
 
 def test_sweep_times_every_batch_size_on_the_model() -> None:
@@ -149,3 +154,31 @@ def test_recommend_noisy_forest_sweep_is_not_fooled_by_a_slow_first_call() -> No
     tight = recommend(curve(FOREST_NOISY), p99_ms=40, cpus=2, clients=512)
     assert not tight.meets_budget
     assert tight.max_batch_size == 256  # 31 ms <= 1.25 x 26.6; the 56 ms call at 128 is noise
+
+
+def test_sweep_times_a_typed_dataframe_model_on_varied_rows_from_its_schema(
+    tmp_path: Path,
+) -> None:
+    """The README's churn pipeline (string columns): the sweep crashed with IndexError."""
+    model, path, _ = write_churn(tmp_path)
+    handle = load_model(path)
+    assert handle.features is not None and handle.matrix_dtype is None
+    rows = schema_rows(handle.features, 64)
+
+    points = sweep(handle, rows, sizes=(1, 8, 100), min_time_s=0.001, rounds=1, min_calls=1)
+
+    assert [p.batch_size for p in points] == [1, 8, 100]
+    assert set(rows["plan"]) == {"basic", "pro", "team"}  # drawn from the encoder's categories
+    expected = model.predict(pd.DataFrame({name: rows[name] for name in rows.dtype.names}))
+    np.testing.assert_array_equal(handle.predict_batch(rows)["predictions"], expected)
+
+
+def test_tune_command_recommends_settings_for_the_readme_churn_model(tmp_path: Path) -> None:
+    _, path, _ = write_churn(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "serving.tune", "--model", str(path), "--plot",
+         str(tmp_path / "tune.png")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "SERVING_MAX_BATCH_SIZE=" in result.stdout
