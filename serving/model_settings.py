@@ -26,13 +26,14 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from serving.model.artifacts import find_artifact, format_from_path
+from serving.model.artifacts import model_name as default_model_name
 from serving.model.custom import CLASS_PATTERN
 from serving.model.providers import parse_providers
 
 __all__ = ["DEMO_MODEL_PATH", "ModelFormat", "ModelSettings", "ModelSpec", "check_format"]
 
 
-ModelFormat = Literal["pickle", "joblib", "onnx", "python"]
+ModelFormat = Literal["pickle", "joblib", "skops", "onnx", "python"]
 
 
 #: The bundled demo: StandardScaler + LogisticRegression on scikit-learn's breast-cancer
@@ -54,7 +55,7 @@ class ModelSpec(BaseModel):
         description="The model artifact, or a directory holding exactly one (or what the "
         "class of a python model reads)."
     )
-    format: ModelFormat | None = Field(None, description="pickle, joblib, onnx or python.")
+    format: ModelFormat | None = Field(None, description="pickle, joblib, skops, onnx or python.")
     class_: str | None = Field(
         None,
         alias="class",
@@ -110,8 +111,8 @@ class ModelSettings(BaseSettings):
     )
     model_format: ModelFormat | None = Field(
         None,
-        description="pickle, joblib, onnx or python; unset means python when model_class is "
-        "set, else from the file extension.",
+        description="pickle, joblib, skops, onnx or python; unset means python when "
+        "model_class is set, else from the file extension.",
     )
     model_class: str | None = Field(
         None,
@@ -153,6 +154,11 @@ class ModelSettings(BaseSettings):
         False,
         description="Keep the n_jobs a scikit-learn model was trained with; by default every "
         "n_jobs parameter (pipeline steps included) is set to 1 at load, logged once.",
+    )
+    skops_trusted_types: str = Field(
+        "",
+        description="Comma list of types to trust in .skops files beyond skops' defaults "
+        "(such as numpy.dtype); an MLflow MLmodel's skops_trusted_types is never read.",
     )
     onnx_providers: str = Field(
         "auto",
@@ -271,8 +277,9 @@ class ModelSettings(BaseSettings):
 
     @property
     def resolved_model_name(self) -> str:
-        """``model_name``, or the model file's stem (``breast_cancer`` for the demo)."""
-        return self.model_name or self.resolved_model_path.stem
+        """``model_name``, or the model file's stem (``breast_cancer`` for the demo), or
+        for a model MLflow saved the name of its folder."""
+        return self.model_name or default_model_name(self.resolved_model_path)
 
     @model_validator(mode="after")
     def _check_model_format(self) -> ModelSettings:

@@ -36,9 +36,10 @@ State = Literal["loading", "ready", "failed", "stopping"]
 
 
 def model_loaders(settings: Settings, worker_slot: int = 0) -> dict[str, ModelLoader]:
-    """The loaders one model's settings configure: ``SERVING_KEEP_MODEL_N_JOBS`` for pickle
-    and joblib, ``SERVING_ONNX_*`` and ``SERVING_CUDA_DEVICE`` (with ``worker_slot``) for
-    ONNX, ``SERVING_MODEL_CLASS`` for ``python``."""
+    """The loaders one model's settings configure: ``SERVING_KEEP_MODEL_N_JOBS`` for pickle,
+    joblib and skops, ``SERVING_SKOPS_TRUSTED_TYPES`` for skops, ``SERVING_ONNX_*`` and
+    ``SERVING_CUDA_DEVICE`` (with ``worker_slot``) for ONNX, ``SERVING_MODEL_CLASS`` for
+    ``python``."""
     onnx = OnnxLoader(
         settings.onnx_providers,
         cuda_device=settings.cuda_device,
@@ -46,7 +47,14 @@ def model_loaders(settings: Settings, worker_slot: int = 0) -> dict[str, ModelLo
         optimized_model_path=settings.onnx_optimized_model_path,
     )
     python = PythonLoader(settings.model_class) if settings.model_class is not None else None
-    return default_loaders(keep_n_jobs=settings.keep_model_n_jobs, onnx=onnx, python=python)
+    return default_loaders(
+        keep_n_jobs=settings.keep_model_n_jobs,
+        skops_trusted_types=[
+            t.strip() for t in settings.skops_trusted_types.split(",") if t.strip()
+        ],
+        onnx=onnx,
+        python=python,
+    )
 
 
 class ModelRuntime:

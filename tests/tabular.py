@@ -5,6 +5,7 @@ HistGradientBoostingClassifier fitted on a DataFrame with missing values."""
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -61,3 +62,24 @@ def hgb_with_missing() -> tuple[Any, pd.DataFrame]:
     target = (frame["tenure"] + rng.normal(0, 4, 300) > 24).astype(int)
     frame.loc[rng.random(300) < 0.1, "tenure"] = np.nan
     return HistGradientBoostingClassifier(max_iter=30).fit(frame, target), frame
+
+
+# The churn pipeline's OneHotEncoder keeps a numpy.dtype, which skops does not trust by
+# default: MLflow itself refuses to save it in skops unless told (skops_trusted_types).
+CHURN_SKOPS_TYPES = ("numpy.dtype",)
+
+
+def save_with_mlflow(folder: Path, model: Any, trusted: list[str]) -> Path:
+    """``mlflow.sklearn.save_model`` in its default (skops) format, with a signature."""
+    from mlflow.models import infer_signature
+    from mlflow.sklearn import save_model
+
+    frame = frame_of(churn_rows())
+    with warnings.catch_warnings():
+        # MLflow's own notice about its pyfunc type hints, not about this model or us.
+        warnings.filterwarnings("ignore", ".*Any type hint is inferred", UserWarning)
+        save_model(
+            model, folder, signature=infer_signature(frame, model.predict(frame)),
+            skops_trusted_types=trusted,
+        )  # fmt: skip
+    return folder / "model.skops"

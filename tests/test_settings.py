@@ -58,7 +58,7 @@ def test_settings_read_environment_variables(
         ("SERVING_MAX_BATCH_SIZE", "lots", "valid integer"),
         ("SERVING_MAX_BATCH_SIZE", "0", "greater than or equal to 1"),
         ("SERVING_MAX_BATCH_LATENCY_MS", "-1", "greater than or equal to 0"),
-        ("SERVING_MODEL_FORMAT", "xml", "'pickle', 'joblib', 'onnx' or 'python'"),
+        ("SERVING_MODEL_FORMAT", "xml", "'pickle', 'joblib', 'skops', 'onnx' or 'python'"),
         ("SERVING_MODEL_PATH", "/no/such/model.joblib", "does not point to a file"),
         ("SERVING_LOG_LEVEL", "loud", "'debug', 'info', 'warning' or 'error'"),
         ("SERVING_MAX_BATCH_LATENCY_MS", "nan", "finite number"),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from serving.errors import ModelLoadError
 
-__all__ = ["EXTENSIONS", "check_artifact", "find_artifact", "format_from_path"]
+__all__ = ["EXTENSIONS", "check_artifact", "find_artifact", "format_from_path", "model_name"]
 
 
 def check_artifact(
@@ -53,11 +53,18 @@ def check_artifact(
     return data
 
 
-EXTENSIONS = {".pkl": "pickle", ".pickle": "pickle", ".joblib": "joblib", ".onnx": "onnx"}
+EXTENSIONS = {
+    ".pkl": "pickle",
+    ".pickle": "pickle",
+    ".joblib": "joblib",
+    ".skops": "skops",
+    ".onnx": "onnx",
+}
 
 
 def format_from_path(path: Path) -> str:
-    """The format implied by ``path``'s extension: ``.pkl``/``.pickle``, ``.joblib``, ``.onnx``.
+    """The format implied by ``path``'s extension: ``.pkl``/``.pickle``, ``.joblib``,
+    ``.skops``, ``.onnx``.
 
     :raises ValueError: when the extension is none of these.
     """
@@ -67,7 +74,7 @@ def format_from_path(path: Path) -> str:
         known = ", ".join(sorted(EXTENSIONS))
         raise ValueError(
             f"cannot tell the format of {path.name!r} from its extension (known: {known}); "
-            "set SERVING_MODEL_FORMAT to pickle, joblib or onnx"
+            "set SERVING_MODEL_FORMAT to pickle, joblib, skops or onnx"
         ) from None
 
 
@@ -92,3 +99,12 @@ def find_artifact(directory: Path) -> Path:
         "file with SERVING_MODEL_PATH instead, or set SERVING_MODEL_CLASS for a directory "
         "your own class reads"
     )
+
+
+def model_name(path: Path) -> str:
+    """The name a model is served under when none is given: the folder's name for a model
+    saved by MLflow (an ``MLmodel`` file beside it: MLflow names the file ``model.*``),
+    else the file's stem (``breast_cancer`` for the demo)."""
+    if (path.parent / "MLmodel").is_file() and path.parent.name:
+        return path.parent.name
+    return path.stem

@@ -18,7 +18,7 @@ import logging
 import pickle
 import re
 from abc import abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,13 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InvalidInput, ModelLoadError
-from serving.model.artifacts import EXTENSIONS, check_artifact, find_artifact, format_from_path
+from serving.model.artifacts import (
+    EXTENSIONS,
+    check_artifact,
+    find_artifact,
+    format_from_path,
+    model_name,
+)
 from serving.model.handle import ModelHandle, ModelLoader, Outputs, Predictor
 from serving.model.onnx_loader import OnnxLoader
 from serving.model.schema import Feature, feature, features_from_file, merge_features, schema_file
@@ -38,6 +44,7 @@ __all__ = [
     "ModelLoader",
     "OnnxLoader",
     "PickleLoader",
+    "SkopsLoader",
     "Predictor",
     "check_artifact",
     "estimator_handle",
@@ -220,15 +227,15 @@ class _EstimatorLoader(ModelLoader):
         self.keep_n_jobs = keep_n_jobs
 
     @abstractmethod
-    def _read(self, data: bytes) -> Any:
-        """The estimator in ``data``."""
+    def _read(self, data: bytes, path: Path) -> Any:
+        """The estimator in ``data`` (the bytes of the file at ``path``)."""
 
     def load(
         self, path: Path, data: bytes | None, *, name: str, version: str, threads: int = 1
     ) -> ModelHandle:
         if data is None:
             raise ModelLoadError(path, f"the {self.format} loader loads bytes, got none")
-        model = self._read(data)
+        model = self._read(data, path)
         if not self.keep_n_jobs:
             single_threaded(model, path)
         return estimator_handle(
@@ -242,7 +249,7 @@ class PickleLoader(_EstimatorLoader):
 
     format = "pickle"
 
-    def _read(self, data: bytes) -> Any:
+    def _read(self, data: bytes, path: Path) -> Any:
         return pickle.loads(data)
 
 
@@ -251,10 +258,38 @@ class JoblibLoader(_EstimatorLoader):
 
     format = "joblib"
 
-    def _read(self, data: bytes) -> Any:
+    def _read(self, data: bytes, path: Path) -> Any:
         import joblib
 
         return joblib.load(io.BytesIO(data))
+
+
+class SkopsLoader(_EstimatorLoader):
+    """``skops.io`` files (``.skops``: MLflow 3's default for scikit-learn models). skops
+    rebuilds the estimator without pickle, and only from types it trusts: its defaults plus
+    ``trusted`` (``SERVING_SKOPS_TRUSTED_TYPES``), which the operator sets. The list in an
+    MLflow ``MLmodel`` file (``skops_trusted_types``) is never read: a crafted model could
+    list code to run (MLflow GHSA-w582-9x45-8mpx)."""
+
+    format = "skops"
+
+    def __init__(self, *, keep_n_jobs: bool = False, trusted: Sequence[str] = ()) -> None:
+        super().__init__(keep_n_jobs=keep_n_jobs)
+        self.trusted = tuple(trusted)
+
+    def _read(self, data: bytes, path: Path) -> Any:
+        import skops.io
+
+        untrusted = skops.io.get_untrusted_types(data=data)
+        refused = sorted(set(untrusted) - set(self.trusted))
+        if refused:
+            raise ModelLoadError(
+                path, f"the skops file holds types skops does not trust by default: "
+                f"{', '.join(refused)}; if you trust this file, list them in "
+                "SERVING_SKOPS_TRUSTED_TYPES (comma-separated). An MLmodel's "
+                "skops_trusted_types is not read: a model cannot vouch for itself",
+            )  # fmt: skip
+        return skops.io.loads(data, trusted=untrusted)
 
 
 def single_threaded(model: object, path: Path) -> None:
@@ -293,16 +328,19 @@ def single_threaded(model: object, path: Path) -> None:
 def default_loaders(
     *,
     keep_n_jobs: bool = False,
+    skops_trusted_types: Sequence[str] = (),
     onnx: OnnxLoader | None = None,
     python: ModelLoader | None = None,
 ) -> dict[str, ModelLoader]:
     """The loader of each format, chosen here and nowhere else: ``pickle``, ``joblib``,
-    ``onnx`` (``onnx``, configured, or one on the default providers) and ``python`` when a
-    class loader is given. Each model cache builds its own (``serving.runtime``); add a
-    format by adding an entry to the mapping passed to ``load_model``."""
+    ``skops`` (trusting ``skops_trusted_types`` beyond skops' defaults), ``onnx``
+    (``onnx``, configured, or one on the default providers) and ``python`` when a class
+    loader is given. Each model runtime builds its own (``serving.runtime``); add a format
+    by adding an entry to the mapping passed to ``load_model``."""
     loaders: dict[str, ModelLoader] = {
         "pickle": PickleLoader(keep_n_jobs=keep_n_jobs),
         "joblib": JoblibLoader(keep_n_jobs=keep_n_jobs),
+        "skops": SkopsLoader(keep_n_jobs=keep_n_jobs, trusted=skops_trusted_types),
         "onnx": onnx or OnnxLoader(),
     }
     if python is not None:
@@ -323,9 +361,11 @@ def load_model(
 ) -> ModelHandle:
     """Load the artifact at ``path`` with the loader ``loaders`` has for ``fmt``.
 
-    :param fmt: ``pickle``, ``joblib``, ``onnx``, ``python`` or another key of ``loaders``;
-        ``None`` means from the extension (``.pkl``/``.pickle``, ``.joblib``, ``.onnx``).
-    :param name: model name for responses; defaults to the file stem.
+    :param fmt: ``pickle``, ``joblib``, ``skops``, ``onnx``, ``python`` or another key of
+        ``loaders``; ``None`` means from the extension (``.pkl``/``.pickle``, ``.joblib``,
+        ``.skops``, ``.onnx``).
+    :param name: model name for responses; defaults to the file stem, or the folder's
+        name for a model MLflow saved (``model_name``).
     :param threads: intra-op threads the model may use (ONNX Runtime's session option).
     :param loaders: format -> loader (default: ``default_loaders()``); the runtime passes
         the ones its settings configure (``SERVING_ONNX_*``, ``SERVING_MODEL_CLASS``, ...).
@@ -353,7 +393,7 @@ def load_model(
             path, f"the {fmt} loader ({type(loader).__name__}) reads the file itself, so "
             "the bytes checked (SHA-256, mode) may not be the bytes it loads",
         )  # fmt: skip
-    name = name or path.stem
+    name = name or model_name(path)
     try:
         if loader.reads_path:
             data = None
