@@ -14,6 +14,7 @@ import hmac
 from typing import Protocol
 
 from serving.errors import SettingsError, Unauthorized
+from serving.model.artifacts import UnsafePath, trusted_path
 from serving.settings import Settings
 
 __all__ = ["check_api_key", "load_api_keys"]
@@ -22,15 +23,20 @@ __all__ = ["check_api_key", "load_api_keys"]
 def load_api_keys(settings: Settings) -> tuple[bytes, ...]:
     """Every configured key, as bytes; empty when authentication is off.
 
-    :raises SettingsError: when the keys file cannot be read or a key is shorter than 16
-        characters (too easy to guess).
+    :raises SettingsError: when the keys file cannot be read, a user other than root and
+        the server's may replace it (it, a directory above it or a symlink on the way:
+        ``serving.model.artifacts.trusted_path``, naming the entry, its mode or owner and
+        the fix), or a key is shorter than 16 characters (too easy to guess).
     """
     keys: list[str] = []
     if settings.api_keys is not None:
         keys += settings.api_keys.get_secret_value().split(",")
     if settings.api_keys_file is not None:
         try:
-            lines = settings.api_keys_file.read_text().splitlines()
+            real, _ = trusted_path(settings.api_keys_file)  # whoever may write it, gets in
+            lines = real.read_text().splitlines()
+        except UnsafePath as exc:
+            raise SettingsError("SERVING_API_KEYS_FILE", str(exc)) from None
         except OSError as exc:
             raise SettingsError(
                 "SERVING_API_KEYS_FILE", f"cannot read it: {exc.strerror}"

@@ -21,6 +21,7 @@ from typing import Literal
 
 from serving.batching.batcher import ThreadedBatcher
 from serving.errors import ModelLoadError, NotReady
+from serving.model.artifacts import check_model_path
 from serving.model.custom import PythonLoader
 from serving.model.handle import ModelLoader, TensorSpec
 from serving.model.loaders import ModelHandle, check_artifact, load_model
@@ -103,11 +104,13 @@ class ModelRuntime:
             if handle is None:
                 fmt = settings.resolved_model_format
                 # Read once: the bytes checked are the bytes loaded (not the path again).
-                # A model class reads its own path (a file or a directory): nothing to read.
+                # A model class reads its own path (a file or a directory): nothing to
+                # read, but who may replace it is checked all the same.
+                allow = settings.allow_world_writable_model
+                if fmt == "python":
+                    check_model_path(settings.resolved_model_path, allow)
                 data = None if fmt == "python" else check_artifact(
-                    settings.resolved_model_path,
-                    settings.model_sha256,
-                    settings.allow_world_writable_model,
+                    settings.resolved_model_path, settings.model_sha256, allow
                 )  # fmt: skip
                 handle = load_model(
                     settings.resolved_model_path,

@@ -88,6 +88,31 @@ def test_keys_file_is_read_and_comments_skipped(
         app.extensions["serving"].get_models().stop(timeout_s=10)
 
 
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="chown needs root")
+def test_a_keys_file_others_may_replace_is_refused_at_start_up(
+    settings: Settings, model_handle: ModelHandle, tmp_path: Path
+) -> None:
+    """Whoever may rewrite the keys file may add their own key: as a model file, its
+    directories and itself must be root's or the server's and not writable by others."""
+    import os
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    keys = shared / "keys"
+    keys.write_text(f"{KEY}\n")
+    shared.chmod(0o777)
+    with pytest.raises(SettingsError) as refused:
+        make_client(settings, model_handle, api_keys_file=keys)
+    message = str(refused.value)
+    assert message.startswith(f"SERVING_API_KEYS_FILE: directory {shared} (on the way to {keys})")
+    assert "mode 0777" in message and f"chmod go-w {shared}" in message
+
+    shared.chmod(0o755)
+    os.chown(keys, 65534, 65534)
+    with pytest.raises(SettingsError, match=f"file {keys} is owned by uid 65534"):
+        make_client(settings, model_handle, api_keys_file=keys)
+
+
 def test_short_keys_are_refused_at_start_up(settings: Settings, model_handle: ModelHandle) -> None:
     with pytest.raises(SettingsError, match="SERVING_API_KEYS: every key must be at least 16"):
         make_client(settings, model_handle, api_keys="short")
