@@ -562,6 +562,32 @@ def test_adaptive_policy_keeps_a_slow_call_off_a_caller_with_little_time(stop_af
     assert [thread for thread, _ in calls] == ["the-batcher", "the-batcher"]
 
 
+def test_a_call_on_the_callers_thread_that_ends_past_its_deadline_answers_a_timeout(
+    stop_after: Any,
+) -> None:
+    """The inline path honours the deadline as the queued path does: a call that was
+    expected to fit but ended past the caller's deadline gives InferenceTimeout, not
+    its outputs (the issue: 200 after 8 s with a 5 s timeout)."""
+    calls: list[tuple[str, int]] = []
+    record = recording(calls)
+    timeout_s = 0.2
+
+    def model(rows: np.ndarray) -> dict[str, np.ndarray]:
+        if calls:  # the second call: outlast the caller's deadline, which began before it
+            started = time.monotonic()
+            wait_while(lambda: time.monotonic() <= started + timeout_s)
+        return record(rows)
+
+    batcher = ThreadedBatcher(model, name="the-batcher")
+    stop_after(batcher.start())
+    batcher.submit_many(rows_for(0), timeout_s=WAIT_S)  # a quick call, measured
+
+    with pytest.raises(InferenceTimeout, match="no prediction within 200 ms"):
+        batcher.submit_many(rows_for(1), timeout_s=timeout_s)
+    assert calls == [("the-batcher", 1), (threading.current_thread().name, 1)]
+    assert batcher.submit_many(rows_for(2), timeout_s=WAIT_S)["predictions"].tolist() == [2000.0]
+
+
 def test_window_policy_never_runs_a_request_on_its_callers_thread(stop_after: Any) -> None:
     calls: list[tuple[str, int]] = []
     batcher = ThreadedBatcher(
