@@ -87,6 +87,7 @@ def create_app(
         app.register_blueprint(protocol.bp)
 
     api_keys = load_api_keys(settings)
+    app.extensions["serving_api_keys"] = api_keys  # /healthz's detail needs one
     operations = [op for protocol in PROTOCOLS for op in protocol.operations]
     # Open without a key: the operations documented without security (probes, health),
     # and /metrics unless SERVING_METRICS_REQUIRE_AUTH.

@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from serving.model.artifacts import find_artifact, format_from_path
+from serving.model.artifacts import UnsafePath, find_artifact, format_from_path, trusted_path
 from serving.model.artifacts import model_name as default_model_name
 from serving.model.custom import CLASS_PATTERN
 from serving.model.providers import parse_providers
@@ -147,8 +147,9 @@ class ModelSettings(BaseSettings):
     )
     allow_world_writable_model: bool = Field(
         False,
-        description="Load a model file anyone may write (refused by default: pickle and "
-        "joblib run code when loaded).",
+        description="Load a model (and its schema file) that a user other than root and "
+        "the server's could replace: the file, a directory above it or a symlink on the way "
+        "(refused by default: pickle and joblib run code when loaded).",
     )
     keep_model_n_jobs: bool = Field(
         False,
@@ -185,7 +186,12 @@ class ModelSettings(BaseSettings):
             return value
         try:
             inline = value.lstrip().startswith(("[", "{"))
-            return json.loads(value if inline else Path(value).read_text())
+            if inline:
+                return json.loads(value)
+            real, _ = trusted_path(Path(value))  # it names the pickles to run
+            return json.loads(real.read_text())
+        except UnsafePath as exc:
+            raise ValueError(f"the file {value}: {exc}") from None
         except (OSError, ValueError) as exc:
             raise ValueError(f"neither a JSON list nor a readable JSON file: {exc}") from None
 

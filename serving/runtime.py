@@ -21,6 +21,7 @@ from typing import Literal
 
 from serving.batching.batcher import ThreadedBatcher
 from serving.errors import ModelLoadError, NotReady
+from serving.model.artifacts import check_model_path
 from serving.model.custom import PythonLoader
 from serving.model.handle import ModelLoader, TensorSpec
 from serving.model.loaders import ModelHandle, check_artifact, default_loaders, load_model
@@ -134,11 +135,13 @@ class ModelRuntime:
                 fmt = settings.resolved_model_format
                 loader = self.loaders.get(fmt)
                 # Read once: the bytes checked are the bytes loaded (not the path again).
-                # A model class reads its own path (a file or a directory): nothing to read.
+                # A model class reads its own path (a file or a directory): nothing to
+                # read, but who may replace it is checked all the same.
+                allow = settings.allow_world_writable_model
+                if loader is not None and loader.reads_path:
+                    check_model_path(settings.resolved_model_path, allow)
                 data = None if loader is None or loader.reads_path else check_artifact(
-                    settings.resolved_model_path,
-                    settings.model_sha256,
-                    settings.allow_world_writable_model,
+                    settings.resolved_model_path, settings.model_sha256, allow
                 )  # fmt: skip
                 handle = load_model(
                     settings.resolved_model_path,

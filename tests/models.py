@@ -137,3 +137,28 @@ class UnevenLoading(RowOffset):
                 ticket += 1
         time.sleep(state["load_s"][min(ticket, len(state["load_s"]) - 1)])
         self.__init__(state["load_s"], state["tickets"], state["exit_on"])  # type: ignore[misc]
+
+
+class ReusedBuffer:
+    """Predicts each row's first feature into one output buffer it reuses for every call
+    (``return self.out[:n]``, as a model saving allocations does): whatever a caller was
+    handed that still points into the buffer changes on the next call.
+
+    ``gate`` (set: open) holds each call until it is set; ``entered`` is set by the first
+    call. Records every batch size it saw. In-process tests only (not picklable).
+    """
+
+    def __init__(self, n_features: int = 3, capacity: int = 64) -> None:
+        self.n_features_in_ = n_features
+        self.out = np.zeros(capacity)
+        self.batch_sizes: list[int] = []
+        self.entered, self.gate = threading.Event(), threading.Event()
+        self.gate.set()
+
+    def predict(self, X: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        self.batch_sizes.append(len(X))
+        self.entered.set()
+        assert self.gate.wait(10.0), "the test never opened the gate"
+        n = len(X)
+        self.out[:n] = X[:, 0]
+        return self.out[:n]

@@ -63,6 +63,37 @@ def test_probes_and_metrics_stay_open(secured) -> None:  # type: ignore[no-untyp
     assert secured.get("/metrics").status_code == 200
 
 
+@pytest.mark.parametrize("headers", [{}, {"X-API-Key": "w" * 20}, {"Authorization": "Bearer"}])
+def test_healthz_without_a_valid_key_says_only_ready_and_counts(  # type: ignore[no-untyped-def]
+    secured, headers: dict[str, str]
+) -> None:
+    """Model names, versions and providers are metadata (a key on the metadata routes);
+    under Gunicorn the detail adds each failed worker's load error (a path, a corrupt
+    file's bytes). A probe without a key gets the status, never a 401."""
+    response = secured.get("/healthz", headers=headers)
+
+    assert response.status_code == 200
+    assert response.get_json() == {"status": "ready"}
+
+
+@pytest.mark.parametrize("headers", [{"X-API-Key": KEY}, {"Authorization": f"Bearer {OTHER}"}])
+def test_healthz_with_a_key_shows_the_detail(secured, headers: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    body = secured.get("/healthz", headers=headers).get_json()
+
+    assert body["status"] == "ready"
+    assert body["model_name"] and body["models"][0]["status"] == "ready"
+
+
+def test_healthz_shows_the_detail_when_no_keys_are_configured(
+    settings: Settings, model_handle: ModelHandle
+) -> None:
+    app, client = make_client(settings, model_handle)
+    try:
+        assert client.get("/healthz").get_json()["models"][0]["status"] == "ready"
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+
 def test_metrics_can_require_the_key(settings: Settings, model_handle: ModelHandle) -> None:
     app, client = make_client(settings, model_handle, api_keys=KEY, metrics_require_auth=True)
     try:
@@ -86,6 +117,31 @@ def test_keys_file_is_read_and_comments_skipped(
         )
     finally:
         app.extensions["serving"].get_models().stop(timeout_s=10)
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="chown needs root")
+def test_a_keys_file_others_may_replace_is_refused_at_start_up(
+    settings: Settings, model_handle: ModelHandle, tmp_path: Path
+) -> None:
+    """Whoever may rewrite the keys file may add their own key: as a model file, its
+    directories and itself must be root's or the server's and not writable by others."""
+    import os
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    keys = shared / "keys"
+    keys.write_text(f"{KEY}\n")
+    shared.chmod(0o777)
+    with pytest.raises(SettingsError) as refused:
+        make_client(settings, model_handle, api_keys_file=keys)
+    message = str(refused.value)
+    assert message.startswith(f"SERVING_API_KEYS_FILE: directory {shared} (on the way to {keys})")
+    assert "mode 0777" in message and f"chmod go-w {shared}" in message
+
+    shared.chmod(0o755)
+    os.chown(keys, 65534, 65534)
+    with pytest.raises(SettingsError, match=f"file {keys} is owned by uid 65534"):
+        make_client(settings, model_handle, api_keys_file=keys)
 
 
 def test_short_keys_are_refused_at_start_up(settings: Settings, model_handle: ModelHandle) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from serving.batching.batcher import FlushStats, ThreadedBatcher, split_outputs
 from serving.errors import InferenceError, InferenceTimeout, NotReady, Overloaded
-from tests.models import FailsOnNegative, RowEcho, WrongLength
+from tests.models import FailsOnNegative, ReusedBuffer, RowEcho, WrongLength
 
 WAIT_S = 10.0
 
@@ -336,6 +336,63 @@ def test_split_outputs_cuts_rows_in_order_and_refuses_mismatches() -> None:
         split_outputs({"p": np.arange(4)}, [2, 3])
 
 
+def test_split_outputs_hands_out_copies_not_views_of_the_batch_output() -> None:
+    batch = {"p": np.arange(5.0), "q": np.arange(10.0).reshape(5, 2)}
+    parts = split_outputs(batch, [2, 3])
+    for part in parts:
+        for name, array in part.items():
+            assert not np.shares_memory(array, batch[name])
+
+
+def test_batcher_answers_each_caller_its_own_values_from_a_model_reusing_its_output_buffer(
+    stop_after: Any,
+) -> None:
+    """Two batches in sequence: the second overwrites the model's buffer after the first
+    caller got its answer and before it reads it (the issue's 1 in 13,802 responses)."""
+    model = ReusedBuffer()
+    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=8).start()
+    stop_after(batcher)
+    answered, overwritten = threading.Event(), threading.Event()
+
+    def first() -> list[float]:
+        outputs = batcher.submit_many(rows_for(1), timeout_s=WAIT_S)
+        answered.set()
+        assert overwritten.wait(WAIT_S)
+        return list(outputs["predictions"].tolist())
+
+    def second() -> list[float]:
+        assert answered.wait(WAIT_S)
+        outputs = batcher.submit_many(rows_for(2), timeout_s=WAIT_S)
+        overwritten.set()
+        return list(outputs["predictions"].tolist())
+
+    with ThreadPoolExecutor(2) as pool:
+        one, two = pool.submit(first), pool.submit(second)
+        assert (one.result(WAIT_S), two.result(WAIT_S)) == ([1000.0], [2000.0])
+    assert model.batch_sizes == [1, 1]
+
+
+def test_batcher_answers_merged_callers_their_own_values_from_a_reused_output_buffer(
+    stop_after: Any,
+) -> None:
+    model = ReusedBuffer()
+    model.gate.clear()
+    batcher = ThreadedBatcher(outputs_of(model), max_batch_size=8).start()
+    stop_after(batcher)
+    with ThreadPoolExecutor(5) as pool:
+        first = pool.submit(batcher.submit_many, rows_for(0), WAIT_S)
+        assert model.entered.wait(WAIT_S)  # the first call holds the model
+        merged = [pool.submit(batcher.submit_many, rows_for(c), WAIT_S) for c in range(1, 5)]
+        wait_while(lambda: batcher.queue_depth < 4)
+        model.gate.set()
+        answers = [future.result(WAIT_S) for future in [first, *merged]]
+
+    batcher.submit_many(np.full((5, 3), -1.0), timeout_s=WAIT_S)  # overwrites out[:5]
+
+    assert model.batch_sizes == [1, 4, 5]
+    assert [a["predictions"].tolist() for a in answers] == [[c * 1000.0] for c in range(5)]
+
+
 def test_adaptive_policy_sends_a_lone_request_at_once_whatever_the_window(
     stop_after: Any,
 ) -> None:
@@ -503,6 +560,32 @@ def test_adaptive_policy_keeps_a_slow_call_off_a_caller_with_little_time(stop_af
     with pytest.raises(InferenceTimeout):
         batcher.submit_many(rows_for(1), timeout_s=0.1)
     assert [thread for thread, _ in calls] == ["the-batcher", "the-batcher"]
+
+
+def test_a_call_on_the_callers_thread_that_ends_past_its_deadline_answers_a_timeout(
+    stop_after: Any,
+) -> None:
+    """The inline path honours the deadline as the queued path does: a call that was
+    expected to fit but ended past the caller's deadline gives InferenceTimeout, not
+    its outputs (the issue: 200 after 8 s with a 5 s timeout)."""
+    calls: list[tuple[str, int]] = []
+    record = recording(calls)
+    timeout_s = 0.2
+
+    def model(rows: np.ndarray) -> dict[str, np.ndarray]:
+        if calls:  # the second call: outlast the caller's deadline, which began before it
+            started = time.monotonic()
+            wait_while(lambda: time.monotonic() <= started + timeout_s)
+        return record(rows)
+
+    batcher = ThreadedBatcher(model, name="the-batcher")
+    stop_after(batcher.start())
+    batcher.submit_many(rows_for(0), timeout_s=WAIT_S)  # a quick call, measured
+
+    with pytest.raises(InferenceTimeout, match="no prediction within 200 ms"):
+        batcher.submit_many(rows_for(1), timeout_s=timeout_s)
+    assert calls == [("the-batcher", 1), (threading.current_thread().name, 1)]
+    assert batcher.submit_many(rows_for(2), timeout_s=WAIT_S)["predictions"].tolist() == [2000.0]
 
 
 def test_window_policy_never_runs_a_request_on_its_callers_thread(stop_after: Any) -> None:

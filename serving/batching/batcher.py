@@ -25,10 +25,13 @@ Two flush policies (``docs/batching.md`` draws both):
   would, when recent calls merged almost nothing (fewer than
   ``INLINE_BELOW_REQUESTS_PER_CALL`` requests per call on average: low load) or cost less
   than a hand-off (``handoff_s``, measured on the host: merging cannot save more than it
-  costs), and took less than half the time the caller has left (a call on the caller's
-  thread cannot be abandoned at its deadline). Two thread wake-ups are saved, which on an
-  idle multi-core VM cost about as much as a light model's predict call
-  (``docs/batching.md``).
+  costs), and took less than half the time the caller has left: a call on the caller's
+  thread cannot be abandoned at its deadline, so one not expected to fit is not started
+  there but queued, where the caller stops waiting at its deadline. If a call on the
+  caller's thread still ends past the deadline, the caller gets ``InferenceTimeout`` as
+  a queued caller would (the outputs are dropped), never a late answer. Two thread
+  wake-ups are saved, which on an idle multi-core VM cost about as much as a light
+  model's predict call (``docs/batching.md``).
   What arrives meanwhile queues and goes as the next batch on the batcher thread; once
   calls merge requests (and cost more than a hand-off), every request goes through the
   batcher thread and batches grow as above. The "leader/follower" pattern (Schmidt et
@@ -234,7 +237,8 @@ class ThreadedBatcher:
             past ``max_queue_depth`` (a request alone in the queue is always taken).
         :raises InferenceError: when the predict call of a batch holding these instances
             raised or returned a wrong number of rows.
-        :raises InferenceTimeout: when ``timeout_s`` passed first.
+        :raises InferenceTimeout: when ``timeout_s`` passed first; on the caller's own
+            thread, when the call ended after it (the outputs are dropped).
         """
         typed = instances.ndim == 1 and instances.dtype.names is not None
         if not (instances.ndim == 2 or typed) or len(instances) == 0:
@@ -272,6 +276,9 @@ class ThreadedBatcher:
                 self._answer([request])
             finally:
                 self._model.release()
+            if time.monotonic() > request.deadline:  # as a queued caller's wait would
+                assert timeout_s is not None
+                raise InferenceTimeout(f"no prediction within {timeout_s * 1000:.0f} ms")
             return self._result(request, stats)
         if not request.wait(timeout_s):
             assert timeout_s is not None

@@ -1,19 +1,143 @@
 """Model artifacts on disk, before any loader runs: which file a path or a directory
-names, its format from its extension, and its bytes read once and checked (mode, SHA-256).
+names, its format from its extension, whether anyone but root and the server's user can
+replace it (``trusted_path``), and its bytes read once and checked (SHA-256).
 
-Boundary: standard library only; nothing in an artifact runs here.
+Boundary: standard library and ``serving.model.schema`` (where a schema file lies);
+nothing in an artifact runs here.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
 from pathlib import Path
 
 from serving.errors import ModelLoadError
+from serving.model.schema import schema_file
 
-__all__ = ["EXTENSIONS", "check_artifact", "find_artifact", "format_from_path", "model_name"]
+__all__ = [
+    "EXTENSIONS",
+    "UnsafePath",
+    "check_artifact",
+    "check_model_path",
+    "find_artifact",
+    "format_from_path",
+    "model_name",
+    "trusted_path",
+]
+
+#: ``SERVING_ALLOW_WORLD_WRITABLE_MODEL``: how a refusal of a model's own files says to skip it.
+_ALLOW_HINT = (
+    ", or set SERVING_ALLOW_WORLD_WRITABLE_MODEL=true if every user who can write there is trusted"
+)
+_WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
+_MAX_LINKS = 40  # Linux's MAXSYMLINKS
+
+
+class UnsafePath(ValueError):
+    """A file, or a directory or symlink on the way to it, that a user other than root and
+    the server's own may replace: whoever can, chooses what the server reads.
+
+    :param path: the file as configured. :param culprit: the entry at fault.
+    :param problem: why, with its mode or owner. :param fix: a command that fixes it.
+    """
+
+    def __init__(self, path: Path, culprit: Path, problem: str, fix: str) -> None:
+        self.path, self.culprit, self.problem, self.fix = path, culprit, problem, fix
+        super().__init__(f"{problem}; fix: {fix}")
+
+
+def trusted_path(path: Path) -> tuple[Path, os.stat_result]:
+    """Resolve ``path`` as the kernel would, refusing it unless only root and this
+    process's (effective) user can change what it names; its real path and ``lstat``.
+
+    Every entry walked through (``/``, each directory, each symlink and its target's
+    chain, the file) must be owned by root or this user; directories must not be group-
+    or world-writable unless sticky (``/tmp``: there only an entry's owner may rename it,
+    and the owner is checked), and the file not group- or world-writable. OpenSSH's
+    ``StrictModes`` (``safe_path``) applies the same rule to ``authorized_keys``.
+
+    :raises UnsafePath: naming the entry, its mode or owner, and the fix.
+    :raises OSError: when an entry is missing, unreadable, or a symlink loops.
+    """
+    uids = (0, os.geteuid())
+    current = Path("/")
+    info = os.lstat(current)
+    _check_entry(path, current, info, uids)
+    todo = list(reversed(path.absolute().parts[1:]))  # a stack: the next name last
+    links = 0
+    while todo:
+        name = todo.pop()
+        if name == "..":
+            current = current.parent  # ``current`` is real: its parents are checked
+            info = os.lstat(current)
+            continue
+        entry = current / name
+        info = os.lstat(entry)
+        _check_entry(path, entry, info, uids)
+        if stat.S_ISLNK(info.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
+            target = Path(os.readlink(entry))
+            if target.is_absolute():
+                current, target = Path("/"), target.relative_to("/")
+            todo.extend(reversed(target.parts))
+            continue
+        if todo and not stat.S_ISDIR(info.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(entry))
+        current = entry
+    return current, info
+
+
+def _check_entry(path: Path, entry: Path, info: os.stat_result, uids: tuple[int, int]) -> None:
+    mode = info.st_mode
+    kind = "directory" if stat.S_ISDIR(mode) else "symlink" if stat.S_ISLNK(mode) else "file"
+    shown = f"{kind} {entry}" + ("" if entry == path else f" (on the way to {path})")
+    if info.st_uid not in uids:
+        user = "root" if uids[1] == 0 else f"root or uid {uids[1]} (this server's user)"
+        raise UnsafePath(
+            path, entry, f"{shown} is owned by uid {info.st_uid}, who can replace it, not by "
+            f"{user}", f"chown {uids[1]} {entry}",
+        )  # fmt: skip
+    if stat.S_ISLNK(mode) or not mode & _WRITABLE_BY_OTHERS:
+        return
+    if stat.S_ISDIR(mode) and mode & stat.S_ISVTX:
+        return  # sticky: only an entry's owner may rename it, and owners are checked
+    perms = f"mode {stat.S_IMODE(mode):04o}"
+    if stat.S_ISDIR(mode):
+        raise UnsafePath(
+            path, entry, f"{shown} is group- or world-writable ({perms}) and not sticky, so "
+            "other users can put their own file in place of what it holds",
+            f"chmod go-w {entry} (or chmod +t {entry})",
+        )  # fmt: skip
+    raise UnsafePath(
+        path, entry, f"{shown} is group- or world-writable ({perms})", f"chmod go-w {entry}"
+    )
+
+
+def check_model_path(path: Path, allow_world_writable: bool = False) -> None:
+    """Refuse a model's file or directory (a python model's class reads it) that others
+    may replace (``trusted_path``); nothing when ``allow_world_writable``.
+
+    :raises ModelLoadError: naming the path, the entry at fault, why and the fix.
+    """
+    if allow_world_writable:
+        return
+    try:
+        trusted_path(path)
+    except UnsafePath as exc:
+        raise ModelLoadError(path, f"{exc}{_ALLOW_HINT}") from None
+    except OSError as exc:
+        raise ModelLoadError(path, _os_reason(path, exc)) from None
+
+
+def _os_reason(path: Path, exc: OSError) -> str:
+    """``exc`` in words, naming the entry when it is not ``path`` itself."""
+    reason = exc.strerror or str(exc)
+    return reason if exc.filename in (None, str(path)) else f"{exc.filename}: {reason}"
 
 
 def check_artifact(
@@ -21,27 +145,43 @@ def check_artifact(
 ) -> bytes:
     """Read the artifact once and refuse it before anything in it runs; its bytes.
 
-    The checks and the load see the same bytes: the caller loads what this returns
-    (``load_model(..., data=...)``), never the path again, so a file swapped after the
-    check is not what gets unpickled.
+    Pickle and joblib files run code when loaded, so the file, every directory above it
+    and any symlink on the way must be replaceable by root and this server's user only
+    (``trusted_path``), and so must the schema file a loader reads beside it
+    (``<stem>.schema.json`` or ``MLmodel``). ONNX files hold a graph, not code, but are
+    checked the same way: whoever can replace one chooses the predictions. The checks
+    and the load see the same bytes: the caller loads what this returns
+    (``load_model(..., data=...)``), never the path again, and the file opened is the one
+    checked (same device and inode).
 
     :param sha256: expected hex digest of the file (``SERVING_MODEL_SHA256``), or None.
-    :param allow_world_writable: load a file any local user may rewrite (pickle and joblib
-        run code on load, so by default such a file is refused; checked on the open file).
-    :raises ModelLoadError: when the file cannot be read, is world-writable (and not
-        allowed) or its digest differs, naming the path and both digests.
+    :param allow_world_writable: skip the owner and mode checks
+        (``SERVING_ALLOW_WORLD_WRITABLE_MODEL``), for a directory only trusted users share.
+    :raises ModelLoadError: when the file cannot be read, is not a regular file, others
+        may replace it or its schema file (naming the entry, its mode or owner, and the
+        fix), or its digest differs, naming the path and both digests.
     """
+    checked: os.stat_result | None = None
+    real = path
     try:
-        with path.open("rb") as file:
-            mode = os.fstat(file.fileno()).st_mode
-            if not allow_world_writable and mode & stat.S_IWOTH:
-                raise ModelLoadError(
-                    path, "the file is world-writable; fix its mode or set "
-                    "SERVING_ALLOW_WORLD_WRITABLE_MODEL=true",
-                )  # fmt: skip
+        if not allow_world_writable:
+            real, checked = trusted_path(path)
+            schema = schema_file(path)
+            if schema is not None:
+                trusted_path(schema)
+        with real.open("rb") as file:
+            opened = os.fstat(file.fileno())
+            if not stat.S_ISREG(opened.st_mode):
+                raise ModelLoadError(path, "not a regular file")
+            if checked is not None and (opened.st_dev, opened.st_ino) != (
+                checked.st_dev, checked.st_ino,
+            ):  # fmt: skip
+                raise ModelLoadError(path, "the file was replaced while it was checked")
             data = file.read()
+    except UnsafePath as exc:
+        raise ModelLoadError(path, f"{exc}{_ALLOW_HINT}") from None
     except OSError as exc:
-        raise ModelLoadError(path, exc.strerror or str(exc)) from None
+        raise ModelLoadError(path, _os_reason(path, exc)) from None
     if sha256 is not None:
         digest = hashlib.sha256(data).hexdigest()
         if digest != sha256.lower():

@@ -5,15 +5,19 @@ Liveness does not look at the model: a worker still loading is alive and must no
 restarted for it. Readiness is 200 only when every live worker of the server has every
 model loaded and warmed up and its batcher running (``serving.server.workers.readiness``; the body
 says ``"workers": {"ready": N, "total": M}``); otherwise 503 with the same body.
-``/metrics`` is the Prometheus text format, summed over all Gunicorn workers. The OpenAPI
-document is built once per process from every protocol's ``OPERATIONS``
-(``serving.openapi``).
+With API keys configured, ``/healthz`` without one says only the status and the workers'
+counts (no model names, no load errors). ``/metrics`` is the Prometheus text format,
+summed over all Gunicorn workers. The OpenAPI document is built once per process from
+every protocol's ``OPERATIONS`` (``serving.openapi``).
 """
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app
+from typing import Any
 
+from flask import Blueprint, Response, current_app, request
+
+from serving.auth import has_api_key
 from serving.observe.metrics import CONTENT_TYPE_LATEST
 from serving.openapi import Operation
 from serving.protocols.base import ProtocolSpec, dataplane, json_response
@@ -78,12 +82,23 @@ def livez() -> Response:
 
 @bp.get("/healthz")
 def healthz() -> Response:
-    """Readiness of the server: 200 only when every worker has every model ready."""
+    """Readiness of the server: 200 only when every worker has every model ready.
+
+    When API keys are configured, a request without a valid one gets only the status and
+    the workers' counts: model names, providers and failed workers' load errors (a path,
+    a corrupt file's bytes) are for callers with a key, as the metadata routes are.
+    """
     models = dataplane().models
     state = models.state
     ready, workers = readiness(state)
     if state == "ready" and not ready:
         state = "loading"  # this worker is ready, another is not yet
+    keys = current_app.extensions.get("serving_api_keys", ())
+    if keys and not has_api_key(request.headers, keys):
+        summary: dict[str, Any] = {"status": state}
+        if workers is not None:
+            summary["workers"] = {k: v for k, v in workers.items() if k != "errors"}
+        return json_response(summary, 200 if ready else 503)
     default = models.default
     body = {
         "status": state,

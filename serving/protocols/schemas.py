@@ -74,27 +74,37 @@ class ModelHealth(BaseModel):
 
 
 class HealthResponse(BaseModel):
-    """``GET /healthz``: 200 only when ``status`` is ``ready``, 503 otherwise."""
+    """``GET /healthz``: 200 only when ``status`` is ``ready``, 503 otherwise.
+
+    With API keys configured and none presented, only ``status`` and ``workers`` (counts,
+    no ``errors``); every other field needs a key.
+    """
 
     model_config = ConfigDict(protected_namespaces=())
 
     status: Literal["loading", "ready", "failed", "stopping"]
-    model_name: str
-    model_version: str
-    queue_depth: int = Field(description="Instances queued in the default model's batcher.")
-    max_queue_depth: int = Field(
+    model_name: str | None = None
+    model_version: str | None = None
+    queue_depth: int | None = Field(
+        None, description="Instances queued in the default model's batcher."
+    )
+    max_queue_depth: int | None = Field(
+        None,
         description="The default model's queue limit; past it requests get 503 overloaded "
-        "(each model has its own: see models)."
+        "(each model has its own: see models).",
     )
     execution_provider: str | None = Field(
+        None,
         description="Where the model runs once loaded: ONNX Runtime's provider "
-        "(CUDAExecutionProvider, CPUExecutionProvider) or cpu for Python models."
+        "(CUDAExecutionProvider, CPUExecutionProvider) or cpu for Python models.",
     )
-    models: list[ModelHealth] = Field(description="Every model version this worker serves.")
+    models: list[ModelHealth] | None = Field(
+        None, description="Every model version this worker serves."
+    )
     workers: dict[str, Any] | None = Field(
         default=None,
         description="Under Gunicorn: workers accepting connections (total) and of them "
-        "ready; loading/failed counts and each failed worker's last load error when any.",
+        "ready; loading/failed counts and, with a key, each failed worker's last load error.",
     )
 
 
