@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import orjson
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
@@ -26,7 +27,7 @@ from serving.model.schema import instance_json_schema
 from serving.observe import access_log, payload_log, tracing
 from serving.observe.metrics import ServingMetrics, default_metrics
 from serving.openapi import Operation, build_document
-from serving.protocols import mlflow, predict, probes, tfserving, v2
+from serving.protocols import docs, mlflow, predict, probes, tfserving, v2
 from serving.protocols.base import ErrorBodies, ProtocolSpec, json_response
 from serving.runtime import ModelRuntime
 from serving.settings import Settings, load_settings
@@ -45,6 +46,7 @@ PROTOCOLS: tuple[ProtocolSpec, ...] = (
     tfserving.PROTOCOL,
     mlflow.PROTOCOL,
     probes.PROTOCOL,
+    docs.PROTOCOL,
 )
 
 
@@ -139,7 +141,7 @@ def _install_request_hooks(
             payload_log.bind(
                 state.request_id, req.blueprint or "", rule, settings.payload_log_sample
             )
-        if api_keys and req.path not in open_routes:
+        if api_keys and rule not in open_routes:  # by route template: /docs/{asset}
             check_api_key(headers, api_keys)
 
     @app.after_request
@@ -200,9 +202,10 @@ def _openapi(plane: DataPlane, operations: list[Operation], api_keys: bool) -> C
         ready = models.state == "ready"
         if ready not in documents:
             schemas = _instance_schemas(models) if ready else {}
+            example = _predict_example(models) if ready else None
             documents[ready] = orjson.dumps(build_document(
                 operations, title="serving", version=__version__, api_keys=api_keys,
-                instances=schemas,
+                instances=schemas, examples={"/predict": example} if example else None,
             ))  # fmt: skip
         return documents[ready]
 
@@ -223,6 +226,25 @@ def _instance_schemas(models: ModelCache) -> dict[str, dict[str, Any]]:
             )
             schemas[f"Instance.{handle.name}.{handle.version}"] = schema
     return schemas
+
+
+def _predict_example(models: ModelCache) -> dict[str, Any] | None:
+    """A ``/predict`` body the default model answers: one valid instance (zeros, a known
+    category; ``ModelHandle.sample``), keyed by feature name when the model has names.
+    ``/docs`` sends it as is."""
+    handle = models.default.handle
+    if handle is None or not handle.features:
+        return None
+    row = handle.sample(1)
+    names = row.dtype.names
+    if names is not None:
+        values = [row[name][0] for name in names]
+    else:
+        values = list(row[0])
+        names = handle.feature_names
+    values = [value.item() if isinstance(value, np.generic) else value for value in values]
+    instance: Any = dict(zip(names, values, strict=True)) if names else values
+    return {"instances": [instance]}
 
 
 def _current(proxy: Any) -> Any:

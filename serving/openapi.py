@@ -77,6 +77,7 @@ def build_document(
     version: str,
     api_keys: bool,
     instances: dict[str, dict[str, Any]] | None = None,
+    examples: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``operations``.
 
@@ -84,6 +85,8 @@ def build_document(
         every operation with ``security`` (``SERVING_API_KEYS`` is set).
     :param instances: JSON Schemas of the served models' instances, by component name
         (``serving.model.schema.instance_json_schema``), added under ``components/schemas``.
+    :param examples: path -> an example JSON request body for that path's POST operation
+        (what Swagger UI's "Try it out" sends).
     """
     operations = list(operations)
     keyed: list[tuple[tuple[str, JsonSchemaMode], type[BaseModel]]] = []
@@ -100,37 +103,8 @@ def build_document(
     )
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
-        item: dict[str, Any] = {
-            "summary": op.summary,
-            "operationId": _operation_id(op),
-            "tags": [op.tag],
-            "responses": {},
-        }
-        parameters = [
-            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-            for name in re.findall(r"{(\w+)}", op.path)
-        ]
-        if parameters:
-            item["parameters"] = parameters
-        if op.request is not None:
-            schema = refs[(op.request, "validation")]
-            item["requestBody"] = {
-                "required": True,
-                "content": {media: {"schema": schema} for media in op.request_media_types}
-                | {media: {"schema": {"type": "string"}} for media in op.text_request_media_types},
-            }
-        for status, model in sorted(op.responses.items()):
-            text = op.descriptions.get(status) or STATUS_TEXT.get(status, str(status))
-            response: dict[str, Any] = {"description": text}
-            if model is not None:
-                schema = refs[(model, "serialization")]
-                response["content"] = {"application/json": {"schema": schema}}
-            elif status in op.text_responses:
-                response["content"] = {op.text_responses[status]: {"schema": {"type": "string"}}}
-            item["responses"][str(status)] = response
-        if api_keys and op.security:
-            item["security"] = [{"bearer": []}, {"apiKey": []}]
-        paths.setdefault(op.path, {})[op.method] = item
+        example = (examples or {}).get(op.path)
+        paths.setdefault(op.path, {})[op.method] = _path_item(op, refs, api_keys, example)
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version},
@@ -143,6 +117,44 @@ def build_document(
             "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
         }
     return document
+
+
+def _path_item(
+    op: Operation, refs: Mapping[Any, Any], api_keys: bool, example: Any = None
+) -> dict[str, Any]:
+    """One operation's OpenAPI object: summary, id, path parameters, request body (with
+    ``example`` when given), responses per status and, with API keys, its security."""
+    item: dict[str, Any] = {
+        "summary": op.summary,
+        "operationId": _operation_id(op),
+        "tags": [op.tag],
+        "responses": {},
+    }
+    parameters = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in re.findall(r"{(\w+)}", op.path)
+    ]
+    if parameters:
+        item["parameters"] = parameters
+    if op.request is not None:
+        content = {
+            media: {"schema": refs[(op.request, "validation")]} for media in op.request_media_types
+        }
+        content |= {media: {"schema": {"type": "string"}} for media in op.text_request_media_types}
+        if example is not None and "application/json" in content:
+            content["application/json"]["example"] = example
+        item["requestBody"] = {"required": True, "content": content}
+    for status, model in sorted(op.responses.items()):
+        text = op.descriptions.get(status) or STATUS_TEXT.get(status, str(status))
+        response: dict[str, Any] = {"description": text}
+        if model is not None:
+            response["content"] = {"application/json": {"schema": refs[(model, "serialization")]}}
+        elif status in op.text_responses:
+            response["content"] = {op.text_responses[status]: {"schema": {"type": "string"}}}
+        item["responses"][str(status)] = response
+    if api_keys and op.security:
+        item["security"] = [{"bearer": []}, {"apiKey": []}]
+    return item
 
 
 def _operation_id(op: Operation) -> str:

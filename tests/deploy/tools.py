@@ -1,4 +1,5 @@
-"""Finding and running the Debian tools the deploy tests use (nginx, promtool, envsubst).
+"""Finding and running the Debian tools the deploy and browser tests use (nginx, promtool,
+envsubst, chromium).
 
 Locally a missing tool skips its tests, naming the package to install; in CI (``CI`` set,
 as ``.ci/run`` does) it fails them, because ``.ci/run`` installs every one of them.
@@ -17,7 +18,12 @@ import pytest
 __all__ = ["PACKAGES", "check_promql", "require", "run"]
 
 #: Debian package of each tool (``.ci/run`` installs them before the tests).
-PACKAGES = {"nginx": "nginx-light", "promtool": "prometheus", "envsubst": "gettext-base"}
+PACKAGES = {
+    "nginx": "nginx-light",
+    "promtool": "prometheus",
+    "envsubst": "gettext-base",
+    "chromium": "chromium",
+}
 
 
 def require(tool: str) -> str:
