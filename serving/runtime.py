@@ -156,9 +156,7 @@ class ModelRuntime:
                 from threadpoolctl import threadpool_limits
 
                 threadpool_limits(limits=settings.blas_threads)
-            # 1 and max_batch_size: the shapes a GPU provider selects kernels for first.
-            handle.warmup(1, settings.max_batch_size)
-            self.outputs = handle.output_specs()
+            self.outputs = self._warm_up(handle)
             batcher = ThreadedBatcher(
                 handle.predict_batch,
                 max_batch_size=settings.max_batch_size,
@@ -182,6 +180,31 @@ class ModelRuntime:
             _describe_features(handle),
             time.perf_counter() - started,
         )
+
+    def _warm_up(self, handle: ModelHandle) -> tuple[TensorSpec, ...]:
+        """Run the model on sample instances (1 and ``max_batch_size`` of them: the shapes
+        a GPU provider selects kernels for first); its output specs.
+
+        :raises ModelLoadError: when the model raises on them, naming the model (the class
+            for your own code), the stage and the cause; the traceback is logged.
+        """
+        try:
+            handle.warmup(1, self.settings.max_batch_size)
+            return handle.output_specs()
+        except Exception as exc:
+            what = (
+                f"class {self.settings.model_class}"
+                if handle.format == "python"
+                else f"{handle.format} model {handle.name!r}"
+            )
+            log.error("warm-up of %s failed", what, exc_info=True)
+            raise ModelLoadError(
+                handle.source,
+                f"warm-up failed: {what} raised {type(exc).__name__}: {exc}, "
+                f"called on sample instances of its input schema ({_describe_features(handle)}: "
+                "zeros, false or a known category); declare the schema your model takes "
+                "(input_schema or a schema file) if it needs other values",
+            ) from exc
 
     def start_loading(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -162,3 +162,45 @@ class ReusedBuffer:
         n = len(X)
         self.out[:n] = X[:, 0]
         return self.out[:n]
+
+
+class TypedChurn:
+    """A team's own class over the churn pipeline (``examples/churn.py``), as a migration
+    brings it: it declares its columns (strings, and numbers that may be missing) and
+    takes a pandas DataFrame, as the pipeline does. ``load(path)`` reads
+    ``path/churn.joblib``. Serve with ``SERVING_MODEL_CLASS=tests.models:TypedChurn``."""
+
+    input_schema: ClassVar[list[dict[str, Any]]] = [
+        {"name": "plan", "type": "string", "categories": ["basic", "pro", "team"]},
+        {"name": "region", "type": "string"},
+        {"name": "seats", "type": "double", "required": False},
+        {"name": "usage_hours", "type": "double", "required": False},
+    ]
+    input_format = "dataframe"
+    classes = (0, 1)
+
+    def load(self, path: Any) -> None:
+        import joblib
+
+        self.pipeline = joblib.load(f"{path}/churn.joblib")
+
+    def predict(self, frame: Any) -> dict[str, Any]:
+        if not frame["plan"].map(type).eq(str).all():  # raw strings, never a float matrix
+            raise TypeError(f"plan must hold str, got {frame['plan'].dtype}")
+        return {
+            "predictions": self.pipeline.predict(frame),
+            "probabilities": self.pipeline.predict_proba(frame),
+        }
+
+
+class StringsWithoutSchema:
+    """Takes raw string columns but declares nothing: its warm-up (float zeros) fails as
+    ``np.isnan`` on strings does in the migration trial."""
+
+    n_features = 2
+
+    def load(self, path: Any) -> None:
+        pass
+
+    def predict(self, X: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        raise TypeError("ufunc 'isnan' not supported for the input types")

@@ -168,3 +168,96 @@ def test_models_entry_with_a_class_loads_through_the_runtime_and_batches(
         assert outputs["doubled"].tolist() == [24.0]
     finally:
         runtime.stop(timeout_s=5)
+
+
+def test_python_handle_takes_the_declared_schema_and_hands_a_typed_dataframe(
+    tmp_path: Path,
+) -> None:
+    """strings, a number that may be missing, a categorical column: the class gets a
+    pandas DataFrame of its columns, each of its type, as a pipeline in-process does."""
+
+    from tests.models import TypedChurn
+    from tests.tabular import churn_rows, frame_of, write_churn
+
+    pipeline, _, _ = write_churn(tmp_path)
+    model = TypedChurn()
+    model.load(tmp_path)
+    handle = python_handle(model, name="m", version="1", source=tmp_path)
+
+    by_name = {f.name: f for f in handle.features or ()}
+    assert [f.kind for f in by_name.values()] == ["string", "string", "float", "float"]
+    assert by_name["seats"].missing and not by_name["plan"].missing
+    assert by_name["plan"].categories == frozenset({"basic", "pro", "team"})
+    assert handle.feature_names == ("plan", "region", "seats", "usage_hours")
+    frame = frame_of(churn_rows())
+    batch = np.zeros(len(frame), dtype=handle.batch_dtype)
+    for name in batch.dtype.names or ():
+        batch[name] = frame[name].to_numpy()
+    outputs = handle.predict_batch(batch)
+    np.testing.assert_array_equal(outputs["predictions"], pipeline.predict(frame))
+    np.testing.assert_array_equal(outputs["probabilities"], pipeline.predict_proba(frame))
+
+
+def test_python_handle_reads_schema_json_from_the_models_directory(tmp_path: Path) -> None:
+    class Sums:
+        def load(self, path: Path) -> None:
+            pass
+
+        def predict(self, instances: np.ndarray) -> np.ndarray:
+            return instances["a"] + instances["b"]  # a record batch: one field per column
+
+    (tmp_path / "schema.json").write_text(
+        '{"inputs": [{"name": "a", "type": "long"}, {"name": "b", "type": "double", '
+        '"required": false}]}'
+    )
+    handle = python_handle(Sums(), name="s", version="1", source=tmp_path)
+
+    assert [(f.name, f.kind, f.missing) for f in handle.features or ()] == [
+        ("a", "integer", False), ("b", "float", True),
+    ]  # fmt: skip
+    assert handle.warmup(1, 4)  # sample instances of the schema reach predict
+    batch = handle.sample(2)
+    batch["a"], batch["b"] = [1, 2], [0.5, np.nan]
+    np.testing.assert_array_equal(handle.predict_batch(batch)["predictions"], [1.5, np.nan])
+
+
+@pytest.mark.parametrize(
+    ("attributes", "message"),
+    [
+        ({"input_format": "arrow"}, "input_format must be 'batch' or 'dataframe'"),
+        ({"input_format": "dataframe"}, "needs the columns"),
+        ({"input_schema": [{"name": "a", "type": "text"}]}, "has type 'text'"),
+        ({"input_schema": [{"name": "a", "type": "string"}], "feature_names": ("b",)},
+         "differ from the input schema"),
+    ],
+)  # fmt: skip
+def test_python_handle_refuses_a_schema_it_cannot_use(
+    attributes: dict[str, Any], message: str
+) -> None:
+    model = type("Declared", (), {"predict": lambda self, rows: rows, **attributes})()
+    with pytest.raises(ModelLoadError, match=message):
+        python_handle(model, name="m", version="1")
+
+
+def test_warm_up_failure_names_the_class_and_stage_and_logs_the_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from serving.observe.metrics import ServingMetrics
+    from serving.runtime import ModelRuntime
+    from serving.settings import Settings
+
+    settings = Settings(
+        model_dir=tmp_path, model_class="tests.models:StringsWithoutSchema", workers=1
+    )
+    runtime = ModelRuntime(settings, ServingMetrics(CollectorRegistry()))
+
+    with caplog.at_level("ERROR", logger="serving.runtime"), pytest.raises(ModelLoadError) as info:
+        runtime.load()
+
+    message = str(info.value)
+    assert "warm-up failed" in message
+    assert "class tests.models:StringsWithoutSchema" in message
+    assert "TypeError: ufunc 'isnan'" in message and "input_schema" in message
+    assert "Traceback" in caplog.text and "in predict" in caplog.text

@@ -6,19 +6,26 @@ BentoML runners and MLflow's pyfunc ``PythonModel`` popularised:
 
 - ``ClassName()`` takes no arguments; ``load(path)`` is then called once per worker, after
   fork, with the model's path (a file, or a directory such as KServe's ``/mnt/models``).
-- ``predict(instances)`` gets the batch, ``(n_instances, n_features)`` float64 (instances
-  of concurrent requests merged by the batcher), and returns one prediction per row: an
-  array-like, or a mapping of named outputs (``{"predictions": ..., "probabilities": ...}``)
-  each with ``n_instances`` rows.
+- ``predict(instances)`` gets the batch (instances of concurrent requests merged by the
+  batcher) and returns one prediction per row: an array-like, or a mapping of named
+  outputs (``{"predictions": ..., "probabilities": ...}``) each with ``n_instances`` rows.
 - Optional ``preprocess(instances)`` runs before ``predict`` and ``postprocess(outputs)``
   after it, on the whole batch.
-- Optional input schema: ``feature_names`` (a sequence of str, in column order; requests
-  may then name features) or ``n_features`` (int); either enables warmup at load and the
-  feature-count check on requests. Optional ``classes`` labels the columns of
-  ``probabilities``.
+- The input schema, typed as any model's (``serving.model.schema``): ``input_schema``, a
+  list of MLflow column specs (``{"name": "plan", "type": "string"}``, ``"required":
+  false`` where a value may be missing, our ``"categories": [...]`` where only those are
+  taken); else a schema file in the model's path (``<stem>.schema.json`` or ``MLmodel``
+  beside a file; ``schema.json`` or ``MLmodel`` in a directory); else ``feature_names``
+  (str, in column order) or ``n_features`` (int), all float64. Any of them enables warmup
+  at load (sample instances: zeros, a known category) and the per-request checks.
+  Optional ``classes`` labels the columns of ``probabilities``.
+- What ``predict`` gets: with ``input_format = "dataframe"``, a pandas DataFrame of the
+  schema's columns, each of its type (NaN/None where missing); otherwise (``"batch"``)
+  the typed batch: ``(n_instances, n_features)`` float64 (int64 for integer features)
+  when one type holds every feature, else a record array with one field per feature.
 
 ``python_handle`` is the one adapter from such an object to a ``ModelHandle``: what the
-batcher hands the class (today the float64 matrix) is decided there and nowhere else.
+batcher hands the class is decided there and nowhere else.
 
 Boundary: imports only the standard library, numpy and ``serving`` core modules (no Flask,
 no pydantic, no prometheus). Importing the user's module runs its code: as with pickle,
@@ -29,7 +36,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,6 +45,14 @@ import numpy.typing as npt
 
 from serving.errors import ModelLoadError
 from serving.model.handle import ModelHandle, ModelLoader, Outputs
+from serving.model.schema import (
+    Feature,
+    feature,
+    features_from_file,
+    features_from_specs,
+    frame_builder,
+    schema_file,
+)
 
 __all__ = ["CLASS_PATTERN", "PythonLoader", "PythonModel", "import_class", "python_handle"]
 
@@ -58,7 +73,7 @@ class PythonModel(Protocol):
 
     def load(self, path: Path, /) -> Any: ...
 
-    def predict(self, instances: npt.NDArray[np.float64], /) -> Any: ...
+    def predict(self, instances: Any, /) -> Any: ...
 
 
 def import_class(spec: str) -> type[Any]:
@@ -93,9 +108,9 @@ def python_handle(
 
     :param model: an object with ``predict`` (and optionally ``preprocess``,
         ``postprocess``, ``feature_names``, ``n_features``, ``classes``), already loaded.
-    :returns: a handle whose ``predict_batch`` takes ``(n_instances, n_features)`` float64
-        and returns ``{"predictions": ...}`` (or the model's own named outputs), each as an
-        ndarray; a wrong row count is refused by the batcher, per request.
+    :returns: a handle whose ``predict_batch`` takes the typed batch (see the module's
+        docstring) and returns ``{"predictions": ...}`` (or the model's own named outputs),
+        each as an ndarray; a wrong row count is refused by the batcher, per request.
     :raises ModelLoadError: when ``model`` has no callable ``predict`` or its input schema
         is malformed.
     """
@@ -110,14 +125,40 @@ def python_handle(
         or not all(isinstance(n, str) for n in names)
     ):
         raise ModelLoadError(source, "feature_names must be a sequence of str")
+    features = declared_schema(model, source)
     feature_names = tuple(names) if names is not None else None
+    if features is not None:
+        declared = tuple(f.name for f in features)
+        if feature_names is not None and feature_names != declared:
+            raise ModelLoadError(
+                source, f"feature_names {list(feature_names)} differ from the input schema's "
+                f"columns {list(declared)}",
+            )  # fmt: skip
+        feature_names = declared
     n_features = getattr(model, "n_features", None)
     if n_features is None and feature_names is not None:
         n_features = len(feature_names)
     classes = getattr(model, "classes", None)
+    input_format = getattr(model, "input_format", "batch")
+    if input_format not in ("batch", "dataframe"):
+        raise ModelLoadError(
+            source, f"input_format must be 'batch' or 'dataframe', not {input_format!r}"
+        )
+    if input_format == "dataframe" and features is None and feature_names is None:
+        raise ModelLoadError(
+            source,
+            "input_format 'dataframe' needs the columns: an input_schema, a schema file "
+            "or feature_names",
+        )
+    to_input: Callable[[npt.NDArray[Any]], Any] | None = None
+    if input_format == "dataframe":
+        assert feature_names is not None
+        columns = features or tuple(feature(name, "float", np.float64) for name in feature_names)
+        to_input = frame_builder(columns)
 
     def predict_batch(rows: npt.NDArray[Any]) -> Outputs:
-        batch = preprocess(rows) if preprocess is not None else rows
+        batch = to_input(rows) if to_input is not None else rows
+        batch = preprocess(batch) if preprocess is not None else batch
         outputs = model.predict(batch)
         if postprocess is not None:
             outputs = postprocess(outputs)
@@ -134,7 +175,32 @@ def python_handle(
         n_features=int(n_features) if n_features is not None else None,
         classes=tuple(classes) if classes is not None else None,
         feature_names=feature_names,
+        features=features,
     )
+
+
+def declared_schema(model: Any, source: Path | None) -> tuple[Feature, ...] | None:
+    """The input schema ``model`` declares: its ``input_schema`` (column specs), else a
+    schema file in its path (``<stem>.schema.json`` or ``MLmodel`` beside a file,
+    ``schema.json`` or ``MLmodel`` in a directory); None when neither.
+
+    :raises ModelLoadError: naming the class or file and the entry that cannot be read.
+    """
+    specs = getattr(model, "input_schema", None)
+    try:
+        if specs is not None:
+            return features_from_specs(specs, f"{type(model).__name__}.input_schema")
+        if source is None:
+            return None
+        if source.is_dir():
+            found = next(
+                (source / n for n in ("schema.json", "MLmodel") if (source / n).is_file()), None
+            )
+        else:
+            found = schema_file(source)
+        return features_from_file(found) if found is not None else None
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(source, str(exc)) from None
 
 
 class PythonLoader(ModelLoader):

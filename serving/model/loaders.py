@@ -18,7 +18,7 @@ import logging
 import pickle
 import re
 from abc import abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,14 @@ from serving.model.artifacts import (
 )
 from serving.model.handle import ModelHandle, ModelLoader, Outputs, Predictor
 from serving.model.onnx_loader import OnnxLoader
-from serving.model.schema import Feature, feature, features_from_file, merge_features, schema_file
+from serving.model.schema import (
+    Feature,
+    feature,
+    features_from_file,
+    frame_builder,
+    merge_features,
+    schema_file,
+)
 from serving.model.schema_sklearn import estimator_features, estimator_missing
 
 __all__ = [
@@ -124,7 +131,7 @@ def estimator_handle(
         raise ModelLoadError(source, str(exc)) from None
     named = getattr(model, "feature_names_in_", None) is not None
     feature_names = tuple(f.name for f in features) if features and (named or declared) else None
-    to_input = _frame_builder(features) if named and features else _array_input
+    to_input = frame_builder(features) if named and features else _array_input
     final = _final_estimator(model)
     from_proba = (
         predict_proba is not None
@@ -184,21 +191,6 @@ def _array_input(batch: npt.NDArray[Any]) -> Any:
     if batch.dtype.names is None:
         return batch
     return np.stack([batch[name].astype(object) for name in batch.dtype.names], axis=1)
-
-
-def _frame_builder(features: tuple[Feature, ...]) -> Callable[[npt.NDArray[Any]], Any]:
-    """``batch -> DataFrame`` with the training column names, one column per feature of
-    its type (float64, int64, bool, or object holding ``str``)."""
-    import pandas as pd
-
-    columns = [f.name for f in features]
-
-    def to_frame(batch: npt.NDArray[Any]) -> Any:
-        if batch.dtype.names is None:
-            return pd.DataFrame(batch, columns=columns, copy=False)
-        return pd.DataFrame({name: batch[name] for name in columns})
-
-    return to_frame
 
 
 def declared_features(path: Path) -> tuple[Feature, ...] | None:

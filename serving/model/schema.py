@@ -7,19 +7,21 @@ Known at load, from (in this order of precedence):
    (the format MLflow users already have), or ``<model stem>.schema.json`` holding
    ``{"inputs": [...]}`` in the same column-spec format: ``{"name": "plan", "type":
    "string", "required": true}`` with MLflow's types ``double``, ``float``, ``long``,
-   ``integer``, ``string``, ``boolean``;
+   ``integer``, ``string``, ``boolean``, and our optional ``"categories": [...]`` (the
+   only values taken); or, for your own class, its ``input_schema`` in that format;
 2. the fitted estimator itself (``serving.model.schema_sklearn``): ``feature_names_in_``, the
    columns a ``ColumnTransformer`` sends to a ``OneHotEncoder``/``OrdinalEncoder`` and
    their ``categories_``, and scikit-learn's estimator tags for missing values;
 3. an ONNX graph's input types (``serving.model.onnx_loader``).
 
-Boundary: standard library and numpy; PyYAML is imported only to read an ``MLmodel`` file.
+Boundary: standard library and numpy; PyYAML is imported only to read an ``MLmodel`` file,
+pandas only to build a DataFrame (``frame_builder``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +34,8 @@ __all__ = [
     "Kind",
     "column_dtype",
     "features_from_file",
+    "features_from_specs",
+    "frame_builder",
     "instance_json_schema",
     "merge_features",
     "sample_batch",
@@ -106,24 +110,55 @@ def features_from_file(path: Path) -> tuple[Feature, ...] | None:
         specs = json.loads(inputs) if isinstance(inputs, str) else inputs
     else:
         specs = json.loads(text).get("inputs")
+    return features_from_specs(specs, str(path))
+
+
+def features_from_specs(specs: Any, where: str) -> tuple[Feature, ...] | None:
+    """The features of a list of MLflow column specs: ``{"name", "type", "required"}``
+    (``required`` false: the value may be missing), plus our optional ``categories`` (the
+    only values taken; others are refused naming the feature). None for a tensor spec.
+
+    :raises ValueError: naming ``where`` and the entry that cannot be read.
+    """
     if not isinstance(specs, list) or not specs:
-        raise ValueError(f"{path}: expected a non-empty list of inputs")
+        raise ValueError(f"{where}: expected a non-empty list of inputs")
     features = []
     for index, spec in enumerate(specs):
         if not isinstance(spec, dict) or "type" not in spec:
-            raise ValueError(f"{path}: input {index} is not a column spec with a type")
+            raise ValueError(f"{where}: input {index} is not a column spec with a type")
         if spec["type"] == "tensor":
             return None
         kind_dtype = _MLFLOW_TYPES.get(spec["type"])
         if kind_dtype is None:
             known = ", ".join(_MLFLOW_TYPES)
-            raise ValueError(f"{path}: input {index} has type {spec['type']!r} (known: {known})")
+            raise ValueError(f"{where}: input {index} has type {spec['type']!r} (known: {known})")
         name = spec.get("name")
         if not isinstance(name, str):
-            raise ValueError(f"{path}: input {index} has no name")
+            raise ValueError(f"{where}: input {index} has no name")
+        categories = spec.get("categories")
+        if categories is not None and (not isinstance(categories, list) or not categories):
+            raise ValueError(f"{where}: input {name!r} has categories that are not a list")
         kind, dtype = kind_dtype
-        features.append(feature(name, kind, dtype, missing=not spec.get("required", True)))
+        features.append(feature(
+            name, kind, dtype, missing=not spec.get("required", True),
+            categories=frozenset(categories) if categories is not None else None,
+        ))  # fmt: skip
     return tuple(features)
+
+
+def frame_builder(features: Sequence[Feature]) -> Callable[[npt.NDArray[Any]], Any]:
+    """``batch -> pandas DataFrame`` with the features' names as columns, one column per
+    feature of its type (float64, int64, bool, or object holding ``str``)."""
+    import pandas as pd
+
+    columns = [f.name for f in features]
+
+    def to_frame(batch: npt.NDArray[Any]) -> Any:
+        if batch.dtype.names is None:
+            return pd.DataFrame(batch, columns=columns, copy=False)
+        return pd.DataFrame({name: batch[name] for name in columns})
+
+    return to_frame
 
 
 def merge_features(
