@@ -86,6 +86,9 @@ class ModelRuntime:
         self.outputs: tuple[TensorSpec, ...] = ()
         self.batcher: ThreadedBatcher | None = None
         self.error: BaseException | None = None
+        #: What a load is doing now: ``reading`` (and checking) the artifact, ``loading``
+        #: it, ``warming up``; None before a load and once ready.
+        self.stage: Literal["reading", "loading", "warming up"] | None = None
         self._stopping = False
 
     @property
@@ -132,31 +135,13 @@ class ModelRuntime:
         started = time.perf_counter()
         try:
             if handle is None:
-                fmt = settings.resolved_model_format
-                loader = self.loaders.get(fmt)
-                # Read once: the bytes checked are the bytes loaded (not the path again).
-                # A model class reads its own path (a file or a directory): nothing to
-                # read, but who may replace it is checked all the same.
-                allow = settings.allow_world_writable_model
-                if loader is not None and loader.reads_path:
-                    check_model_path(settings.resolved_model_path, allow)
-                data = None if loader is None or loader.reads_path else check_artifact(
-                    settings.resolved_model_path, settings.model_sha256, allow
-                )  # fmt: skip
-                handle = load_model(
-                    settings.resolved_model_path,
-                    fmt,
-                    name=settings.resolved_model_name,
-                    version=settings.model_version,
-                    threads=settings.blas_threads,
-                    loaders=self.loaders,
-                    data=data,
-                    pinned=settings.model_sha256 is not None,
-                )
-                from threadpoolctl import threadpool_limits
-
-                threadpool_limits(limits=settings.blas_threads)
+                handle = self._load_artifact()
+            self.stage = "warming up"
+            warm_started = time.perf_counter()
             self.outputs = self._warm_up(handle)
+            log.info(
+                "model %r: warmed up (%.2f s)", handle.name, time.perf_counter() - warm_started
+            )
             batcher = ThreadedBatcher(
                 handle.predict_batch,
                 max_batch_size=settings.max_batch_size,
@@ -167,6 +152,7 @@ class ModelRuntime:
             )
             self.handle = handle
             self.batcher = batcher.start()
+            self.stage = None
             self.metrics.model_loaded(handle)
         except BaseException as exc:
             self.error = exc
@@ -180,6 +166,52 @@ class ModelRuntime:
             _describe_features(handle),
             time.perf_counter() - started,
         )
+
+    def _load_artifact(self) -> ModelHandle:
+        """Read and check the configured artifact once, then load those bytes (the bytes
+        checked are the bytes loaded, never the path again); pin BLAS threads. Each stage
+        is logged with its size and time, and named in ``stage`` while it runs.
+
+        :raises ModelLoadError: naming the path and the cause.
+        """
+        settings = self.settings
+        path = settings.resolved_model_path
+        fmt = settings.resolved_model_format
+        loader = self.loaders.get(fmt)
+        allow = settings.allow_world_writable_model
+        self.stage = "reading"
+        started = time.perf_counter()
+        if loader is not None and loader.reads_path:
+            # A model class reads its own path (a file or a directory): nothing to read,
+            # but who may replace it is checked all the same.
+            check_model_path(path, allow)
+            data = None
+        else:
+            data = check_artifact(path, settings.model_sha256, allow)
+            log.info(
+                "model %s: read and checked %.1f MiB (%.2f s)",
+                path, len(data) / 2**20, time.perf_counter() - started,
+            )  # fmt: skip
+        self.stage = "loading"
+        started = time.perf_counter()
+        handle = load_model(
+            path,
+            fmt,
+            name=settings.resolved_model_name,
+            version=settings.model_version,
+            threads=settings.blas_threads,
+            loaders=self.loaders,
+            data=data,
+            pinned=settings.model_sha256 is not None,
+        )
+        log.info(
+            "model %r: loaded as %s, %s (%.2f s)",
+            handle.name, handle.format, _describe_features(handle), time.perf_counter() - started,
+        )  # fmt: skip
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=settings.blas_threads)
+        return handle
 
     def _warm_up(self, handle: ModelHandle) -> tuple[TensorSpec, ...]:
         """Run the model on sample instances (1 and ``max_batch_size`` of them: the shapes

@@ -111,3 +111,29 @@ def test_a_file_swapped_after_the_sha256_check_is_not_what_gets_loaded(
         refused.load()  # the swapped file itself is refused
     assert not marker.exists()
     runtime.stop(0)
+
+
+def test_load_logs_each_stage_with_its_size_and_names_the_stage_while_it_runs(
+    settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "slow.pkl"
+    path.write_bytes(pickle.dumps(SlowLoading(n_features=1, load_s=0.5)))
+    configured = Settings(**{**settings.model_dump(), "model_path": path, "load_timeout_s": 30})
+    runtime = ModelRuntime(configured, ServingMetrics(CollectorRegistry()))
+    ready = threading.Event()
+    seen: set[str | None] = set()
+
+    with caplog.at_level("INFO", logger="serving.runtime"):
+        runtime.start_loading(on_failure=lambda exc: None, on_ready=ready.set)
+        while not ready.wait(0.01):  # the unpickling sleeps 0.5 s: "loading" is seen
+            seen.add(runtime.stage)
+    runtime.stop(timeout_s=10)
+
+    assert "loading" in seen and runtime.stage is None
+    size_mib = f"{path.stat().st_size / 2**20:.1f} MiB"
+    assert f"model {path}: read and checked {size_mib}" in caplog.text
+    assert "model 'slow': loaded as pickle, 1 float features" in caplog.text
+    assert "model 'slow': warmed up" in caplog.text
+    keys = ("read and checked", "loaded as", "warmed up", "ready to serve")
+    order = [next(i for i, m in enumerate(caplog.messages) if key in m) for key in keys]
+    assert order == sorted(order)
