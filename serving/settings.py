@@ -209,6 +209,13 @@ class Settings(ModelSettings):
         description="Records a worker holds for its sink; more are dropped and counted "
         "(payload_log_dropped_total), never waited for.",
     )
+    payload_log_queue_bytes: int = Field(
+        64 * 2**20,
+        ge=1024,
+        description="Bytes of rows and outputs a worker holds for its sink (the record being "
+        "sent included); a record that would pass it is dropped and counted "
+        "(payload_log_dropped_bytes_total), never waited for.",
+    )
     payload_log_timeout_ms: float = Field(
         2000, gt=0, description="Longest one HTTP post of a record may take, in milliseconds."
     )
@@ -219,7 +226,10 @@ class Settings(ModelSettings):
         100 * 2**20, ge=1024, description="Size at which a payload log file is rotated, bytes."
     )
     payload_log_file_backups: int = Field(
-        5, ge=0, description="Rotated payload log files kept per worker."
+        5,
+        ge=0,
+        description="Rotated payload log files kept per worker (0: the file starts afresh "
+        "when full).",
     )
 
     @field_validator("log_level", mode="before")

@@ -142,8 +142,14 @@ class ServingMetrics:
         )
         self.payload_log_dropped = Counter(
             "payload_log_dropped",
-            "Payload log records dropped: queue_full (the sink is behind) or sink_error "
-            "(every retry failed).",
+            "Payload log records dropped: queue_full (the sink is behind: the queue holds "
+            "its records or bytes) or sink_error (every retry failed, or the file write).",
+            ["reason"],
+            registry=registry,
+        )
+        self.payload_log_dropped_bytes = Counter(
+            "payload_log_dropped_bytes",
+            "Bytes of rows and outputs in the payload log records dropped, by reason.",
             ["reason"],
             registry=registry,
         )

@@ -30,6 +30,7 @@ from typing import Any
 from serving.auth import load_api_keys
 from serving.errors import SettingsError
 from serving.observe import access_log
+from serving.observe.payload_sinks import check_sink
 from serving.server.workers import Board, RecycleGate, alive, install_board, roll_over
 from serving.settings import Settings, load_settings, unknown_variables
 
@@ -71,10 +72,13 @@ RETRY_MAX_S = 60.0
 
 
 def settings_or_exit() -> Settings:
-    """``load_settings()``, or one line on stderr naming the bad variable and exit status 2."""
+    """``load_settings()``, or one line on stderr naming the bad variable and exit status 2
+    (also for an API keys file that cannot be read and a payload log file sink that cannot
+    be written)."""
     try:
         settings = load_settings()
         load_api_keys(settings)  # an unreadable keys file stops start-up here, not per worker
+        check_sink(settings)  # so does a payload log file that cannot be written
     except SettingsError as exc:
         print(f"serving: invalid setting {exc}", file=sys.stderr)
         raise SystemExit(2) from None
