@@ -183,6 +183,13 @@ class Settings(ModelSettings):
         description="One JSON line per request on stdout: request id, route, status, "
         "latency, instances, batch size, model version.",
     )
+    access_log_queue_lines: int = Field(
+        4096,
+        ge=1,
+        description="Access log lines a worker queues while stdout does not keep up (a pipe "
+        "nobody reads); more are dropped and counted (access_log_dropped_total), never "
+        "waited for.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Gunicorn and service log level."
     )

@@ -153,6 +153,13 @@ class ServingMetrics:
             ["reason"],
             registry=registry,
         )
+        self.access_log_dropped = Counter(
+            "access_log_dropped",
+            "Access log lines dropped: queue_full (stdout does not keep up), stdout_error "
+            "(a write failed) or stopped (not written when the worker exited).",
+            ["reason"],
+            registry=registry,
+        )
         self._stages: dict[tuple[str, str, bool], tuple[Any, ...]] = {}
         #: Per request, as Triton's statistics extension counts them (serving.stats).
         self.request_stage = Summary(
