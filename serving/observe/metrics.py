@@ -160,6 +160,13 @@ class ServingMetrics:
             ["reason"],
             registry=registry,
         )
+        self.tracing_spans_dropped = Counter(
+            "tracing_spans_dropped",
+            "Spans not exported: queue_full (the OpenTelemetry SDK's queue was full) or "
+            "export_failed (the collector refused them or did not answer in time).",
+            ["reason"],
+            registry=registry,
+        )
         self._stages: dict[tuple[str, str, bool], tuple[Any, ...]] = {}
         #: Per request, as Triton's statistics extension counts them (serving.stats).
         self.request_stage = Summary(
