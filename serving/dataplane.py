@@ -15,7 +15,8 @@ A protocol's route reads its body, its codec decodes it into ``serving.instances
    (counted as rejected), 504 timeout, 500 when the model fails on these rows;
 7. the request's stages for the V2 statistics (``ServingMetrics.observe_stages``) and
    its spans (``serving.observe.tracing``, when configured) and,
-   when ``SERVING_PAYLOAD_LOG`` is on, its rows and outputs to the payload log.
+   when ``SERVING_PAYLOAD_LOG`` is on, its rows (copied before the model ran: a model
+   may write into its input) and outputs to the payload log.
 
 The codec then encodes ``Inference.outputs`` into its response body. Requests of every
 protocol meet in the same batcher, so they are merged into the same predict calls.
@@ -174,7 +175,9 @@ class DataPlane:
         ``infer_s`` and the end of each stage (``perf_counter()``) for the statistics."""
         check_outputs(outputs, handle.output_names)
         rows = conform(instances, handle)
-        timing["conformed"], timing["rows"] = time.perf_counter(), rows
+        if self.payloads is not None:  # taken before the model may write into its input
+            timing["rows"] = self.payloads.keep(rows)
+        timing["conformed"] = time.perf_counter()
         if log is not None:
             log.update(instances=len(rows), model=handle.name, model_version=handle.version)
         timeout_s = deadline - time.monotonic()

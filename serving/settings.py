@@ -183,6 +183,13 @@ class Settings(ModelSettings):
         description="One JSON line per request on stdout: request id, route, status, "
         "latency, instances, batch size, model version.",
     )
+    access_log_queue_lines: int = Field(
+        4096,
+        ge=1,
+        description="Access log lines a worker queues while stdout does not keep up (a pipe "
+        "nobody reads); more are dropped and counted (access_log_dropped_total), never "
+        "waited for.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Gunicorn and service log level."
     )
@@ -209,6 +216,13 @@ class Settings(ModelSettings):
         description="Records a worker holds for its sink; more are dropped and counted "
         "(payload_log_dropped_total), never waited for.",
     )
+    payload_log_queue_bytes: int = Field(
+        64 * 2**20,
+        ge=1024,
+        description="Bytes of rows and outputs a worker holds for its sink (the record being "
+        "sent included); a record that would pass it is dropped and counted "
+        "(payload_log_dropped_bytes_total), never waited for.",
+    )
     payload_log_timeout_ms: float = Field(
         2000, gt=0, description="Longest one HTTP post of a record may take, in milliseconds."
     )
@@ -219,7 +233,10 @@ class Settings(ModelSettings):
         100 * 2**20, ge=1024, description="Size at which a payload log file is rotated, bytes."
     )
     payload_log_file_backups: int = Field(
-        5, ge=0, description="Rotated payload log files kept per worker."
+        5,
+        ge=0,
+        description="Rotated payload log files kept per worker (0: the file starts afresh "
+        "when full).",
     )
 
     @field_validator("log_level", mode="before")

@@ -4,16 +4,27 @@ sinks under Gunicorn are in tests/e2e/test_payload_log.py)."""
 from __future__ import annotations
 
 import json
+import logging
+import os
+import socket
 import time
+import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
+from serving.cache import ModelCache
+from serving.dataplane import DataPlane
+from serving.instances import Frame
+from serving.model.handle import ModelHandle
 from serving.observe.metrics import ServingMetrics
 from serving.observe.payload_log import PayloadLog, bind
+from serving.runtime import ModelRuntime
 from serving.settings import Settings
 
 ROWS = np.array([[1.0, 2.0, 3.0]])
@@ -76,8 +87,165 @@ def test_payload_log_full_queue_drops_and_counts_without_waiting(tmp_path: Path)
         payloads.record("m", "1", ROWS, OUTPUTS)
     elapsed_s = time.perf_counter() - started
 
+    payloads.stop(5)
     assert elapsed_s < 0.5
     dropped = metrics.registry.get_sample_value(
         "payload_log_dropped_total", {"reason": "queue_full"}
     )
     assert dropped is not None and dropped >= 40
+
+
+@pytest.fixture
+def hung_sink() -> Iterator[socket.socket]:
+    """A listening socket that accepts connections (the kernel's backlog) and never
+    answers: a post to it waits for its whole timeout, until the socket is closed."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    yield server
+    server.close()
+
+
+def test_payload_log_queue_is_bounded_in_bytes_and_drops_are_counted(
+    hung_sink: socket.socket,
+) -> None:
+    # Reported: a hung sink and 437 requests of 2 MB rows took a worker from 177 MB to
+    # 1,081 MB, the queue counting records (10,000), not bytes.
+    record_bytes = 2048 * 32 * 8  # 512 KiB of float64 rows per record
+    settings = Settings(
+        payload_log="request",
+        payload_log_url=f"http://127.0.0.1:{hung_sink.getsockname()[1]}/events",
+        payload_log_timeout_ms=60_000,
+        payload_log_retries=0,
+        payload_log_queue_bytes=4 * 2**20,
+    )
+    metrics = ServingMetrics(CollectorRegistry())
+    payloads = PayloadLog(settings, metrics)
+    bind("r", "predict", "/predict", 1.0)
+
+    tracemalloc.start()
+    try:
+        held_before, _ = tracemalloc.get_traced_memory()
+        for i in range(100):  # 50 MiB of rows, each record its own array
+            payloads.record("m", "1", np.full((2048, 32), float(i)), None)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    # The queue's 4 MiB, and the record being sent: its rows, and its JSON being built
+    # (Python floats and their text: about 6 times the rows' bytes).
+    assert held - held_before < 4 * 2**20 + 8 * record_bytes
+    assert payloads.held_bytes <= 4 * 2**20
+    sample = metrics.registry.get_sample_value
+    dropped = sample("payload_log_dropped_total", {"reason": "queue_full"})
+    dropped_bytes = sample("payload_log_dropped_bytes_total", {"reason": "queue_full"})
+    assert dropped is not None and dropped >= 100 - 9
+    assert dropped_bytes == dropped * record_bytes
+    hung_sink.close()  # the posts fail at once now: the queue drains
+    payloads.stop(10)
+
+
+def drops(metrics: ServingMetrics, reason: str, count: int, timeout_s: float = 10.0) -> float:
+    """``payload_log_dropped_total{reason}`` once it reached ``count`` (or the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = metrics.registry.get_sample_value("payload_log_dropped_total", {"reason": reason})
+        if (value or 0) >= count or time.monotonic() > deadline:
+            return value or 0
+        time.sleep(0.02)
+
+
+def test_payload_log_removed_directory_drops_counts_and_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Reported: a payload log file that cannot be opened made every /predict a 500.
+    directory = tmp_path / "payloads"
+    directory.mkdir()
+    settings = Settings(payload_log="all", payload_log_url=f"file://{directory}/p.jsonl")
+    metrics = ServingMetrics(CollectorRegistry())
+    payloads = PayloadLog(settings, metrics)
+    directory.rmdir()
+    bind("r", "predict", "/predict", 1.0)
+
+    with caplog.at_level(logging.WARNING, "serving.observe.payload_log"):
+        for _ in range(50):
+            payloads.record("m", "1", ROWS, OUTPUTS)  # never raises
+        assert drops(metrics, "sink_error", 100) == 100
+        payloads.stop(5)
+
+    said = [r for r in caplog.records if r.name == "serving.observe.payload_log"]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert said[0].exc_info is None and str(directory) in said[0].getMessage()
+
+
+def test_payload_log_full_disk_drops_without_tracebacks_then_recovers(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Reported: each record lost to a full disk printed a full traceback (2.2 MB of
+    # stderr for 300 requests). /dev/full is a real full device: every write is ENOSPC.
+    settings = Settings(payload_log="request", payload_log_url=f"file://{tmp_path}/p.jsonl")
+    own = tmp_path / f"p-{os.getpid()}.jsonl"  # this process's file
+    own.symlink_to("/dev/full")
+    metrics = ServingMetrics(CollectorRegistry())
+    payloads = PayloadLog(settings, metrics)
+    bind("full", "predict", "/predict", 1.0)
+
+    with caplog.at_level(logging.WARNING, "serving.observe.payload_log"):
+        for _ in range(30):
+            payloads.record("m", "1", ROWS, OUTPUTS)
+        assert drops(metrics, "sink_error", 30) == 30
+        own.unlink()  # space again: the next record goes to a new file
+        bind("later", "predict", "/predict", 1.0)
+        for _ in range(3):
+            payloads.record("m", "1", ROWS, OUTPUTS)
+        records = lines_of(tmp_path, 3)
+        payloads.stop(5)
+
+    assert [r["id"] for r in records] == ["later"] * 3
+    assert "Traceback" not in capfd.readouterr().err
+    said = [r.getMessage() for r in caplog.records if r.name == "serving.observe.payload_log"]
+    assert len(said) == 2 and "No space left" in said[0], said  # dropping; writing again
+    assert drops(metrics, "sink_error", 30) == 30
+
+
+def test_payload_log_records_what_the_client_sent_when_the_model_writes_into_its_input(
+    tmp_path: Path,
+) -> None:
+    # Reported: the payload log recorded the input after the model mutated it.
+    def predict(rows: Any) -> Any:
+        rows *= -1  # a model that scales its input in place
+        return rows[:, 0].copy()
+
+    handle = ModelHandle.from_callable(predict, name="mutates", version="1", n_features=3)
+    settings = Settings(payload_log="request", payload_log_url=f"file://{tmp_path}/p.jsonl")
+    metrics = ServingMetrics(CollectorRegistry())
+    runtime = ModelRuntime(settings, metrics)
+    runtime.load(handle)
+    cache = ModelCache(settings, metrics, runtimes=[runtime])
+    plane = DataPlane(settings, metrics, lambda: cache)
+    try:
+        bind("mutated", "predict", "/predict", 1.0)
+        answer = plane.infer(None, None, Frame([[1.0, 2.0, 3.0]]), deadline=plane.deadline())
+        assert answer.outputs["predictions"].tolist() == [-1.0]
+        records = lines_of(tmp_path, 1)
+    finally:
+        cache.stop(timeout_s=10)
+        if plane.payloads is not None:
+            plane.payloads.stop(5)
+    assert records[0]["data"]["instances"] == [[1.0, 2.0, 3.0]]  # type: ignore[index]
+
+
+def test_payload_log_file_sink_that_cannot_be_written_is_refused_naming_the_path() -> None:
+    from serving.errors import SettingsError
+    from serving.observe.payload_sinks import check_sink
+
+    for url, why in [
+        ("file:///no/such/dir/p.jsonl", "No such file or directory"),
+        ("file:///sys/p.jsonl", "Permission denied"),  # even for root
+    ]:
+        settings = Settings(payload_log="request", payload_log_url=url)
+        with pytest.raises(SettingsError, match=why) as raised:
+            check_sink(settings)
+        assert raised.value.variable == "SERVING_PAYLOAD_LOG_URL"
+        assert url.removeprefix("file://") in raised.value.problem
+    check_sink(Settings(payload_log="off", payload_log_url="file:///no/such/dir/p.jsonl"))

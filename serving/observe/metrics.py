@@ -142,8 +142,28 @@ class ServingMetrics:
         )
         self.payload_log_dropped = Counter(
             "payload_log_dropped",
-            "Payload log records dropped: queue_full (the sink is behind) or sink_error "
-            "(every retry failed).",
+            "Payload log records dropped: queue_full (the sink is behind: the queue holds "
+            "its records or bytes) or sink_error (every retry failed, or the file write).",
+            ["reason"],
+            registry=registry,
+        )
+        self.payload_log_dropped_bytes = Counter(
+            "payload_log_dropped_bytes",
+            "Bytes of rows and outputs in the payload log records dropped, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.access_log_dropped = Counter(
+            "access_log_dropped",
+            "Access log lines dropped: queue_full (stdout does not keep up), stdout_error "
+            "(a write failed) or stopped (not written when the worker exited).",
+            ["reason"],
+            registry=registry,
+        )
+        self.tracing_spans_dropped = Counter(
+            "tracing_spans_dropped",
+            "Spans not exported: queue_full (the OpenTelemetry SDK's queue was full) or "
+            "export_failed (the collector refused them or did not answer in time).",
             ["reason"],
             registry=registry,
         )

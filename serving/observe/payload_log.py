@@ -12,17 +12,25 @@ with KServe's logger conventions, so its consumers work unchanged: ``type``
 ``modelversion``, ``endpoint`` (the route template), ``protocol`` and ``component``.
 Headers are never read, so API keys and ``Authorization`` cannot appear in a record.
 
-Sinks (``SERVING_PAYLOAD_LOG_URL``): ``http(s)://`` posts each record with the
-``cloudevents`` SDK in binary or structured mode (``SERVING_PAYLOAD_LOG_MODE``), retrying
-with doubling backoff from 0.1 s; ``file:///path.jsonl`` appends each record as one
-structured-mode JSON line to ``path-<pid>.jsonl`` (one file per worker, so rotation at
-``SERVING_PAYLOAD_LOG_FILE_MAX_BYTES`` never races), rotated by the standard library's
-``RotatingFileHandler``.
+Sinks (``SERVING_PAYLOAD_LOG_URL``, in ``serving.observe.payload_sinks``): ``http(s)://``
+posts each record with the ``cloudevents`` SDK in binary or structured mode
+(``SERVING_PAYLOAD_LOG_MODE``), retrying with doubling backoff from 0.1 s;
+``file:///path.jsonl`` appends each record as one structured-mode JSON line to
+``path-<pid>.jsonl`` (one file per worker, so rotation at
+``SERVING_PAYLOAD_LOG_FILE_MAX_BYTES`` never races). A file sink whose directory cannot be
+written stops the server at start (``check_sink``).
 
-A request thread only puts a tuple on a bounded queue (``put_nowait``); the numpy arrays
-are turned into JSON by one background thread per worker, started on the first record in
-that process (so after Gunicorn's fork). A full queue, and a record whose retries all
-failed, are dropped and counted in ``payload_log_dropped_total{reason}``.
+A request thread only copies the rows it logs before the model sees them (``keep``: a
+model may write into its input) and puts a tuple on a queue (``put_nowait``); the numpy
+arrays are turned into JSON by one background thread per worker, started on the first
+record in that process (so after Gunicorn's fork). The queue holds at most
+``SERVING_PAYLOAD_LOG_QUEUE_SIZE`` records and ``SERVING_PAYLOAD_LOG_QUEUE_BYTES`` bytes of
+arrays (a record being sent counts until it is sent): beyond either, a record is dropped
+(``queue_full``), as is one the sink refused after every retry (``sink_error``: a dead
+collector, a full disk, a removed directory); both are counted in
+``payload_log_dropped_total{reason}`` and ``payload_log_dropped_bytes_total{reason}``, and
+said in the log at the first drop, then at most once a minute with the count, never with
+a traceback. Nothing here raises into a request.
 
 Boundary: no Flask (the route and request id arrive through ``bind``, a context
 variable set by ``serving.app``).
@@ -33,22 +41,23 @@ from __future__ import annotations
 import atexit
 import contextvars
 import logging
-import logging.handlers
 import os
 import queue
 import random
 import socket
+import sys
 import threading
 import time
-import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from serving.observe.complaint import Complaint
 from serving.observe.metrics import ServingMetrics
+from serving.observe.payload_sinks import FileSink, check_sink, file_path, http_sink
 from serving.settings import Settings
 
 __all__ = ["EVENT_TYPE", "PayloadLog", "bind"]
@@ -61,7 +70,6 @@ EVENT_TYPE: Final = {
     "response": "org.kubeflow.serving.inference.response",
 }
 _STOP: Final = object()
-_BACKOFF_S = 0.1
 
 #: This request's (request id, protocol, endpoint, sampled), set by ``bind``.
 _current: contextvars.ContextVar[tuple[str, str, str, bool]] = contextvars.ContextVar(
@@ -81,16 +89,20 @@ def bind(request_id: str, protocol: str, endpoint: str, sample: float) -> None:
 class PayloadLog:
     """The payload log of one process (lazily started after fork).
 
+    :raises SettingsError: when its file sink cannot be written (``check_sink``).
+
     Usage::
 
         payloads = PayloadLog.from_settings(settings, metrics)   # None when off
         bind("req-1", "v2", "/v2/models/{model_name}/infer", 1.0)
-        payloads.record("m", "1", rows, outputs)   # outputs None when the request failed
+        rows = payloads.keep(rows)                  # before the model runs
+        payloads.record("m", "1", rows, outputs)    # outputs None when the request failed
     """
 
     def __init__(self, settings: Settings, metrics: ServingMetrics) -> None:
         if settings.payload_log_url is None:
             raise ValueError("a payload log needs SERVING_PAYLOAD_LOG_URL")
+        check_sink(settings)
         self.settings = settings
         self.metrics = metrics
         self.url = settings.payload_log_url
@@ -98,15 +110,39 @@ class PayloadLog:
             settings.payload_log
         }  # fmt: skip
         self.source = f"/serving/{socket.gethostname()}"
+        self.max_bytes = settings.payload_log_queue_bytes
         self._pid = -1
         self._queue: queue.Queue[Any] = queue.Queue(settings.payload_log_queue_size)
+        self._held = 0  # bytes of the records queued or being sent, under _held_lock
+        self._held_lock = threading.Lock()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._said = {
+            reason: Complaint(
+                log, "payload log records", f'payload_log_dropped_total{{reason="{reason}"}}'
+            )
+            for reason in ("queue_full", "sink_error")
+        }
 
     @classmethod
     def from_settings(cls, settings: Settings, metrics: ServingMetrics) -> PayloadLog | None:
         """The payload log ``SERVING_PAYLOAD_LOG`` asks for, or None when it is off."""
         return None if settings.payload_log == "off" else cls(settings, metrics)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of arrays in this process's queue and in the record being sent."""
+        return self._held
+
+    def keep(self, rows: npt.NDArray[Any]) -> npt.NDArray[Any] | None:
+        """What ``record`` will need of the bound request's ``rows``, taken before the
+        model sees them: a copy when its request record is logged (a model may write into
+        its input; a copy costs a memcpy of the rows, on sampled requests only), the rows
+        themselves when only its response is, None when it is not logged."""
+        current = _current.get(None)
+        if current is None or not current[3]:
+            return None
+        return rows.copy() if "request" in self.kinds else rows
 
     def record(
         self,
@@ -115,26 +151,44 @@ class PayloadLog:
         rows: npt.NDArray[Any] | None,
         outputs: dict[str, npt.NDArray[Any]] | None,
     ) -> None:
-        """Queue the records of the bound request (none when it was not sampled or no
-        ``bind`` named it): its ``rows`` when ``request`` is logged, its ``outputs`` (None
-        when it failed) when ``response`` is. Never blocks, never raises."""
+        """Queue the records of the bound request (none when it was not sampled, no
+        ``bind`` named it or ``rows`` is None): its ``rows`` (from ``keep``) when
+        ``request`` is logged, its ``outputs`` (None when it failed) when ``response`` is.
+        Never blocks, never raises: a record that does not fit is dropped and counted."""
         current = _current.get(None)
         if current is None or not current[3] or rows is None:
             return
         request_id, protocol, endpoint, _ = current
         meta = (request_id, protocol, endpoint, model, version, time.time())
         if "request" in self.kinds:
-            self._put(("request", meta, rows))
+            self._put(("request", meta, rows), nbytes(rows))
         if outputs is not None and "response" in self.kinds:
-            self._put(("response", meta, outputs))
+            self._put(("response", meta, outputs), sum(map(nbytes, outputs.values())))
 
-    def _put(self, item: tuple[Kind, tuple[Any, ...], Any]) -> None:
+    def _put(self, item: tuple[Kind, tuple[Any, ...], Any], size: int) -> None:
         if self._pid != os.getpid():
             self._start()
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
-            self.metrics.payload_log_dropped.labels("queue_full").inc()
+        with self._held_lock:
+            fits = self._held + size <= self.max_bytes
+            if fits:
+                self._held += size
+        if fits:
+            try:
+                self._queue.put_nowait((*item, size))
+                return
+            except queue.Full:
+                self._release(size)
+        self._drop("queue_full", size, "the sink is behind: the queue is full "
+                   "(SERVING_PAYLOAD_LOG_QUEUE_SIZE, SERVING_PAYLOAD_LOG_QUEUE_BYTES)")  # fmt: skip
+
+    def _release(self, size: int) -> None:
+        with self._held_lock:
+            self._held -= size
+
+    def _drop(self, reason: str, size: int, why: str) -> None:
+        self.metrics.payload_log_dropped.labels(reason).inc()
+        self.metrics.payload_log_dropped_bytes.labels(reason).inc(size)
+        self._said[reason].drop(why)
 
     def _start(self) -> None:
         """Start this process's sender thread (a fresh queue: one inherited from the
@@ -143,12 +197,10 @@ class PayloadLog:
             if self._pid == os.getpid():
                 return
             self._queue = queue.Queue(self.settings.payload_log_queue_size)
-            sink = _http_sink(self.settings) if self.url.startswith("http") else None
-            writer = None if sink is not None else _FileWriter(self.settings)
+            self._held = 0
             self._thread = threading.Thread(
-                target=self._run, args=(self._queue, sink, writer), name="payload-log",
-                daemon=True,
-            )  # fmt: skip
+                target=self._run, args=(self._queue,), name="payload-log", daemon=True
+            )
             self._thread.start()
             self._pid = os.getpid()
             atexit.register(self.stop, 2.0)
@@ -164,20 +216,27 @@ class PayloadLog:
             return
         thread.join(timeout_s)
 
-    def _run(self, items: queue.Queue[Any], sink: Any, writer: _FileWriter | None) -> None:
-        send = sink if sink is not None else writer
-        assert send is not None
-        failures = 0
+    def _sink(self) -> Callable[[Any], None]:
+        if self.url.startswith("http"):
+            return http_sink(self.settings)
+        s = self.settings
+        return FileSink(file_path(s), s.payload_log_file_max_bytes, s.payload_log_file_backups)
+
+    def _run(self, items: queue.Queue[Any]) -> None:
+        send = self._sink()
+        said = self._said["sink_error"]
         while (item := items.get()) is not _STOP:
+            kind, meta, payload, size = item
             try:
-                send(self._event(*item))
+                send(self._event(kind, meta, payload))
             except Exception as exc:
-                if failures % 1000 == 0:  # the first failure, then 1 in 1000
-                    log.warning("payload log record dropped: %s: %s", type(exc).__name__, exc)
-                failures += 1
-                self.metrics.payload_log_dropped.labels("sink_error").inc()
-        if writer is not None:
-            writer.close()
+                self._drop("sink_error", size, f"the sink failed: {type(exc).__name__}: {exc}")
+            else:
+                said.ok()
+            finally:
+                self._release(size)
+        if isinstance(send, FileSink):
+            send.close()
 
     def _event(self, kind: Kind, meta: tuple[Any, ...], payload: Any) -> Any:
         from cloudevents.core.v1.event import CloudEvent  # the SDK only when logging is on
@@ -212,62 +271,14 @@ def _jsonable_rows(rows: npt.NDArray[Any]) -> list[Any]:
     return [dict(zip(names, row, strict=True)) for row in rows.tolist()]
 
 
-def _http_sink(settings: Settings) -> Any:
-    """``send(event)``: post it in the configured content mode, retrying with backoff.
-
-    :raises OSError: when every try failed (the caller counts the drop).
-    """
-    from cloudevents.core.bindings import http
-
-    encode = http.to_binary_event if settings.payload_log_mode == "binary" else (
-        http.to_structured_event
-    )  # fmt: skip
-    url = settings.payload_log_url
-    assert url is not None
-    timeout_s = settings.payload_log_timeout_ms / 1000
-    tries = settings.payload_log_retries + 1
-
-    def send(event: Any) -> None:
-        message = encode(event)
-        for attempt in range(tries):
-            request = urllib.request.Request(
-                url, data=message.body, headers=message.headers, method="POST"
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                    response.read()
-                return
-            except OSError:  # URLError, HTTPError, timeouts, refused connections
-                if attempt == tries - 1:
-                    raise
-                time.sleep(_BACKOFF_S * 2**attempt)
-
-    return send
-
-
-class _FileWriter:
-    """``write(event)``: one structured-mode JSON line in this worker's rotated file."""
-
-    def __init__(self, settings: Settings) -> None:
-        from cloudevents.core.bindings import http
-
-        assert settings.payload_log_url is not None
-        url = settings.payload_log_url.removeprefix("file://")
-        path = Path(urllib.request.url2pathname(url))
-        own = path.with_name(f"{path.stem}-{os.getpid()}{path.suffix}")
-        self._encode = http.to_structured_event
-        self._handler = logging.handlers.RotatingFileHandler(
-            own,
-            maxBytes=settings.payload_log_file_max_bytes,
-            backupCount=settings.payload_log_file_backups,
-            encoding="utf-8",
-        )
-        self._handler.setFormatter(logging.Formatter("%(message)s"))
-
-    def __call__(self, event: Any) -> None:
-        line = self._encode(event).body.decode()
-        self._handler.emit(logging.makeLogRecord({"msg": line, "levelno": logging.INFO}))
-        self._handler.flush()
-
-    def close(self) -> None:
-        self._handler.close()
+def nbytes(value: npt.NDArray[Any]) -> int:
+    """Bytes an array holds: its buffer and, for object elements (the strings of typed
+    features or labels), each object's ``sys.getsizeof``."""
+    size = int(value.nbytes)
+    if value.dtype.hasobject:
+        fields = value.dtype.names
+        columns = [value] if fields is None else [value[f] for f in fields]
+        for column in columns:
+            if column.dtype.hasobject:
+                size += sum(map(sys.getsizeof, column.ravel().tolist()))
+    return size

@@ -20,17 +20,30 @@ caller's W3C ``traceparent``, with children (times measured by the data plane wi
 - ``encode``: from the data plane's answer to the response built.
 
 The trace id (32 hex digits) goes into the request's access-log line as ``trace_id``.
+
+A slow, hung or dead collector never holds up a request or a worker's exit: each export
+gives up after ``OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`` / ``OTEL_EXPORTER_OTLP_TIMEOUT``
+(``EXPORT_TIMEOUT_S`` when neither is set, where the SDK would wait 10 s), and at exit the
+spans still queued get ``SHUTDOWN_S`` seconds (the SDK's own exit hook waits up to 30 s,
+an export in flight and then the rest: 21 s with a hung collector). Spans dropped are
+counted in ``tracing_spans_dropped_total{reason}``: ``queue_full`` (the SDK's queue,
+``OTEL_BSP_MAX_QUEUE_SIZE``, was full: counted from the SDK's own warning, which it says
+at most once in 20 s) and ``export_failed`` (the collector refused them, or the export
+timed out; the exporter logs one line per failed batch).
+
 Boundary: no Flask; the app passes headers and route in.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextvars
+import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 __all__ = [
     "current_span_context",
@@ -40,6 +53,15 @@ __all__ = [
     "setup",
     "start_request",
 ]
+
+#: Longest one export may take, in seconds, unless an OTEL_*_TIMEOUT variable says.
+EXPORT_TIMEOUT_S: Final = 5.0
+#: Longest a worker's exit waits for its queued spans to be exported, in seconds.
+SHUTDOWN_S: Final = 2.0
+#: The SDK's warning for each span its full queue drops (logger
+#: ``opentelemetry.sdk._shared_internal``), which ``_CountQueueFull`` counts.
+_QUEUE_FULL_MSG: Final = "Queue full, dropping %s."
+_TIMEOUT_VARIABLES: Final = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 
 _lock = threading.Lock()
 _tracer: Any = None
@@ -74,10 +96,68 @@ def setup() -> None:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        provider = TracerProvider()  # resource and sampler from the OTEL_* environment
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        from serving.observe.metrics import default_metrics
+
+        dropped = default_metrics().tracing_spans_dropped
+        timeout_s = None if any(os.environ.get(v) for v in _TIMEOUT_VARIABLES) else (
+            EXPORT_TIMEOUT_S
+        )  # fmt: skip
+        exporter = _counting(OTLPSpanExporter(timeout=timeout_s), dropped)
+        processor = BatchSpanProcessor(exporter)
+        # resource and sampler from the OTEL_* environment; our exit hook, not the SDK's
+        provider = TracerProvider(shutdown_on_exit=False)
+        provider.add_span_processor(processor)
+        atexit.register(_shutdown, processor)
+        sdk_log = logging.getLogger("opentelemetry.sdk._shared_internal")
+        sdk_log.filters.insert(0, _CountQueueFull(dropped))  # before the SDK's dedup filter
         trace.set_tracer_provider(provider)
         _tracer = provider.get_tracer("serving")
+
+
+def _shutdown(processor: Any) -> None:
+    """Export the spans still queued, waiting at most ``SHUTDOWN_S`` seconds: the SDK's
+    ``shutdown()`` takes no time limit (its processor waits up to 30 s, each export up to
+    its timeout), so it runs on a daemon thread the process does not wait for."""
+    flush = threading.Thread(target=processor.shutdown, name="serving-otel-exit", daemon=True)
+    flush.start()
+    flush.join(SHUTDOWN_S)
+
+
+class _CountQueueFull(logging.Filter):
+    """Counts each span the SDK's full queue drops, from the warning it logs for each (its
+    own ``DuplicateFilter``, after this one, says it at most once in 20 s)."""
+
+    def __init__(self, dropped: Any) -> None:
+        super().__init__()
+        self.queue_full = dropped.labels("queue_full")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == _QUEUE_FULL_MSG:
+            self.queue_full.inc()
+        return True
+
+
+def _counting(exporter: Any, dropped: Any) -> Any:
+    """``exporter`` counting the spans of each failed export in ``dropped``
+    (``export_failed``)."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    failed = dropped.labels("export_failed")
+
+    class Counting(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            result = exporter.export(spans)
+            if result is not SpanExportResult.SUCCESS:
+                failed.inc(len(spans))
+            return result  # type: ignore[no-any-return]
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(exporter.force_flush(timeout_millis))
+
+    return Counting()
 
 
 def _current_tracer() -> Any:

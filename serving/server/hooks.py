@@ -30,6 +30,7 @@ from typing import Any
 from serving.auth import load_api_keys
 from serving.errors import SettingsError
 from serving.observe import access_log
+from serving.observe.payload_sinks import check_sink
 from serving.server.workers import Board, RecycleGate, alive, install_board, roll_over
 from serving.settings import Settings, load_settings, unknown_variables
 
@@ -71,10 +72,13 @@ RETRY_MAX_S = 60.0
 
 
 def settings_or_exit() -> Settings:
-    """``load_settings()``, or one line on stderr naming the bad variable and exit status 2."""
+    """``load_settings()``, or one line on stderr naming the bad variable and exit status 2
+    (also for an API keys file that cannot be read and a payload log file sink that cannot
+    be written)."""
     try:
         settings = load_settings()
         load_api_keys(settings)  # an unreadable keys file stops start-up here, not per worker
+        check_sink(settings)  # so does a payload log file that cannot be written
     except SettingsError as exc:
         print(f"serving: invalid setting {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -178,7 +182,7 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     service_log.handlers = list(server.log.error_log.handlers)
     service_log.setLevel(server.log.error_log.level)
     service_log.propagate = False
-    access_log.configure(settings.access_log)
+    _start_access_log(settings, default_metrics().access_log_dropped)
 
     def on_failure(exc: BaseException) -> None:
         with _boot_failed.get_lock():
@@ -231,6 +235,16 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
 
     if not join_headers_and_body():
         server.log.info("worker %s: this Gunicorn writes headers and body apart", pid)
+
+
+def _start_access_log(settings: Settings, dropped: Any) -> None:
+    """Worker: start the access log's writer; its drops go to ``dropped`` (the
+    ``access_log_dropped_total`` counter, by reason)."""
+    access_log.configure(
+        settings.access_log,
+        settings.access_log_queue_lines,
+        on_drop=lambda reason, count: dropped.labels(reason).inc(count),
+    )
 
 
 def _load_while_accepting(cache: Any, on_failure: Any) -> None:
@@ -345,7 +359,7 @@ def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
     cache = installed_cache()
     if cache is not None:  # None in the master, which also calls this hook
         cache.stop(timeout_s=settings.drain_timeout_s)
-    access_log.stop()  # after the drain: its answers are logged too
+    access_log.stop()  # after the drain: its answers are logged too (waits 2 s at most)
 
 
 def child_exit(server: Any, worker: Any) -> None:

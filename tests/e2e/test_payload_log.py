@@ -6,6 +6,7 @@ request id; a slow or dead sink changes no answer, and drops are counted."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -174,3 +175,79 @@ def test_payload_log_slow_or_dead_sink_changes_no_answer_and_drops_are_counted(
             assert elapsed_s < 10, (name, elapsed_s)
             dropped = server.metric('payload_log_dropped_total{reason="queue_full"}')
             assert dropped > 0, name
+
+
+@pytest.mark.parametrize(
+    "path, reason",
+    [("/no/such/dir/p.jsonl", "No such file or directory"), ("/sys/p.jsonl", "Permission denied")],
+)
+def test_payload_log_file_that_cannot_be_written_stops_start_up_naming_it(
+    gunicorn: Start, path: str, reason: str
+) -> None:
+    # Reported: every /predict answered 500 while /healthz said 200.
+    server = gunicorn(payload_log="request", payload_log_url=f"file://{path}")
+    assert server.wait_exit(30) == 2
+    lines = server.output().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("serving: invalid setting SERVING_PAYLOAD_LOG_URL: ")
+    assert path in lines[0] and reason in lines[0]
+
+
+def test_payload_log_full_disk_changes_no_answer_and_is_said_once_per_worker(
+    gunicorn: Start, breast_cancer: tuple[np.ndarray, np.ndarray], tmp_path: Path
+) -> None:
+    # Reported: each record lost to a full disk printed a traceback (2.2 MB of stderr for
+    # 300 requests). Each worker's file is /dev/full, a real full device (ENOSPC).
+    X, _ = breast_cancer
+    pipeline = joblib.load(DEMO_MODEL_PATH)
+    directory = tmp_path / "payloads"
+    directory.mkdir()
+    server = gunicorn(
+        payload_log="all", payload_log_url=f"file://{directory}/log.jsonl", api_keys=KEY
+    )
+    server.wait_ready()
+    for pid in server.worker_pids():  # each opens its file at its first record
+        (directory / f"log-{pid}.jsonl").symlink_to("/dev/full")
+
+    sent = send_every_protocol(server, X, 100)
+
+    for rows, predictions in sent.values():
+        assert predictions == pipeline.predict(rows).tolist()
+    deadline = time.monotonic() + 30
+    while server.metric('payload_log_dropped_total{reason="sink_error"}') < 200:
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.1)
+    output = server.output()
+    assert output.count("Traceback") == 0, f"{len(output)} bytes of output"
+    assert server.metric('payload_log_dropped_bytes_total{reason="sink_error"}') > 0
+    said = [line for line in output.splitlines() if "payload log records" in line]
+    assert 1 <= len(said) <= 2 and all("No space left on device" in s for s in said), said
+
+
+def test_payload_log_hung_sink_holds_at_most_its_queue_bytes(
+    gunicorn: Start, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    # Reported: a hung sink and 437 requests of 2 MB rows took a worker from 177 MB to
+    # 1,081 MB: the queue counted records (10,000), not bytes.
+    X, _ = breast_cancer
+    pipeline = joblib.load(DEMO_MODEL_PATH)
+    hung = socket.socket()  # accepts (the kernel's backlog), never answers
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)
+    try:
+        server = gunicorn(
+            payload_log="request",
+            payload_log_url=f"http://127.0.0.1:{hung.getsockname()[1]}/events",
+            payload_log_timeout_ms=60_000,
+            payload_log_queue_bytes=1024 * 1024,
+            max_instances_per_request=512,
+        )
+        server.wait_ready()
+        rows = np.tile(X, (1, 1))[:512]  # 512 x 30 float64: 120 KiB a record
+        for _ in range(40):  # 4.7 MiB of records for two workers holding 1 MiB each
+            response = server.predict(rows.tolist())
+            assert response.json()["predictions"] == pipeline.predict(rows).tolist()
+        dropped = server.metric('payload_log_dropped_bytes_total{reason="queue_full"}')
+    finally:
+        hung.close()
+    assert dropped >= 40 * rows.nbytes - 2 * 1024 * 1024 - 2 * rows.nbytes

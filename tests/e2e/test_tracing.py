@@ -6,6 +6,8 @@ children are decode, queue, predict and encode, and the access log carries the t
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -166,3 +168,40 @@ def test_tracing_predict_span_links_every_request_merged_into_its_batch(
         linked = {link.span_id for link in span.links}
         assert len(linked) == attributes(span)["serving.batch_requests"]
         assert span.parent_span_id in linked and linked <= root_ids
+
+
+def test_tracing_hung_collector_drops_counted_spans_and_stops_in_time(
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    # Reported: a hung OTLP collector stretched shutdown to 21 s; and the spans dropped
+    # were counted nowhere of ours.
+    X, _ = breast_cancer
+    hung = socket.socket()  # accepts (the kernel's backlog), never answers
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)
+    server = GunicornServer(tmp_path, graceful_timeout_s=30)
+    server.env.update(
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{hung.getsockname()[1]}",
+        OTEL_BSP_SCHEDULE_DELAY="50",
+        OTEL_BSP_MAX_QUEUE_SIZE="16",
+        OTEL_BSP_MAX_EXPORT_BATCH_SIZE="4",
+    )
+    server.start()
+    try:
+        server.wait_ready()
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda i: server.predict([X[i].tolist()]), range(100)))
+        expected = joblib.load(DEMO_MODEL_PATH).predict(X[:100]).tolist()
+        assert [a.json()["predictions"][0] for a in answers] == expected
+        # 5 spans a request; each worker holds 16 queued and 4 being exported.
+        dropped = server.metric('tracing_spans_dropped_total{reason="queue_full"}')
+        assert dropped >= 100 * 5 - 2 * (16 + 4), dropped
+        # Each worker gives its exporter 2 s, then goes; past the graceful timeout (30 s)
+        # the master would SIGKILL them.
+        server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        assert server.wait_exit(12) == 0
+    finally:
+        server.kill()
+        hung.close()
+    output = server.output()
+    assert output.count("Queue full, dropping") <= 2 * 2  # each worker: once in 20 s
