@@ -67,10 +67,6 @@ class ServingError(Exception):
         self.message = message
         self.details = details or []
 
-    def to_dict(self) -> dict[str, Any]:
-        """The one JSON error body: ``{"error": {"code", "message", "details"}}``."""
-        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
-
 
 class InvalidInput(ServingError):
     """The request body is well-formed JSON but not a valid request (the caller's fault)."""

@@ -103,7 +103,9 @@ def test_multi_input_graph_takes_its_inputs_as_named_feature_columns(tmp_path: P
 
     assert handle.n_features == 4
     assert handle.feature_names == ("a", "b[0]", "b[1]", "n")
-    assert handle.column_dtypes == tuple(np.dtype(t) for t in ("f4", "f8", "f8", "i8"))
+    assert tuple(f.dtype for f in handle.features or ()) == tuple(
+        np.dtype(t) for t in ("f4", "f8", "f8", "i8")
+    )
     assert np.dtype(handle.input_dtype) == np.float32
     assert handle.output_names == ("predictions", "features")
     np.testing.assert_allclose(outputs["predictions"], (rows @ WEIGHTS).ravel(), rtol=1e-6)

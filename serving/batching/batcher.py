@@ -125,8 +125,10 @@ class ThreadedBatcher:
     """Merge the instances of concurrent requests into batched ``predict_batch`` calls.
 
     :param predict_batch: called on the batcher thread (at low load on the caller's,
-        one call at a time either way) with a float array of shape
-        ``(n_instances, n_features)``; returns named outputs of ``n_instances`` rows each.
+        one call at a time either way) with the merged batch: a matrix
+        ``(n_instances, n_features)`` or a record array ``(n_instances,)``, whichever the
+        callers submitted (merged by ``(dtype, shape[1:])``); returns named outputs of
+        ``n_instances`` rows each.
     :param max_batch_size: most instances per predict call (>= 1).
     :param max_batch_latency_ms: ``window`` policy: longest the first instance of a batch
         waits for more instances, in milliseconds (0: flush whatever is queued at once).

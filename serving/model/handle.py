@@ -107,12 +107,6 @@ class ModelHandle:
         return uniform_dtype(self.features) if self.features else np.dtype(np.float64)
 
     @property
-    def column_dtypes(self) -> tuple[np.dtype[Any], ...] | None:
-        """Per-column element types when they differ, else None."""
-        dtypes = tuple(f.dtype for f in self.features or ())
-        return dtypes if len(set(dtypes)) > 1 else None
-
-    @property
     def batch_dtype(self) -> np.dtype[Any]:
         """The record type of a typed batch: one field per feature."""
         assert self.features is not None

@@ -1,13 +1,13 @@
-"""Model loaders: turn an artifact on disk (pickle, joblib, ONNX) into a ``ModelHandle``.
+"""Model loaders: turn an artifact on disk (pickle, joblib, skops, ONNX) into a ``ModelHandle``.
 
-A ``ModelHandle`` is what the batcher calls: ``predict_batch(rows)`` takes a float array
-of shape ``(n_instances, n_features)`` and returns named outputs with one row per
+A ``ModelHandle`` is what the batcher calls: ``predict_batch(batch)`` takes the typed batch
+(``(n_instances, n_features)`` float64 or int64, or a record array ``(n_instances,)`` with
+one field per feature; see ``ModelHandle``) and returns named outputs with one row per
 instance: ``predictions`` always, ``probabilities`` ``(n_instances, n_classes)`` for
 classifiers that give them, in the order of ``handle.classes``.
 
-Boundary: imports only the standard library, numpy and ``serving`` core modules at import time
-(no Flask, no pydantic, no prometheus); joblib and onnxruntime are imported when a model
-of their format is loaded. Pickle and joblib execute code from the file when loading:
+Boundary: see README.md beside this file; joblib, skops and onnxruntime are imported when a
+model of their format is loaded. Pickle and joblib execute code from the file when loading:
 load them only from sources you trust. ONNX files hold a graph, not code.
 """
 

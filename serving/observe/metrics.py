@@ -168,7 +168,7 @@ class ServingMetrics:
             registry=registry,
         )
         self._stages: dict[tuple[str, str, bool], tuple[Any, ...]] = {}
-        #: Per request, as Triton's statistics extension counts them (serving.stats).
+        #: Per request, as Triton's statistics extension counts them (serving.protocols.v2.stats).
         self.request_stage = Summary(
             "inference_request_stage_seconds",
             "Time requests spent per stage (success, fail, compute_input, queue, "
