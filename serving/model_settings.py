@@ -107,76 +107,116 @@ class ModelSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SERVING_", frozen=True, extra="forbid")
 
     model_path: FilePath | None = Field(
-        None, description="Model artifact to serve; unset serves the bundled breast-cancer demo."
+        None,
+        description="Model artifact to serve",
+        json_schema_extra={"shown_default": "bundled demo"},
     )
     model_format: ModelFormat | None = Field(
         None,
-        description="pickle, joblib, skops, onnx or python; unset means python when "
-        "model_class is set, else from the file extension.",
+        description=(
+            "`pickle`, `joblib`, `skops`, `onnx` or `python` (your own class: "
+            "`SERVING_MODEL_CLASS`)"
+        ),
+        json_schema_extra={"shown_default": "from extension"},
     )
     model_class: str | None = Field(
         None,
         pattern=CLASS_PATTERN,
-        description="package.module:ClassName of your own model class (load(path), "
-        "predict(instances)); implies model_format python.",
+        description=(
+            '`package.module:ClassName` of your own model class (see "Your own model '
+            'code"); implies `python`'
+        ),
     )
     model_dir: DirectoryPath | None = Field(
         None,
-        description="Directory holding the model, such as KServe's /mnt/models: the one "
-        "artifact in it is served (a python model's class gets the directory itself); "
-        "instead of model_path.",
+        description=(
+            "A directory holding the model, such as KServe's `/mnt/models`: the one "
+            "artifact in it (`.joblib`, `.pkl`, `.pickle`, `.skops`, `.onnx`; hidden "
+            "files ignored; none or several stops start-up) is served; with "
+            "`SERVING_MODEL_CLASS` the class's `load` gets the directory itself. Instead "
+            "of `SERVING_MODEL_PATH`"
+        ),
     )
     model_name: str | None = Field(
-        None, min_length=1, description="Name reported in responses; unset means the file stem."
+        None,
+        min_length=1,
+        description="Name reported in responses",
+        json_schema_extra={"shown_default": "file stem"},
     )
-    model_version: str = Field("1", min_length=1, description="Version reported and pinned.")
+    model_version: str = Field(
+        "1", min_length=1, description="Version reported; a request pinning another gets 409"
+    )
     max_models: int = Field(
-        8, ge=1, description="Most entries SERVING_MODELS may have (each costs a model copy)."
+        8,
+        ge=1,
+        description=(
+            "Most entries `SERVING_MODELS` may list; more stops start-up (each entry is a"
+            " model copy per worker)"
+        ),
     )
     models: Annotated[list[ModelSpec] | None, NoDecode] = Field(
         None,
-        description="Several models/versions to keep warm in each worker: a JSON list of "
-        "{name, version, path, format, class, sha256, max_batch_size, max_batch_latency_ms, "
-        "batch_policy, max_queue_depth, labels}, or the path of a JSON file holding one. The first "
-        "entry is what /predict serves; replaces SERVING_MODEL_PATH and friends.",
+        description=(
+            "Several models/versions per worker: a JSON list (or the path of a JSON file)"
+            ' of `{"name", "version", "path", "format", "class", "sha256", '
+            '"max_batch_size", "max_batch_latency_ms", "batch_policy", "max_queue_depth",'
+            ' "labels"}` (`labels`: TF Serving version labels, see below); only `name` '
+            "and `path` are required, left-out batching fields take the server-wide "
+            "value. The first entry is what `/predict` serves. Replaces "
+            "`SERVING_MODEL_PATH`/`_NAME`/`_VERSION`/`_FORMAT`/`_SHA256`"
+        ),
     )
     model_sha256: str | None = Field(
         None,
         pattern=r"^[0-9a-fA-F]{64}$",
-        description="Expected SHA-256 of the model file, checked before loading it.",
+        description="Expected SHA-256 of the model file, checked before it is loaded",
     )
     allow_world_writable_model: bool = Field(
         False,
-        description="Load a model (and its schema file) that a user other than root and "
-        "the server's could replace: the file, a directory above it or a symlink on the way "
-        "(refused by default: pickle and joblib run code when loaded).",
+        description=(
+            "Load a model (and its schema file) that a user other than root and the "
+            "server's could replace: the file, a directory above it or a symlink on the "
+            "way (refused by default, naming which and the fix)"
+        ),
     )
     keep_model_n_jobs: bool = Field(
         False,
-        description="Keep the n_jobs a scikit-learn model was trained with; by default every "
-        "n_jobs parameter (pipeline steps included) is set to 1 at load, logged once.",
+        description=(
+            "Keep the `n_jobs` a scikit-learn model was trained with; by default each "
+            "`n_jobs` (pipeline steps included) is set to 1 at load and logged: a worker "
+            "runs one predict call at a time"
+        ),
     )
     skops_trusted_types: str = Field(
         "",
-        description="Comma list of types to trust in .skops files beyond skops' defaults "
-        "(such as numpy.dtype); an MLflow MLmodel's skops_trusted_types is never read.",
+        description=(
+            "Comma list of types to trust in `.skops` files beyond skops' defaults, such "
+            "as `numpy.dtype` for a `OneHotEncoder`; a refusal names the types. An MLflow"
+            " `MLmodel`'s own `skops_trusted_types` is never read: a model cannot vouch "
+            "for itself"
+        ),
     )
     onnx_providers: str = Field(
         "auto",
-        description="ONNX Runtime execution providers: auto (CUDA when a GPU is usable, else "
-        "CPU) or a comma list in order of preference such as cuda,cpu or tensorrt,cuda,cpu; "
-        "a GPU provider this host cannot run stops start-up.",
+        description=(
+            "ONNX Runtime execution providers: `auto` (CUDA when a GPU is really usable, "
+            "else CPU, without error logs) or a list in order of preference: `cuda,cpu`, "
+            "`tensorrt,cuda,cpu`. A GPU provider this host cannot run stops start-up with"
+            " the reason"
+        ),
     )
     cuda_device: int | None = Field(
         None,
         ge=0,
-        description="CUDA device for every worker; unset means worker k uses device "
-        "k mod the number of GPUs.",
+        description="CUDA device index for every worker",
+        json_schema_extra={"shown_default": "worker *k* → GPU *k mod n*"},
     )
     onnx_optimized_model_path: Path | None = Field(
         None,
-        description="Where to save the optimized ONNX graph and reuse it from on later "
-        "starts (same source file, providers and onnxruntime), so workers start faster.",
+        description=(
+            "Save the optimized ONNX graph here and reuse it on later starts while the "
+            "source file, providers and onnxruntime version are unchanged"
+        ),
     )
 
     @field_validator("models", mode="before")

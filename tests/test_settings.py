@@ -11,7 +11,13 @@ import pytest
 from pydantic import ValidationError
 
 from serving.errors import SettingsError
-from serving.settings import DEMO_MODEL_PATH, Settings, load_settings, unknown_variables
+from serving.settings import (
+    DEMO_MODEL_PATH,
+    Settings,
+    load_settings,
+    settings_table,
+    unknown_variables,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,6 +113,18 @@ def test_readme_documents_every_setting() -> None:
     assert table == fields
 
 
+def test_readme_settings_table_is_the_one_generated_from_the_fields() -> None:
+    readme = (ROOT / "README.md").read_text()
+    generated = settings_table()
+    assert generated.startswith("| Variable | Default | Meaning |\n|---|---|---|\n")
+    assert generated in readme, "README's table differs: paste `python -m serving.settings`"
+    row = next(line for line in generated.splitlines() if "SERVING_MAX_BATCH_SIZE" in line)
+    assert row == (
+        f"| `SERVING_MAX_BATCH_SIZE` | `32` | "
+        f"{Settings.model_fields['max_batch_size'].description} |"
+    )
+
+
 def test_gunicorn_config_with_a_bad_setting_exits_with_one_line(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "SERVING_MAX_BATCH_SIZE": "many"}
     result = subprocess.run(
@@ -122,7 +140,7 @@ def test_gunicorn_config_with_a_bad_setting_exits_with_one_line(tmp_path: Path) 
     assert result.stderr.strip().splitlines() == [
         "serving: invalid setting SERVING_MAX_BATCH_SIZE: got 'many': Input should be a valid "
         "integer, unable to parse string as an integer (Most instances merged into one predict "
-        "call.)"
+        "call)"
     ]
 
 
