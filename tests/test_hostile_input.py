@@ -27,6 +27,7 @@ from serving.observe.metrics import ServingMetrics
 from serving.protocols.mlflow.schemas import MlflowRequest
 from serving.protocols.predict.schemas import PredictRequest
 from serving.protocols.tfserving.schemas import TFPredictRequest
+from serving.protocols.v2 import codec as v2_codec
 from serving.protocols.v2.schemas import V2InferRequest
 from serving.settings import Settings
 
@@ -78,6 +79,114 @@ def v2_binary(inputs: list[dict[str, Any]], tail: bytes) -> tuple[bytes, dict[st
     """A V2 request of the binary extension: the JSON header, then ``tail``."""
     header = json.dumps({"inputs": inputs}).encode()
     return header + tail, {"Inference-Header-Content-Length": str(len(header))}
+
+
+# -- 1. a declared shape is checked before anything of its size is allocated ------------
+
+
+@pytest.mark.parametrize("shape", [[2**22], [2**28], [2**40], [2**63], [1, 2**22], [4, 2**61]])
+def test_v2_bytes_binary_shape_is_checked_before_allocating(
+    hostile: FlaskClient, shape: list[int]
+) -> None:
+    """The issue's 121-byte request: BYTES of a huge declared shape and one 5-byte element.
+    Before, ``np.empty(prod(shape), object)`` ran first (2.6 GB for 2**28; 500 from 2**40)."""
+    inputs = [{"name": "plan", "shape": shape, "datatype": "BYTES",
+               "parameters": {"binary_data_size": 9}}]  # fmt: skip
+    body, headers = v2_binary(inputs, b"\x05\0\0\0basic")
+
+    response, peak = peak_of(lambda: hostile.post("/v2/models/m/infer", data=body, headers=headers))
+
+    assert response.status_code in (400, 413), response.get_data()[:300]
+    assert peak < SMALL_BYTES, f"{peak / 1e6:.1f} MB allocated for a {len(body)}-byte request"
+    assert "inputs[0]" in response.get_json()["error"] or response.status_code == 413
+
+
+@pytest.mark.parametrize(
+    "datatype",
+    ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+     "FP16", "FP32", "FP64", "BYTES"],
+)  # fmt: skip
+@pytest.mark.parametrize("shape", [[2**22], [2**40], [2**63], [3, 2**62]])
+@pytest.mark.parametrize("binary", [False, True])
+def test_v2_every_datatype_shape_is_checked_before_allocating(
+    hostile: FlaskClient, datatype: str, shape: list[int], binary: bool
+) -> None:
+    value = {"BOOL": True, "BYTES": "a"}.get(datatype, 1)
+    tensor: dict[str, Any] = {"name": "n", "shape": shape, "datatype": datatype}
+    if binary:
+        tensor["parameters"] = {"binary_data_size": 9}
+        body, headers = v2_binary([tensor], bytes(9))
+    else:
+        tensor["data"] = [value]
+        body, headers = json.dumps({"inputs": [tensor]}).encode(), {}
+
+    response, peak = peak_of(lambda: hostile.post("/v2/models/m/infer", data=body, headers=headers))
+
+    assert response.status_code in (400, 413), response.get_data()[:300]
+    assert peak < SMALL_BYTES, f"{peak / 1e6:.1f} MB allocated for a {len(body)}-byte request"
+
+
+@pytest.mark.parametrize("shape", [[0, 2**63], [0, 2**62, 4], [1, 0, 2**63]])
+@pytest.mark.parametrize("datatype", ["FP64", "BYTES"])
+@pytest.mark.parametrize("binary", [False, True])
+def test_v2_a_tensor_of_no_elements_is_400_whatever_its_other_dimensions(
+    hostile: FlaskClient, shape: list[int], datatype: str, binary: bool
+) -> None:
+    """Numpy cannot shape even an empty array ``[0, 2**63]``: that was a 500."""
+    tensor: dict[str, Any] = {"name": "x", "shape": shape, "datatype": datatype}
+    if binary:
+        tensor["parameters"] = {"binary_data_size": 0}
+        body, headers = v2_binary([tensor], b"")
+    else:
+        tensor["data"] = []
+        body, headers = json.dumps({"inputs": [tensor]}).encode(), {}
+
+    response = hostile.post("/v2/models/m/infer", data=body, headers=headers)
+
+    assert response.status_code == 400, response.get_data()[:300]
+    assert f"has shape {shape}: no values" in response.get_json()["error"]
+
+
+def test_v2_instance_limit_is_checked_before_any_tensor_is_decoded(
+    hostile: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BYTES tensor whose bytes do add up (2**18 empty strings, 1 MB) but whose instances
+    are over SERVING_MAX_INSTANCES_PER_REQUEST (16 here): 413 before decoding it."""
+    decoded: list[str] = []
+    for name in ("_binary_strings", "_binary_values", "_json_values"):
+        real = getattr(v2_codec, name)
+        monkeypatch.setattr(
+            v2_codec, name, lambda *a, _real=real, _name=name: decoded.append(_name) or _real(*a)
+        )
+    count = 2**18
+    inputs = [
+        {"name": "n", "shape": [1], "datatype": "INT64", "data": [1]},
+        {"name": "plan", "shape": [count], "datatype": "BYTES",
+         "parameters": {"binary_data_size": 4 * count}},
+    ]  # fmt: skip
+    body, headers = v2_binary(inputs, bytes(4 * count))
+
+    response = hostile.post("/v2/models/m/infer", data=body, headers=headers)
+
+    assert response.status_code == 413, response.get_data()[:300]
+    assert "SERVING_MAX_INSTANCES_PER_REQUEST" in response.get_json()["error"]
+    assert "input 'plan'" in response.get_json()["error"]
+    assert decoded == []
+
+
+def test_v2_bytes_binary_shape_larger_than_its_elements_names_the_input(
+    hostile: FlaskClient,
+) -> None:
+    inputs = [{"name": "plan", "shape": [16], "datatype": "BYTES",
+               "parameters": {"binary_data_size": 9}}]  # fmt: skip
+    body, headers = v2_binary(inputs, b"\x05\0\0\0basic")
+
+    response = hostile.post("/v2/models/m/infer", data=body, headers=headers)
+
+    assert response.status_code == 400
+    error = response.get_json()["error"]
+    assert error.startswith("inputs[0]: input 'plan'"), error
+    assert "16 elements" in error and "9 bytes" in error
 
 
 # -- 2. validation stops at the first error ---------------------------------------------

@@ -165,3 +165,36 @@ def test_a_request_slower_to_arrive_than_the_deadline_is_408(
     assert answer["error"]["code"] == "request_timeout"
     assert "past SERVING_REQUEST_TIMEOUT_MS (500 ms)" in answer["error"]["message"]
     assert "-" not in answer["error"]["message"].split("took")[1].split("ms")[0]
+
+
+def _peak_rss_kb(pid: int) -> int:
+    """The process's peak resident set (``VmHWM``), in KiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
+
+
+def test_a_small_request_declaring_a_huge_tensor_costs_the_worker_nothing(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """The issue's 121-byte V2 request, BYTES of a huge shape with one element (2**28 took
+    2.6 GB; 2**24 here, a 128 MB object array): refused before anything of that size
+    exists, so the worker's peak RSS stays where it was."""
+    server = gunicorn(model_path=pickled(FailsOnNegative(n_features=1), "m.pkl"), workers=1)
+    server.wait_ready(workers=1)
+    (worker,) = server.worker_pids()
+    before = _peak_rss_kb(worker)
+
+    for shape in ([2**24], [1, 2**24]):
+        parameters = {"binary_data_size": 9}
+        tensor = {"name": "input-0", "shape": shape, "datatype": "BYTES", "parameters": parameters}
+        header = json.dumps({"inputs": [tensor]}).encode()
+        response = requests.post(
+            f"{server.url}/v2/models/m/infer",
+            data=header + b"\x05\0\0\0basic",
+            headers={"Inference-Header-Content-Length": str(len(header))},
+            timeout=60,
+        )
+        assert response.status_code in (400, 413), response.text[:300]
+
+    assert _peak_rss_kb(worker) - before < 32 * 1024, "the worker allocated the declared shape"
+    assert server.worker_pids() == [worker]
