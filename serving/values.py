@@ -191,16 +191,10 @@ def column(  # noqa: PLR0911 (one return per kind's fast path)
         return _checked(values, f, loc)
     kind = f.kind
     try:
-        if kind == "float" and types <= {int, float, type(None)}:
-            out = np.array([math.nan if v is None else v for v in values] if has_missing
-                           else values, dtype=np.float64)  # fmt: skip
-            finite = np.isfinite(out) | np.isnan(out) if has_missing else np.isfinite(out)
-            if finite.all() and (f.dtype.itemsize == 8 or _fits_float(out, f.dtype)):
-                return out if f.dtype.itemsize == 8 else out.astype(f.dtype)
-        elif kind == "integer" and types <= {int, type(None)}:
-            if has_missing:
-                return np.array([math.nan if v is None else v for v in values], dtype=np.float64)
-            return np.array(values, dtype=f.dtype)
+        if kind in ("float", "integer"):
+            out = _numbers(values, f, types, has_missing)
+            if out is not None:
+                return out
         elif kind == "string" and types <= {str, type(None)}:
             out = np.array(values, dtype=object) if len(values) != 1 else _one(values[0])
             if f.categories is None or f.categories.issuperset(values):
@@ -214,6 +208,42 @@ def column(  # noqa: PLR0911 (one return per kind's fast path)
     except OverflowError:
         pass
     return _checked(values, f, loc)
+
+
+def _numbers(
+    values: Sequence[Any], f: Feature, types: set[type], has_missing: bool
+) -> npt.NDArray[Any] | None:
+    """A number feature's fast path: its column built in C, or None when a value may be
+    refused (the caller then names it). ``has_missing``: only where ``f`` may be missing.
+
+    :raises OverflowError: for an int past float64's or the integer type's range.
+    """
+    if f.kind == "float" and types <= {int, float, type(None)}:
+        out = np.array([math.nan if v is None else v for v in values] if has_missing
+                       else values, dtype=np.float64)  # fmt: skip
+        finite = np.isfinite(out) | np.isnan(out) if has_missing else np.isfinite(out)
+        fits = f.dtype.itemsize == 8 or _fits_float(out, f.dtype)
+        if finite.all() and fits and _known(out, f):
+            return out if f.dtype.itemsize == 8 else out.astype(f.dtype)
+    elif f.kind == "integer" and types <= {int, type(None)}:
+        if has_missing:
+            out = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+        else:
+            out = np.array(values, dtype=f.dtype)
+        if _known(out, f):
+            return out
+    return None
+
+
+def _known(out: npt.NDArray[Any], f: Feature) -> bool:
+    """True when every value of the number column ``out`` is one of ``f``'s categories (or
+    missing, NaN), or ``f`` takes any value."""
+    if f.categories is None:
+        return True
+    known = np.isin(out, np.array(list(f.categories)))  # ints stay exact int64
+    if out.dtype.kind == "f":
+        known |= np.isnan(out)
+    return bool(known.all())
 
 
 def _one(value: Any) -> npt.NDArray[Any]:
@@ -245,11 +275,13 @@ def _typed_column(
             if values.size and (values.min() < info.min or values.max() > info.max):
                 bad = int(np.argmax((values < info.min) | (values > info.max)))
                 _checked([values[bad].item()], f, lambda _: loc(bad))
-            return values.astype(f.dtype, copy=False)
+            if _known(values, f):
+                return values.astype(f.dtype, copy=False)
         as_list = values.tolist()
         if f.kind == "float" and values.dtype.kind == "f":
             ok = np.isfinite(values) | (np.isnan(values) if f.missing else False)
-            if ok.all() and (f.dtype.itemsize == 8 or _fits_float(values, f.dtype)):
+            fits = f.dtype.itemsize == 8 or _fits_float(values, f.dtype)
+            if ok.all() and fits and _known(values, f):
                 return values.astype(f.dtype if f.dtype.itemsize < 8 else np.float64)
         return column(as_list, f, loc)
     if f.kind == "boolean" and values.dtype.kind == "b":
@@ -304,10 +336,10 @@ def _matrix_ok(
             limit = float(np.finfo(np.float32).max)
             if (np.abs(np.nan_to_num(out[:, narrow])) > limit).any():
                 return False
-        return not any(f.categories is not None for f in features)
+        return all(_known(out[:, j], f) for j, f in enumerate(features))
     small = [j for j, f in enumerate(features) if f.dtype.itemsize < 8]
     for j in small:
         info = np.iinfo(cast(Any, features[j].dtype))
         if ((out[:, j] < info.min) | (out[:, j] > info.max)).any():
             return False
-    return not any(f.categories is not None for f in features)
+    return all(_known(out[:, j], f) for j, f in enumerate(features))

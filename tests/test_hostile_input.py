@@ -21,8 +21,12 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ValidationError
 
 from serving.app import create_app
+from serving.conform import conform
+from serving.errors import InvalidInput
+from serving.instances import Columns, Frame, Records, Tensors
 from serving.model.handle import ModelHandle
-from serving.model.schema import feature
+from serving.model.loaders import estimator_handle
+from serving.model.schema import Feature, feature, sample_batch
 from serving.observe.metrics import ServingMetrics
 from serving.protocols.mlflow.schemas import MlflowRequest
 from serving.protocols.predict.schemas import PredictRequest
@@ -30,6 +34,7 @@ from serving.protocols.tfserving.schemas import TFPredictRequest
 from serving.protocols.v2 import codec as v2_codec
 from serving.protocols.v2.schemas import V2InferRequest
 from serving.settings import Settings
+from tests.tabular import tier_pipeline
 
 #: Bad elements in each large hostile body: before the fix each became one pydantic error
 #: per union branch (about 1 KB each), after it the first one ends validation.
@@ -269,3 +274,65 @@ def test_invocations_csv_of_bad_cells_names_the_first_one(hostile: FlaskClient) 
 
     assert response.status_code == 422
     assert response.get_json()["message"].startswith("csv[0].x: 'y' is not a number")
+
+
+# -- 6. integer and float categories are checked as strings are --------------------------
+
+TIER = feature("tier", "integer", np.int64, categories=frozenset({1, 2, 3}))
+SCORE = feature("score", "float", np.float64, categories=frozenset({0.5, 1.5}))
+PLAN = feature("plan", "string", object, categories=frozenset({"basic", "pro"}))
+
+
+def _handle(*features: Feature) -> ModelHandle:
+    names = tuple(f.name for f in features)
+    return ModelHandle("h", "1", "callable", _zeros, features=features, feature_names=names)
+
+
+@pytest.mark.parametrize(
+    ("features", "instances", "loc"),
+    [
+        ((TIER, PLAN), Records([{"tier": 1, "plan": "pro"}, {"tier": 7, "plan": "pro"}]),
+         "instances[1].tier"),
+        ((TIER, PLAN), Frame([[1, "pro"], [7, "pro"]]), "instances[1][0]"),
+        ((TIER, PLAN), Columns({"tier": [1, 7], "plan": ["pro", "pro"]}, 2), "inputs.tier[1]"),
+        ((TIER, PLAN), Frame([["1", "pro"], ["7", "pro"]], ["tier", "plan"], "csv", text=True),
+         "csv[1].tier"),
+        ((TIER, PLAN), Tensors([("tier", np.array([1, 7])),
+                                ("plan", np.array(["pro", "pro"], dtype=object))]),
+         "inputs[0].data[1]"),
+        ((TIER,), Frame([[1], [7]]), "instances[1][0]"),
+        ((TIER,), Tensors([("input-0", np.array([[1], [7]]))]), "inputs[0].data[1][0]"),
+        ((SCORE, PLAN), Records([{"score": 0.5, "plan": "pro"}, {"score": 2.5, "plan": "pro"}]),
+         "instances[1].score"),
+        ((SCORE,), Frame([[1.5], [2.5]]), "instances[1][0]"),
+    ],
+)  # fmt: skip
+def test_conform_refuses_an_unknown_number_category(
+    features: tuple[Feature, ...], instances: Any, loc: str
+) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        conform(instances, _handle(*features))
+    detail = caught.value.details[0]
+    assert (detail["loc"], detail["type"]) == (loc, "unknown_category"), detail
+
+
+@pytest.mark.parametrize("features", [(TIER,), (TIER, PLAN), (SCORE, PLAN), (SCORE,)])
+def test_sample_batch_takes_values_each_feature_allows(features: tuple[Feature, ...]) -> None:
+    batch = sample_batch(features, 3)
+
+    for j, f in enumerate(features):
+        values = batch[f.name] if batch.dtype.names else batch[:, j]
+        assert f.categories is None or set(values.tolist()) <= f.categories, (f, values)
+
+
+def test_a_pipeline_whose_integer_categories_exclude_zero_warms_up_and_refuses_7() -> None:
+    model, frame = tier_pipeline()
+    handle = estimator_handle(model, name="tier", version="1", format="pickle")
+
+    assert handle.warmup(1, 8)  # fed 0 before: "Found unknown categories [0]"
+    with pytest.raises(InvalidInput) as caught:
+        conform(Records([{"tier": 7, "plan": "pro", "usage": 1.0}]), handle)
+    assert caught.value.details[0]["loc"] == "instances[0].tier"
+    known = frame.head(3)
+    batch = conform(Records(known.to_dict("records")), handle)
+    assert handle.predict_batch(batch)["predictions"].tolist() == model.predict(known).tolist()
