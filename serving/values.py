@@ -1,4 +1,5 @@
-"""Request values (JSON scalars, CSV cells, tensor elements) -> typed numpy columns.
+"""Request values (JSON scalars, CSV cells read by ``serving.cells``, tensor elements) ->
+typed numpy columns.
 
 Each value is checked against its feature (``serving.model.schema.Feature``): a float feature
 takes a finite number, an integer feature a whole number its element type can hold
@@ -17,7 +18,6 @@ Boundary: standard library, numpy and ``serving`` core modules.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any, cast
@@ -28,64 +28,19 @@ import numpy.typing as npt
 from serving.errors import InvalidInput
 from serving.model.schema import Feature
 
-__all__ = ["Locate", "column", "from_text", "matrix", "refuse", "value_error"]
+__all__ = ["Locate", "column", "matrix", "refuse", "show", "value_error"]
 
 #: ``(instance, feature) -> location`` in the request's own terms (``instances[0].age``).
 Locate = Callable[[int, int], str]
 
 _NUMBERS = frozenset({int, float})
-#: CSV cells read as missing: pandas' ``read_csv`` default ``na_values``.
-_MISSING_TEXT = frozenset(
-    [
-        "",
-        "#N/A",
-        "#N/A N/A",
-        "#NA",
-        "-1.#IND",
-        "-1.#QNAN",
-        "-NaN",
-        "-nan",
-        "1.#IND",
-        "1.#QNAN",
-        "<NA>",
-        "N/A",
-        "NA",
-        "NULL",
-        "NaN",
-        "None",
-        "n/a",
-        "nan",
-        "null",
-    ]
-)
-_INTEGER_TEXT = re.compile(r"[+-]?\d+")
-_NUMBER_TEXT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
-_BOOL_TEXT = {"True": True, "TRUE": True, "true": True, "False": False, "FALSE": False,
-              "false": False}  # fmt: skip
-
-
-def from_text(cell: str, f: Feature) -> Any:
-    """A CSV cell as the value it stands for in feature ``f``, as pandas' ``read_csv``
-    reads it: a missing marker (empty, ``NaN``, ``NA``, ...) is None; numbers and booleans
-    are parsed; strings stay as they are. A cell that is not of the feature's kind stays
-    text, so that checking it names the value."""
-    if cell in _MISSING_TEXT and f.kind != "any":
-        return None
-    text = cell.strip()
-    if f.kind == "integer" and _INTEGER_TEXT.fullmatch(text):
-        return int(text)
-    if f.kind in ("float", "integer") and _NUMBER_TEXT.fullmatch(text):
-        return float(text)
-    if f.kind == "boolean" and text in _BOOL_TEXT:
-        return _BOOL_TEXT[text]
-    return cell
 
 
 def refuse(loc: str, msg: str, kind: str) -> InvalidInput:
     return InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": kind}])
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     """``value``'s repr, cut to 40 characters with ``...`` (a 5 MB string stays short)."""
     shown = repr(value)
     return shown if len(shown) <= 40 else shown[:37] + "..."
@@ -105,12 +60,12 @@ def value_error(value: Any, f: Feature) -> tuple[str, str] | None:  # noqa: PLR0
         return None
     if f.kind == "string":
         if type(value) is not str:
-            return f"{_show(value)} is not a string (the feature is categorical)", "string_type"
+            return f"{show(value)} is not a string (the feature is categorical)", "string_type"
     elif f.kind == "boolean":
         if type(value) is not bool:
-            return f"{_show(value)} is not true or false", "bool_type"
+            return f"{show(value)} is not true or false", "bool_type"
     elif type(value) not in _NUMBERS:
-        return f"{_show(value)} is not a number", f"{f.kind}_type"
+        return f"{show(value)} is not a number", f"{f.kind}_type"
     else:
         why = _number_error(value, f)
         if why is not None:
@@ -125,7 +80,7 @@ def _number_error(value: float, f: Feature) -> tuple[str, str] | None:
         try:
             number = float(value)
         except OverflowError:
-            return f"{_show(value)} is outside the float64 range", "out_of_range"
+            return f"{show(value)} is outside the float64 range", "out_of_range"
         if not math.isfinite(number):
             return f"{number} is not a finite number", "finite_number"
         if f.dtype.itemsize < 8 and abs(number) > float(np.finfo(cast(Any, f.dtype)).max):
@@ -137,7 +92,7 @@ def _number_error(value: float, f: Feature) -> tuple[str, str] | None:
     integral = type(value) is int or (math.isfinite(value) and float(value).is_integer())
     if integral and info.min <= value <= info.max:
         return None
-    shown = _show(value) if type(value) is int else f"{value:g}"
+    shown = show(value) if type(value) is int else f"{value:g}"
     return f"{shown} is not an integer the model's {info.dtype.name} input can hold", "out_of_range"
 
 
@@ -145,7 +100,7 @@ def _unknown(value: Any, f: Feature) -> str:
     assert f.categories is not None
     known = sorted(f.categories, key=repr)
     shown = ", ".join(repr(v) for v in known[:10]) + (", ..." if len(known) > 10 else "")
-    return f"unknown category {_show(value)} (known: {shown})"
+    return f"unknown category {show(value)} (known: {shown})"
 
 
 def _checked(values: Sequence[Any], f: Feature, loc: Callable[[int], str]) -> npt.NDArray[Any]:

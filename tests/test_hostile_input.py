@@ -336,3 +336,46 @@ def test_a_pipeline_whose_integer_categories_exclude_zero_warms_up_and_refuses_7
     known = frame.head(3)
     batch = conform(Records(known.to_dict("records")), handle)
     assert handle.predict_batch(batch)["predictions"].tolist() == model.predict(known).tolist()
+
+
+# -- 12. text that is not a number for the client is not one here -------------------------
+
+
+@pytest.mark.parametrize(
+    ("cell", "column", "why"),
+    [
+        ("1" * 5000, "n", "is not an integer the model's int64 input can hold"),
+        ("-" + "9" * 4301, "n", "is not an integer the model's int64 input can hold"),
+        ("1" * 5000, "x", "is outside the float64 range"),
+        ("\u0661\u0662", "n", "is not a number"),  # Arabic-Indic digits: int() reads 12
+        ("\uff11\uff12", "n", "is not a number"),  # full-width digits
+        ("\u0661.5", "x", "is not a number"),
+        ("\uff11e3", "x", "is not a number"),
+    ],
+)
+def test_invocations_csv_numbers_are_ascii_and_bounded(
+    hostile: FlaskClient, cell: str, column: str, why: str
+) -> None:
+    row = {"plan": "a", "n": "1", "x": "2.5"} | {column: cell}
+    body = f"plan,n,x\n{row['plan']},{row['n']},{row['x']}\n".encode()
+
+    response = hostile.post("/invocations", data=body, content_type="text/csv")
+
+    assert response.status_code == 422, response.get_data()[:300]
+    message = response.get_json()["message"]
+    assert message.startswith(f"csv[0].{column}: ") and why in message, message
+
+
+def test_v2_bytes_tensor_of_json_numbers_says_it_wants_strings(hostile: FlaskClient) -> None:
+    inputs = [
+        {"name": "plan", "shape": [1], "datatype": "BYTES", "data": [7]},
+        {"name": "n", "shape": [1], "datatype": "INT64", "data": [1]},
+        {"name": "x", "shape": [1], "datatype": "FP64", "data": [1.0]},
+    ]
+
+    response = hostile.post("/v2/models/m/infer", json={"inputs": inputs})
+
+    assert response.status_code == 400
+    error = response.get_json()["error"]
+    assert error.startswith("inputs[0]: input 'plan': data[0] = 7 is not a string"), error
+    assert "BYTES elements are JSON strings" in error, error

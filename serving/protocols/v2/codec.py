@@ -123,7 +123,7 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
         raise _invalid(loc, msg, "data_length")
     if kind.kind == "O":
         fits = [type(value) is str or value is None for value in flat]
-        want = "a string (or null)"
+        want = "a string (or null): BYTES elements are JSON strings"
     elif kind.kind == "b":
         fits = [type(value) is bool for value in flat]
         want = "true or false"
