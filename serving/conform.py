@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from serving.cells import text_rows
 from serving.errors import InvalidInput
 from serving.instances import Columns, Frame, Instances, Records, Tensors, Unnamed
 from serving.model.handle import ModelHandle, TensorSpec
 from serving.model.schema import Feature, feature, structured_dtype, uniform_dtype
-from serving.values import Locate, column, from_text, matrix, refuse
+from serving.values import Locate, column, matrix, refuse
 
 __all__ = ["check_names", "conform", "invalid"]
 
@@ -79,7 +80,7 @@ def conform(instances: Instances, handle: ModelHandle) -> npt.NDArray[Any]:
     if isinstance(instances, Frame):
         _check_lengths(rows, len(features), instances.field, handle.features is not None)
         if instances.text:
-            rows = [[from_text(v, f) for v, f in zip(row, features, strict=True)] for row in rows]
+            rows = text_rows(rows, features, loc)
     dtype = uniform_dtype(features)
     if dtype is not None:
         return matrix(rows, features, dtype, loc)

@@ -40,7 +40,7 @@ class Frame:
     field: str = "instances"
     #: Where ``columns`` are in the request, for errors (``dataframe_split.columns``).
     columns_field: str = "columns"
-    #: The values are text cells (CSV), read by each feature's kind (``values.from_text``).
+    #: The values are text cells (CSV), read by each feature's kind (``cells.from_text``).
     text: bool = False
 
     def __len__(self) -> int:

@@ -1,4 +1,5 @@
-"""Request values (JSON scalars, CSV cells, tensor elements) -> typed numpy columns.
+"""Request values (JSON scalars, CSV cells read by ``serving.cells``, tensor elements) ->
+typed numpy columns.
 
 Each value is checked against its feature (``serving.model.schema.Feature``): a float feature
 takes a finite number, an integer feature a whole number its element type can hold
@@ -17,7 +18,6 @@ Boundary: standard library, numpy and ``serving`` core modules.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any, cast
@@ -28,64 +28,19 @@ import numpy.typing as npt
 from serving.errors import InvalidInput
 from serving.model.schema import Feature
 
-__all__ = ["Locate", "column", "from_text", "matrix", "refuse", "value_error"]
+__all__ = ["Locate", "column", "matrix", "refuse", "show", "value_error"]
 
 #: ``(instance, feature) -> location`` in the request's own terms (``instances[0].age``).
 Locate = Callable[[int, int], str]
 
 _NUMBERS = frozenset({int, float})
-#: CSV cells read as missing: pandas' ``read_csv`` default ``na_values``.
-_MISSING_TEXT = frozenset(
-    [
-        "",
-        "#N/A",
-        "#N/A N/A",
-        "#NA",
-        "-1.#IND",
-        "-1.#QNAN",
-        "-NaN",
-        "-nan",
-        "1.#IND",
-        "1.#QNAN",
-        "<NA>",
-        "N/A",
-        "NA",
-        "NULL",
-        "NaN",
-        "None",
-        "n/a",
-        "nan",
-        "null",
-    ]
-)
-_INTEGER_TEXT = re.compile(r"[+-]?\d+")
-_NUMBER_TEXT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
-_BOOL_TEXT = {"True": True, "TRUE": True, "true": True, "False": False, "FALSE": False,
-              "false": False}  # fmt: skip
-
-
-def from_text(cell: str, f: Feature) -> Any:
-    """A CSV cell as the value it stands for in feature ``f``, as pandas' ``read_csv``
-    reads it: a missing marker (empty, ``NaN``, ``NA``, ...) is None; numbers and booleans
-    are parsed; strings stay as they are. A cell that is not of the feature's kind stays
-    text, so that checking it names the value."""
-    if cell in _MISSING_TEXT and f.kind != "any":
-        return None
-    text = cell.strip()
-    if f.kind == "integer" and _INTEGER_TEXT.fullmatch(text):
-        return int(text)
-    if f.kind in ("float", "integer") and _NUMBER_TEXT.fullmatch(text):
-        return float(text)
-    if f.kind == "boolean" and text in _BOOL_TEXT:
-        return _BOOL_TEXT[text]
-    return cell
 
 
 def refuse(loc: str, msg: str, kind: str) -> InvalidInput:
     return InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": kind}])
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     """``value``'s repr, cut to 40 characters with ``...`` (a 5 MB string stays short)."""
     shown = repr(value)
     return shown if len(shown) <= 40 else shown[:37] + "..."
@@ -105,12 +60,12 @@ def value_error(value: Any, f: Feature) -> tuple[str, str] | None:  # noqa: PLR0
         return None
     if f.kind == "string":
         if type(value) is not str:
-            return f"{_show(value)} is not a string (the feature is categorical)", "string_type"
+            return f"{show(value)} is not a string (the feature is categorical)", "string_type"
     elif f.kind == "boolean":
         if type(value) is not bool:
-            return f"{_show(value)} is not true or false", "bool_type"
+            return f"{show(value)} is not true or false", "bool_type"
     elif type(value) not in _NUMBERS:
-        return f"{_show(value)} is not a number", f"{f.kind}_type"
+        return f"{show(value)} is not a number", f"{f.kind}_type"
     else:
         why = _number_error(value, f)
         if why is not None:
@@ -125,7 +80,7 @@ def _number_error(value: float, f: Feature) -> tuple[str, str] | None:
         try:
             number = float(value)
         except OverflowError:
-            return f"{_show(value)} is outside the float64 range", "out_of_range"
+            return f"{show(value)} is outside the float64 range", "out_of_range"
         if not math.isfinite(number):
             return f"{number} is not a finite number", "finite_number"
         if f.dtype.itemsize < 8 and abs(number) > float(np.finfo(cast(Any, f.dtype)).max):
@@ -137,7 +92,7 @@ def _number_error(value: float, f: Feature) -> tuple[str, str] | None:
     integral = type(value) is int or (math.isfinite(value) and float(value).is_integer())
     if integral and info.min <= value <= info.max:
         return None
-    shown = _show(value) if type(value) is int else f"{value:g}"
+    shown = show(value) if type(value) is int else f"{value:g}"
     return f"{shown} is not an integer the model's {info.dtype.name} input can hold", "out_of_range"
 
 
@@ -145,7 +100,7 @@ def _unknown(value: Any, f: Feature) -> str:
     assert f.categories is not None
     known = sorted(f.categories, key=repr)
     shown = ", ".join(repr(v) for v in known[:10]) + (", ..." if len(known) > 10 else "")
-    return f"unknown category {_show(value)} (known: {shown})"
+    return f"unknown category {show(value)} (known: {shown})"
 
 
 def _checked(values: Sequence[Any], f: Feature, loc: Callable[[int], str]) -> npt.NDArray[Any]:
@@ -191,16 +146,10 @@ def column(  # noqa: PLR0911 (one return per kind's fast path)
         return _checked(values, f, loc)
     kind = f.kind
     try:
-        if kind == "float" and types <= {int, float, type(None)}:
-            out = np.array([math.nan if v is None else v for v in values] if has_missing
-                           else values, dtype=np.float64)  # fmt: skip
-            finite = np.isfinite(out) | np.isnan(out) if has_missing else np.isfinite(out)
-            if finite.all() and (f.dtype.itemsize == 8 or _fits_float(out, f.dtype)):
-                return out if f.dtype.itemsize == 8 else out.astype(f.dtype)
-        elif kind == "integer" and types <= {int, type(None)}:
-            if has_missing:
-                return np.array([math.nan if v is None else v for v in values], dtype=np.float64)
-            return np.array(values, dtype=f.dtype)
+        if kind in ("float", "integer"):
+            out = _numbers(values, f, types, has_missing)
+            if out is not None:
+                return out
         elif kind == "string" and types <= {str, type(None)}:
             out = np.array(values, dtype=object) if len(values) != 1 else _one(values[0])
             if f.categories is None or f.categories.issuperset(values):
@@ -214,6 +163,42 @@ def column(  # noqa: PLR0911 (one return per kind's fast path)
     except OverflowError:
         pass
     return _checked(values, f, loc)
+
+
+def _numbers(
+    values: Sequence[Any], f: Feature, types: set[type], has_missing: bool
+) -> npt.NDArray[Any] | None:
+    """A number feature's fast path: its column built in C, or None when a value may be
+    refused (the caller then names it). ``has_missing``: only where ``f`` may be missing.
+
+    :raises OverflowError: for an int past float64's or the integer type's range.
+    """
+    if f.kind == "float" and types <= {int, float, type(None)}:
+        out = np.array([math.nan if v is None else v for v in values] if has_missing
+                       else values, dtype=np.float64)  # fmt: skip
+        finite = np.isfinite(out) | np.isnan(out) if has_missing else np.isfinite(out)
+        fits = f.dtype.itemsize == 8 or _fits_float(out, f.dtype)
+        if finite.all() and fits and _known(out, f):
+            return out if f.dtype.itemsize == 8 else out.astype(f.dtype)
+    elif f.kind == "integer" and types <= {int, type(None)}:
+        if has_missing:
+            out = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+        else:
+            out = np.array(values, dtype=f.dtype)
+        if _known(out, f):
+            return out
+    return None
+
+
+def _known(out: npt.NDArray[Any], f: Feature) -> bool:
+    """True when every value of the number column ``out`` is one of ``f``'s categories (or
+    missing, NaN), or ``f`` takes any value."""
+    if f.categories is None:
+        return True
+    known = np.isin(out, np.array(list(f.categories)))  # ints stay exact int64
+    if out.dtype.kind == "f":
+        known |= np.isnan(out)
+    return bool(known.all())
 
 
 def _one(value: Any) -> npt.NDArray[Any]:
@@ -245,11 +230,13 @@ def _typed_column(
             if values.size and (values.min() < info.min or values.max() > info.max):
                 bad = int(np.argmax((values < info.min) | (values > info.max)))
                 _checked([values[bad].item()], f, lambda _: loc(bad))
-            return values.astype(f.dtype, copy=False)
+            if _known(values, f):
+                return values.astype(f.dtype, copy=False)
         as_list = values.tolist()
         if f.kind == "float" and values.dtype.kind == "f":
             ok = np.isfinite(values) | (np.isnan(values) if f.missing else False)
-            if ok.all() and (f.dtype.itemsize == 8 or _fits_float(values, f.dtype)):
+            fits = f.dtype.itemsize == 8 or _fits_float(values, f.dtype)
+            if ok.all() and fits and _known(values, f):
                 return values.astype(f.dtype if f.dtype.itemsize < 8 else np.float64)
         return column(as_list, f, loc)
     if f.kind == "boolean" and values.dtype.kind == "b":
@@ -304,10 +291,10 @@ def _matrix_ok(
             limit = float(np.finfo(np.float32).max)
             if (np.abs(np.nan_to_num(out[:, narrow])) > limit).any():
                 return False
-        return not any(f.categories is not None for f in features)
+        return all(_known(out[:, j], f) for j, f in enumerate(features))
     small = [j for j, f in enumerate(features) if f.dtype.itemsize < 8]
     for j in small:
         info = np.iinfo(cast(Any, features[j].dtype))
         if ((out[:, j] < info.min) | (out[:, j] > info.max)).any():
             return False
-    return not any(f.categories is not None for f in features)
+    return all(_known(out[:, j], f) for j, f in enumerate(features))

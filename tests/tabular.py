@@ -83,3 +83,32 @@ def save_with_mlflow(folder: Path, model: Any, trusted: list[str]) -> Path:
             skops_trusted_types=trusted,
         )  # fmt: skip
     return folder / "model.skops"
+
+
+def tier_pipeline() -> tuple[Any, pd.DataFrame]:
+    """A pipeline fitted on a DataFrame whose integer column ``tier`` (1, 2 or 3, never 0)
+    feeds a ``OneHotEncoder(handle_unknown="error")``, beside a string ``plan`` (also
+    refused when unknown) and a float ``usage``; and that DataFrame."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import OneHotEncoder
+
+    rng = np.random.default_rng(5)
+    frame = pd.DataFrame(
+        {
+            "tier": rng.integers(1, 4, 200),
+            "plan": rng.choice(["basic", "pro"], 200),
+            "usage": rng.gamma(2.0, 10.0, 200),
+        }
+    )
+    target = ((frame["tier"] == 3) | (frame["usage"] > 25)).astype(int)
+    columns = ColumnTransformer(
+        [
+            ("tier", OneHotEncoder(handle_unknown="error"), ["tier"]),
+            ("plan", OneHotEncoder(handle_unknown="error"), ["plan"]),
+        ],
+        remainder="passthrough",
+    )
+    model = Pipeline([("columns", columns), ("model", LogisticRegression())])
+    return model.fit(frame, target), frame

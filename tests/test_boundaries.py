@@ -50,7 +50,7 @@ RULES = {
 # wires Flask. The request checks run per instance and take no settings or metrics.
 TOP = Rule(WEB)
 TOP_WEB = {"app"}
-TOP_CORE = {"errors", "instances", "conform", "values"}
+TOP_CORE = {"errors", "instances", "conform", "values", "cells"}
 
 
 def modules() -> list[str]:

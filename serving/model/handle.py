@@ -184,7 +184,8 @@ class ModelHandle:
         )  # fmt: skip
 
     def warmup(self, *n_instances: int) -> bool:
-        """Run one batch of zero rows for each size in ``n_instances``, so the first real
+        """Run one batch of ``sample`` rows (zeros, or a known category where a feature
+        refuses unknown ones) for each size in ``n_instances``, so the first real
         request does not pay for lazy initialisation (on CUDA: context creation and kernel
         selection, which are per input shape). Returns False (and does nothing) when
         ``n_features`` is unknown. Exceptions from the model propagate."""

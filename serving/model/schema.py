@@ -213,17 +213,31 @@ def uniform_dtype(features: Sequence[Feature]) -> np.dtype[Any] | None:
 
 
 def sample_batch(features: Sequence[Feature], n: int) -> npt.NDArray[Any]:
-    """``n`` instances of valid values for warmup: 0, false, or a known category."""
+    """``n`` instances of valid values for warmup: a known category where a feature refuses
+    unknown ones (a model whose integer categories exclude 0 failed its warmup on 0), else
+    0, false or an empty string."""
     matrix = uniform_dtype(features)
     if matrix is not None:
-        return np.zeros((n, len(features)), dtype=matrix)
-    batch = np.zeros(n, dtype=structured_dtype(features))
+        batch = np.zeros((n, len(features)), dtype=matrix)
+        for j, f in enumerate(features):
+            batch[:, j] = _sample_value(f)
+        return batch
+    records = np.zeros(n, dtype=structured_dtype(features))
     for f in features:
+        records[f.name] = _sample_value(f)
+    return records
+
+
+def _sample_value(f: Feature) -> Any:
+    """The smallest of ``f``'s categories (a string for a string feature, when it has
+    one), else 0 (numbers, false) or ``""`` (strings, anything)."""
+    if f.categories:
+        strings = sorted(c for c in f.categories if isinstance(c, str))
+        numbers = sorted(c for c in f.categories if not isinstance(c, str))
         if f.dtype.kind == "O":
-            known = sorted(f.categories, key=repr) if f.categories else []
-            value = next((c for c in known if isinstance(c, str)), known[0] if known else "")
-            batch[f.name] = value
-    return batch
+            return strings[0] if strings else numbers[0]
+        return numbers[0] if numbers else 0
+    return "" if f.dtype.kind == "O" else 0
 
 
 def instance_json_schema(features: Sequence[Feature], named: bool) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import requests
 
 from tests.e2e.server import GunicornServer
 from tests.models import FailsOnNegative
+from tests.tabular import tier_pipeline
 
 Start = Callable[..., GunicornServer]
 Pickled = Callable[[Any, str], Path]
@@ -165,3 +166,80 @@ def test_a_request_slower_to_arrive_than_the_deadline_is_408(
     assert answer["error"]["code"] == "request_timeout"
     assert "past SERVING_REQUEST_TIMEOUT_MS (500 ms)" in answer["error"]["message"]
     assert "-" not in answer["error"]["message"].split("took")[1].split("ms")[0]
+
+
+def _peak_rss_kb(pid: int) -> int:
+    """The process's peak resident set (``VmHWM``), in KiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
+
+
+def test_a_small_request_declaring_a_huge_tensor_costs_the_worker_nothing(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """The issue's 121-byte V2 request, BYTES of a huge shape with one element (2**28 took
+    2.6 GB; 2**24 here, a 128 MB object array): refused before anything of that size
+    exists, so the worker's peak RSS stays where it was."""
+    server = gunicorn(model_path=pickled(FailsOnNegative(n_features=1), "m.pkl"), workers=1)
+    server.wait_ready(workers=1)
+    (worker,) = server.worker_pids()
+    before = _peak_rss_kb(worker)
+
+    for shape in ([2**24], [1, 2**24]):
+        parameters = {"binary_data_size": 9}
+        tensor = {"name": "input-0", "shape": shape, "datatype": "BYTES", "parameters": parameters}
+        header = json.dumps({"inputs": [tensor]}).encode()
+        response = requests.post(
+            f"{server.url}/v2/models/m/infer",
+            data=header + b"\x05\0\0\0basic",
+            headers={"Inference-Header-Content-Length": str(len(header))},
+            timeout=60,
+        )
+        assert response.status_code in (400, 413), response.text[:300]
+
+    assert _peak_rss_kb(worker) - before < 32 * 1024, "the worker allocated the declared shape"
+    assert server.worker_pids() == [worker]
+
+
+def _tensor(name: str, datatype: str, data: list[Any]) -> dict[str, Any]:
+    return {"name": name, "shape": [len(data)], "datatype": datatype, "data": data}
+
+
+def test_unknown_integer_category_is_422_on_every_protocol_and_the_model_starts(
+    gunicorn: Start, tmp_path: Path
+) -> None:
+    """A DataFrame pipeline whose int column ``tier`` (1..3, never 0) feeds a OneHotEncoder
+    that refuses unknown values: warm-up fed 0 and the model never started; ``tier: 7``
+    reached the model (500 on every protocol, the batch retried in halves)."""
+    import joblib
+
+    model, frame = tier_pipeline()
+    joblib.dump(model, tmp_path / "tier.joblib")
+    server = gunicorn(model_path=tmp_path / "tier.joblib", workers=1)
+    server.wait_ready(workers=1)
+    known = frame.head(4).to_dict("records")
+    rows = [*known, {"tier": 7, "plan": "pro", "usage": 3.5}]
+    csv = frame.head(4).assign(tier=[1, 2, 7, 3]).to_csv(index=False)
+    v2 = [_tensor("tier", "INT64", [1, 7]), _tensor("plan", "BYTES", ["pro", "pro"]),
+          _tensor("usage", "FP64", [1.0, 2.0])]  # fmt: skip
+    url = server.url
+
+    answer = requests.post(f"{url}/predict", json={"instances": known}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["predictions"] == model.predict(frame.head(4)).tolist()
+
+    refusals = [
+        ("instances[4].tier", "/predict", {"json": {"instances": rows}}),
+        ("instances[4].tier", "/v1/models/tier:predict", {"json": {"instances": rows}}),
+        ("dataframe_records[4].tier", "/invocations", {"json": {"dataframe_records": rows}}),
+        ("csv[2].tier", "/invocations", {"data": csv, "headers": {"Content-Type": "text/csv"}}),
+        ("inputs[0].data[1]", "/v2/models/tier/infer", {"json": {"inputs": v2}}),
+    ]
+    for where, path, body in refusals:
+        response = requests.post(f"{url}{path}", timeout=30, **body)
+        assert response.status_code in (400, 422), (path, response.status_code, response.text)
+        assert where in response.text and "unknown category 7" in response.text, response.text
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    errors = "inference_errors_total{" in text and server.metric("inference_errors_total", text)
+    assert not errors, "an unknown category reached the model"  # and was retried in halves
+    assert "Traceback" not in server.output()

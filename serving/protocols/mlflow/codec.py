@@ -92,7 +92,7 @@ def parse_csv(body: bytes) -> tuple[list[str], list[list[str]]]:
     read as pandas' ``read_csv`` reads them by default (first row = column names, blank
     lines skipped). A first column with an empty name is pandas' default index (what
     ``DataFrame.to_csv()`` writes) and is dropped. Cells are typed later, by each
-    feature's kind (``serving.values.from_text``).
+    feature's kind (``serving.cells.from_text``).
 
     :raises InvalidInput: (422) when the body is not UTF-8, has no header or no data row,
         or a row's length is not the header's (naming the line).

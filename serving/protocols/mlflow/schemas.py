@@ -1,6 +1,7 @@
 """MLflow / SageMaker scoring bodies (``POST /invocations``, ``GET /ping``), as MLflow's
 pyfunc scoring server (``mlflow models serve``) defines them, validated as strictly as
-``/predict``: unknown fields refused, values checked against the model's schema.
+``/predict``: unknown fields refused, values checked against the model's schema,
+validation stopped at the first error.
 
 Source: MLflow's "Deploy MLflow models" docs, scoring-server request formats:
 ``dataframe_split`` (pandas ``orient="split"``), ``dataframe_records`` (``orient="records"``),
@@ -10,11 +11,11 @@ Source: MLflow's "Deploy MLflow models" docs, scoring-server request formats:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from serving.protocols.schemas import Value
+from serving.protocols.schemas import Objects, Rows, Strict, Value
 
 __all__ = [
     "DataframeSplit",
@@ -26,40 +27,46 @@ __all__ = [
 
 #: The body fields that carry the data; a request has exactly one of them.
 DATA_FIELDS = ("dataframe_split", "dataframe_records", "instances", "inputs")
+#: ``inputs`` as an object of columns: each name -> one value per instance.
+Columns = Annotated[dict[str, list[Value]], Field(fail_fast=True)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(
-        strict=True, extra="forbid", allow_inf_nan=False, protected_namespaces=()
-    )
-
-
-class DataframeSplit(_Strict):
+class DataframeSplit(Strict):
     """A pandas DataFrame in ``orient="split"``: ``data`` rows, ``columns`` their names."""
 
-    columns: list[str] | list[int] | None = Field(
+    columns: (
+        Annotated[list[str], Field(min_length=1, fail_fast=True)]
+        | Annotated[list[int], Field(min_length=1, fail_fast=True)]
+        | None
+    ) = Field(
         None,
-        min_length=1,
+        union_mode="left_to_right",
         description="Column names, reordered to the model's feature names when it knows "
         "them; without them (or for a model without names) columns are positional. "
         "Integers (pandas' default column labels) are feature positions 0..n-1.",
     )
-    data: list[list[Value]] = Field(min_length=1, description="(n_instances, n_columns).")
-    index: list[int | str] | None = Field(None, description="Row labels; not used.")
+    data: Rows = Field(min_length=1, description="(n_instances, n_columns).")
+    index: list[int | str] | None = Field(None, fail_fast=True, description="Row labels; not used.")
 
 
-class MlflowRequest(_Strict):
+class MlflowRequest(Strict):
     """``POST /invocations`` JSON: exactly one of the four data fields."""
 
     dataframe_split: DataframeSplit | None = None
-    dataframe_records: list[dict[str, Value]] | None = Field(
+    dataframe_records: Objects | None = Field(
         None, min_length=1, description="One object per instance, keyed by column name."
     )
-    instances: list[list[Value]] | list[dict[str, Value]] | None = Field(
-        None, min_length=1, description="Rows of values, or objects keyed by column name."
+    instances: (
+        Annotated[Rows, Field(min_length=1)] | Annotated[Objects, Field(min_length=1)] | None
+    ) = Field(
+        None,
+        union_mode="left_to_right",
+        description="Rows of values, or objects keyed by column name.",
     )
-    inputs: list[list[Value]] | dict[str, list[Value]] | None = Field(
-        None, description="Rows of values, or an object of columns (name -> values)."
+    inputs: Rows | Columns | None = Field(
+        None,
+        union_mode="left_to_right",
+        description="Rows of values, or an object of columns (name -> values).",
     )
     params: dict[str, Any] | None = Field(
         None,

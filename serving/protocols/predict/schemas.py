@@ -1,5 +1,6 @@
 """``POST /predict`` bodies (pydantic v2), validated as ``serving.protocols.schemas``
-describes: unknown fields refused, values checked against the model by the data plane."""
+describes: unknown fields refused, values checked against the model by the data plane,
+validation stopped at the first error."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from serving.protocols.schemas import Strict, Value
+from serving.protocols.schemas import Objects, Rows, Strict
 
 __all__ = ["PredictRequest", "PredictResponse"]
 
@@ -15,13 +16,13 @@ __all__ = ["PredictRequest", "PredictResponse"]
 class PredictRequest(Strict):
     """``POST /predict``: ``instances`` is ``(n_instances, n_features)`` values, row-major."""
 
-    instances: (
-        Annotated[list[list[Value]], Field(min_length=1)]
-        | Annotated[list[dict[str, Value]], Field(min_length=1)]
-    ) = Field(
-        description="One instance per entry: a list of feature values in the model's "
-        "order, or an object keyed by feature name (models that know their feature names). "
-        "Values are numbers, strings (categorical features), booleans or null (missing).",
+    instances: Annotated[Rows, Field(min_length=1)] | Annotated[Objects, Field(min_length=1)] = (
+        Field(
+            union_mode="left_to_right",
+            description="One instance per entry: a list of feature values in the model's "
+            "order, or an object keyed by feature name (models that know their feature names). "
+            "Values are numbers, strings (categorical features), booleans or null (missing).",
+        )
     )
     model: str | None = Field(
         None,
@@ -39,6 +40,7 @@ class PredictRequest(Strict):
         None,
         min_length=1,
         max_length=64,
+        fail_fast=True,
         description="Also return these named model outputs (an ONNX graph's other outputs) "
         "under outputs, one row per instance.",
     )

@@ -1,6 +1,7 @@
 """TF Serving REST bodies (``/v1/models/...``), as TensorFlow Serving's ``api_rest.md``
 defines them, validated as ``/predict`` is (no unknown fields; values are JSON scalars
-checked against the model's schema, strings for ``DT_STRING`` features).
+checked against the model's schema, strings for ``DT_STRING`` features; validation stops
+at the first error).
 
 Source: https://www.tensorflow.org/tfx/serving/api_rest (predict, model status, model
 metadata). ``b64`` binary values and ``:classify``/``:regress`` are not served.
@@ -8,11 +9,11 @@ metadata). ``b64`` binary values and ``:classify``/``:regress`` are not served.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from serving.protocols.schemas import Value
+from serving.protocols.schemas import Rows, Strict, Value
 
 __all__ = [
     "TFErrorResponse",
@@ -25,30 +26,34 @@ __all__ = [
 #: A named value in an object instance: a scalar for a one-column input or feature, else
 #: the input's values.
 NamedValue = Value | list[Value]
+#: Row format objects: one per instance, keyed by feature or input name.
+NamedObjects = Annotated[list[dict[str, NamedValue]], Field(fail_fast=True)]
+#: Columnar format object: each feature or input name -> one value per instance.
+NamedColumns = Annotated[dict[str, list[NamedValue]], Field(fail_fast=True)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(
-        strict=True, extra="forbid", allow_inf_nan=False, protected_namespaces=()
-    )
-
-
-class TFPredictRequest(_Strict):
+class TFPredictRequest(Strict):
     """``POST /v1/models/{name}[/versions/{version}]:predict``: exactly one of ``instances``
     (row format) or ``inputs`` (columnar format)."""
 
     signature_name: str | None = Field(
         None, description="Only serving_default (the model's one signature) is served."
     )
-    instances: list[list[Value]] | list[dict[str, NamedValue]] | list[Value] | None = Field(
+    instances: (
+        Annotated[Rows, Field(min_length=1)]
+        | Annotated[NamedObjects, Field(min_length=1)]
+        | Annotated[list[Value], Field(min_length=1)]
+        | None
+    ) = Field(
         None,
-        min_length=1,
+        union_mode="left_to_right",
         description="Row format, one entry per instance: a list of the feature values in "
         "the model's order, a number (one-feature models), or an object keyed by feature "
         "name or by input name (metadata lists both).",
     )
-    inputs: list[list[Value]] | dict[str, list[NamedValue]] | list[Value] | None = Field(
+    inputs: Rows | NamedColumns | list[Value] | None = Field(
         None,
+        union_mode="left_to_right",
         description="Columnar format: the one input tensor (n_instances, n_features), or "
         "an object mapping each feature or input name to its values, one per instance.",
     )

@@ -16,6 +16,12 @@ Outputs: each named output array becomes ``{name, datatype, shape, data}`` (flat
 its raw bytes after the JSON header when ``binary_data`` is asked for; string labels are
 ``BYTES`` (binary: 4-byte little-endian length, then the UTF-8 bytes, per element).
 
+Every declared shape is checked before anything of its size exists: its instances
+(``shape[0]``) against ``SERVING_MAX_INSTANCES_PER_REQUEST``, its elements against what
+the request holds (one JSON value each, ``itemsize`` bytes each, at least the 4-byte
+length each for ``BYTES``). So an array is only ever as large as the body that fills it
+(a 121-byte request declaring ``[268435456]`` ``BYTES`` allocated 2.6 GB before).
+
 Every refusal is ``InvalidInput`` naming the input (``inputs[1]``) and what was wrong.
 """
 
@@ -29,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from serving.errors import InvalidInput
+from serving.errors import InvalidInput, PayloadTooLarge
 from serving.instances import Tensors
 from serving.model.handle import Outputs
 from serving.protocols.v2.schemas import (
@@ -117,7 +123,7 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
         raise _invalid(loc, msg, "data_length")
     if kind.kind == "O":
         fits = [type(value) is str or value is None for value in flat]
-        want = "a string (or null)"
+        want = "a string (or null): BYTES elements are JSON strings"
     elif kind.kind == "b":
         fits = [type(value) is bool for value in flat]
         want = "true or false"
@@ -152,33 +158,64 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
     return np.array(flat, dtype=kind)
 
 
-def _binary_values(
-    tensor: V2RequestInput, kind: np.dtype[Any], chunk: bytes, loc: str
-) -> npt.NDArray[Any]:
+def _check_declared(
+    tensor: V2RequestInput, chunk: bytes | None, loc: str, max_instances: int
+) -> np.dtype[Any]:
+    """The tensor's element type, once its declared shape is known to fit the request,
+    before anything of that shape is allocated.
+
+    :raises PayloadTooLarge: (413) ``shape[0]`` over ``max_instances``.
+    :raises InvalidInput: naming the input: a datatype not supported, a shape of no
+        elements, binary data of another size than the shape needs (``BYTES``: less than
+        the 4-byte length of each element), both ``data`` and binary data.
+    """
+    if tensor.datatype not in _NUMPY and tensor.datatype != "BYTES":
+        msg = f"input {tensor.name!r}: datatype {tensor.datatype} is not supported"
+        raise _invalid(loc, msg, "datatype")
+    shape = tensor.shape
+    if shape and shape[0] > max_instances:
+        what, setting = f"input {tensor.name!r}", "SERVING_MAX_INSTANCES_PER_REQUEST"
+        raise PayloadTooLarge(what, shape[0], max_instances, setting, "instances")
+    count = math.prod(shape)
+    if count == 0:  # any other dimension may be huge: numpy could not hold its shape
+        msg = f"input {tensor.name!r} has shape {shape}: no values (at least one instance)"
+        raise _invalid(loc, msg, "shape")
+    kind = _NUMPY.get(tensor.datatype, np.dtype(object))
+    if chunk is None:
+        return kind  # JSON values: counted against the shape before any array is built
     if tensor.data is not None:
         msg = f"input {tensor.name!r} has both data and parameters.binary_data_size"
         raise _invalid(loc, msg, "binary_data")
-    expected = math.prod(tensor.shape) * kind.itemsize
-    if len(chunk) != expected:
+    if kind.kind == "O" and count * 4 > len(chunk):
         msg = (
-            f"input {tensor.name!r} has binary_data_size {len(chunk)}; shape {tensor.shape} "
-            f"of {tensor.datatype} needs {expected} bytes"
+            f"input {tensor.name!r}: shape {shape} has {count} elements, at least "
+            f"{count * 4} bytes (a 4-byte length each); binary_data_size is {len(chunk)} bytes"
         )
         raise _invalid(loc, msg, "binary_data")
+    if kind.kind != "O" and len(chunk) != count * kind.itemsize:
+        msg = (
+            f"input {tensor.name!r} has binary_data_size {len(chunk)}; shape {shape} "
+            f"of {tensor.datatype} needs {count * kind.itemsize} bytes"
+        )
+        raise _invalid(loc, msg, "binary_data")
+    return kind
+
+
+def _binary_values(kind: np.dtype[Any], chunk: bytes) -> npt.NDArray[Any]:
+    """Little-endian elements of ``kind`` (their count checked by ``_check_declared``);
+    floats as float64."""
     values = np.frombuffer(chunk, dtype=kind.newbyteorder("<"))
     return values.astype(np.float64 if kind.kind == "f" else kind.newbyteorder("="))
 
 
 def _binary_strings(tensor: V2RequestInput, chunk: bytes, loc: str) -> npt.NDArray[Any]:
     """``BYTES`` elements of the binary extension (each a 4-byte little-endian length,
-    then its bytes) as ``str`` objects.
+    then its bytes) as ``str`` objects; at most ``len(chunk) / 4`` of them
+    (``_check_declared``).
 
     :raises InvalidInput: when the lengths do not add up to the chunk, or an element is
         not UTF-8.
     """
-    if tensor.data is not None:
-        msg = f"input {tensor.name!r} has both data and parameters.binary_data_size"
-        raise _invalid(loc, msg, "binary_data")
     count = math.prod(tensor.shape)
     values = np.empty(count, dtype=object)
     offset = 0
@@ -236,32 +273,32 @@ def _refuse_unsupported(body: V2InferRequest) -> None:
             raise InvalidInput(f"outputs[{index}]: {msg}")
 
 
-def decode(body: V2InferRequest, binary: bytes) -> Tensors:
+def decode(body: V2InferRequest, binary: bytes, max_instances: int) -> Tensors:
     """The request's input tensors, in request order, each as an array of its declared
     ``shape``: integers and booleans of their datatype, floats as float64, ``BYTES`` as
-    ``str`` objects.
+    ``str`` objects. Every input's shape is checked before any is decoded.
 
     :param binary: the body after the JSON header (binary tensor data extension).
+    :param max_instances: ``SERVING_MAX_INSTANCES_PER_REQUEST``.
+    :raises PayloadTooLarge: (413) an input of more instances than ``max_instances``.
     :raises InvalidInput: naming the input: ``BF16``, values the datatype cannot hold,
-        data length != product(shape), binary sizes that do not add up to the body; or a
-        shared-memory tensor, the classification extension.
+        data length != product(shape), binary sizes that do not add up to the body, a
+        shape of no elements; or a shared-memory tensor, the classification extension.
     """
     _refuse_unsupported(body)
     chunks = _chunks(body.inputs, binary)
+    kinds = [
+        _check_declared(tensor, chunks[index], f"inputs[{index}]", max_instances)
+        for index, tensor in enumerate(body.inputs)
+    ]
     decoded: list[tuple[str, npt.NDArray[Any]]] = []
-    for index, tensor in enumerate(body.inputs):
-        loc = f"inputs[{index}]"
-        if tensor.datatype not in _NUMPY and tensor.datatype != "BYTES":
-            msg = f"input {tensor.name!r}: datatype {tensor.datatype} is not supported"
-            raise _invalid(loc, msg, "datatype")
-        kind = _NUMPY.get(tensor.datatype, np.dtype(object))
-        chunk = chunks[index]
+    for index, (tensor, kind, chunk) in enumerate(zip(body.inputs, kinds, chunks, strict=True)):
         if chunk is None:
-            values = _json_values(tensor, kind, loc)
+            values = _json_values(tensor, kind, f"inputs[{index}]")
         elif kind.kind == "O":
-            values = _binary_strings(tensor, chunk, loc)
+            values = _binary_strings(tensor, chunk, f"inputs[{index}]")
         else:
-            values = _binary_values(tensor, kind, chunk, loc)
+            values = _binary_values(kind, chunk)
         decoded.append((tensor.name, values.reshape(tensor.shape)))
     return Tensors(decoded)
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from serving.cache import ModelCache
 from serving.model.handle import ModelHandle, TensorSpec
+from serving.protocols.schemas import Strict
 from serving.protocols.v2.codec import datatype_of
 from serving.runtime import ModelRuntime
 
@@ -57,10 +58,8 @@ class V2ModelConfig(BaseModel):
     instance_group: list[dict[str, Any]]
 
 
-class V2RepositoryIndexRequest(BaseModel):
+class V2RepositoryIndexRequest(Strict):
     """``POST /v2/repository/index`` body (optional): ``ready`` lists only ready models."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
 
     ready: bool | None = None
 

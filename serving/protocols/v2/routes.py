@@ -223,8 +223,9 @@ def infer(model_name: str, model_version: str | None) -> Response:
     )
     body = parse_body(V2InferRequest, header)
     wanted = [out.name for out in body.outputs] if body.outputs else None
+    inputs = decode(body, binary, plane.settings.max_instances_per_request)
     answer = plane.infer(
-        model_name, model_version, decode(body, binary),
+        model_name, model_version, inputs,
         deadline=g.deadline, outputs=wanted, log=g.log_fields,
     )  # fmt: skip
     binary_default = bool(body.parameters and body.parameters.binary_data_output)

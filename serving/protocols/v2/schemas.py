@@ -1,11 +1,12 @@
 """Request and response bodies of the Open Inference Protocol (KServe V2) over REST.
 
-As in ``serving.protocols.schemas``, requests are validated strictly from the raw bytes (unknown
-top-level fields are refused), except the free-form ``parameters`` objects the protocol
-leaves open: their known keys are typed, others are kept and ignored. Tensor ``data`` is
-any JSON array here (row-major, flat or nested); ``serving.protocols.v2.codec`` checks it
-against the tensor's ``datatype`` and ``shape``. Source: the KServe "Open Inference
-Protocol" REST spec and Triton's binary tensor data extension.
+As in ``serving.protocols.schemas``, requests are validated strictly from the raw bytes
+(unknown top-level fields are refused; validation stops at the first error), except the
+free-form ``parameters`` objects the protocol leaves open: their known keys are typed,
+others are kept and ignored. Tensor ``data`` is any JSON array here (row-major, flat or
+nested); ``serving.protocols.v2.codec`` checks it against the tensor's ``datatype`` and
+``shape``. Source: the KServe "Open Inference Protocol" REST spec and Triton's binary
+tensor data extension.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from serving.protocols.schemas import Strict
 
 __all__ = [
     "Datatype",
@@ -49,12 +52,6 @@ def _integral(value: Any) -> Any:
 Count = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(
-        strict=True, extra="forbid", allow_inf_nan=False, protected_namespaces=()
-    )
-
-
 class _Parameters(BaseModel):
     """A protocol ``parameters`` object: known keys typed, any other key kept."""
 
@@ -69,11 +66,11 @@ class V2InputParameters(_Parameters):
     )
 
 
-class V2RequestInput(_Strict):
+class V2RequestInput(Strict):
     """One input tensor: ``shape`` ``[n_instances, width]`` (or ``[n_instances]``)."""
 
     name: str = Field(min_length=1, max_length=256)
-    shape: list[Count] = Field(max_length=8)
+    shape: list[Count] = Field(max_length=8, fail_fast=True)
     datatype: Datatype
     parameters: V2InputParameters | None = None
     data: list[Any] | None = Field(
@@ -89,7 +86,7 @@ class V2OutputParameters(_Parameters):
     )
 
 
-class V2RequestOutput(_Strict):
+class V2RequestOutput(Strict):
     """An output the caller wants; without ``outputs`` every output is returned."""
 
     name: str = Field(min_length=1, max_length=256)
@@ -102,13 +99,13 @@ class V2RequestParameters(_Parameters):
     )
 
 
-class V2InferRequest(_Strict):
+class V2InferRequest(Strict):
     """``POST /v2/models/{model_name}[/versions/{model_version}]/infer``."""
 
     id: str | None = Field(None, max_length=256, description="Echoed in the response.")
     parameters: V2RequestParameters | None = None
-    inputs: list[V2RequestInput] = Field(min_length=1, max_length=256)
-    outputs: list[V2RequestOutput] | None = Field(None, max_length=64)
+    inputs: list[V2RequestInput] = Field(min_length=1, max_length=256, fail_fast=True)
+    outputs: list[V2RequestOutput] | None = Field(None, max_length=64, fail_fast=True)
 
 
 class V2ResponseOutput(BaseModel):
