@@ -1,0 +1,134 @@
+"""Python per request besides the model, in-process: our ``/predict`` (single-row body,
+a no-op model, access log and metrics on as by default) beside a bare Flask view that
+echoes the body, each called as a WSGI app with a prebuilt environ, so no socket,
+Gunicorn or batching thread is in the figure.
+
+    python bench/request_path.py                        # this tree
+    python bench/request_path.py --before 2f4a608       # and a commit, taking turns
+
+Each round runs every target in its own fresh interpreter (``--requests`` calls after a
+warm-up) and reports CPU microseconds per request (``time.process_time``: the process's
+CPU, so a busy neighbour moves it less than wall time would) and wall microseconds.
+Rounds alternate targets; every round is printed, then min/median/max, and the ratio of
+ours to the echo. The CPU model is printed first: compare ratios from one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_RUN = r"""
+import io, json, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from flask import Flask, request
+from prometheus_client import CollectorRegistry
+
+kind, n = sys.argv[2], int(sys.argv[3])
+body = json.dumps({"instances": [[0.5, 1.5, 2.5]]}).encode()
+if kind == "echo":
+    app = Flask("echo")
+
+    @app.post("/predict")
+    def predict():
+        return request.get_data(), 200, {"Content-Type": "application/json"}
+else:
+    from serving.app import create_app
+    from serving.model.handle import ModelHandle
+    from serving.observe import access_log
+    from serving.observe.metrics import ServingMetrics
+    from serving.settings import Settings
+    handle = ModelHandle.from_callable(
+        lambda rows: np.zeros(len(rows)), name="noop", version="1", n_features=3
+    )
+    app = create_app(Settings(workers=1), models=[handle],
+                     metrics=ServingMetrics(CollectorRegistry()))
+    access_log.record = lambda fields: None  # the line's formatting runs off the request thread
+
+def environ():
+    return {
+        "REQUEST_METHOD": "POST", "PATH_INFO": "/predict", "SERVER_NAME": "127.0.0.1",
+        "SERVER_PORT": "8000", "wsgi.url_scheme": "http", "SERVER_PROTOCOL": "HTTP/1.1",
+        "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.multithread": True,
+        "wsgi.multiprocess": False, "wsgi.run_once": False,
+    }
+
+statuses = []
+def start_response(status, headers, exc_info=None):
+    statuses.append(status)
+
+def call():
+    for chunk in app(environ(), start_response):
+        pass
+
+for _ in range(500):
+    call()
+assert statuses[-1].startswith("200"), statuses[-1]
+cpu, wall = time.process_time(), time.perf_counter()
+for _ in range(n):
+    call()
+cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+print(json.dumps({"cpu_us": cpu / n * 1e6, "wall_us": wall / n * 1e6}))
+"""
+
+
+def measure(tree: Path, kind: str, requests: int) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN, str(tree), kind, str(requests)],
+        check=True, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", help="a commit to measure beside this tree")
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")), "unknown",
+    )  # fmt: skip
+    print(f"CPU: {cpu}")
+    targets: dict[str, tuple[Path, str]] = {"echo": (ROOT, "echo"), "ours": (ROOT, "ours")}
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.before:
+            before = Path(scratch) / "before"
+            subprocess.run(
+                ["git", "worktree", "add", "--detach", str(before), args.before],
+                cwd=ROOT, check=True, capture_output=True,
+            )  # fmt: skip
+            targets[f"ours@{args.before}"] = (before, "ours")
+        try:
+            results: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+            for round_ in range(args.rounds):
+                for name, (tree, kind) in targets.items():
+                    results[name].append(measure(tree, kind, args.requests))
+                    cell = results[name][-1]
+                    print(f"round {round_ + 1} {name:>16}: {cell['cpu_us']:7.1f} us CPU "
+                          f"{cell['wall_us']:7.1f} us wall per request")  # fmt: skip
+        finally:
+            if args.before:
+                subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT,
+                               check=False, capture_output=True)  # fmt: skip
+    echo = statistics.median(r["cpu_us"] for r in results["echo"])
+    print("\nCPU us per request: min / median / max, and median over the echo's")
+    for name, cells in results.items():
+        values = sorted(c["cpu_us"] for c in cells)
+        median = statistics.median(values)
+        print(f"{name:>16}: {values[0]:7.1f} / {median:7.1f} / {values[-1]:7.1f}   "
+              f"{median / echo:4.2f}x echo")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
