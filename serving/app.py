@@ -20,11 +20,12 @@ from werkzeug.exceptions import HTTPException
 from serving import __version__
 from serving.auth import check_api_key, load_api_keys
 from serving.cache import ModelCache, current_cache
+from serving.context import Call
 from serving.dataplane import DataPlane
 from serving.errors import ServingError
 from serving.model.loaders import ModelHandle
 from serving.model.schema import instance_json_schema
-from serving.observe import access_log, payload_log, tracing
+from serving.observe import access_log, tracing
 from serving.observe.metrics import ServingMetrics, default_metrics
 from serving.openapi import Operation, build_document
 from serving.protocols import docs, mlflow, predict, probes, tfserving, v2
@@ -117,59 +118,59 @@ def _install_request_hooks(
     api_keys: tuple[bytes, ...],
     open_routes: set[str],
 ) -> None:
-    """Per request: before it, the start time, deadline, request id, trace, payload log
-    and API key check; after it, the X-Request-ID header, the request metrics and the
-    access log line."""
+    """Per request: before it, the request's ``Call`` (request id, deadline, route,
+    payload-log draw; ``g.call``, the one thing the views take from ``g``, through
+    ``serving.protocols.base.with_call``), its trace and the API key check; after it, the
+    X-Request-ID header, the request metrics and the access log line, from the call's
+    ``Timing`` as the data plane filled it in."""
     settings = plane.settings
 
     @app.before_request
     def _start() -> None:
         # The objects behind Flask's proxies, looked up once: each proxy access costs ~1 us.
         state, req = _current(g), _current(request)
-        state.started = time.perf_counter()
-        state.deadline = plane.deadline()  # SERVING_REQUEST_TIMEOUT_MS from now
-        state.log_fields = {}
         headers = req.headers
         incoming = headers.get("X-Request-ID", "")
-        state.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else secrets.token_hex(16)
+        request_id = incoming if _REQUEST_ID.fullmatch(incoming) else secrets.token_hex(16)
         url_rule = req.url_rule
         rule = _template(url_rule.rule) if url_rule is not None else "<unmatched>"
-        state.trace = trace = tracing.start_request(headers, req.method[:16], rule)
-        if trace is not None:
-            state.log_fields["trace_id"] = trace[2]
-        if plane.payloads is not None and url_rule is not None:
-            payload_log.bind(
-                state.request_id, req.blueprint or "", rule, settings.payload_log_sample
-            )
+        state.call = plane.call(request_id, protocol=req.blueprint or "", route=rule)
+        state.trace = tracing.start_request(headers, req.method[:16], rule)
         if api_keys and rule not in open_routes:  # by route template: /docs/{asset}
             check_api_key(headers, api_keys)
 
     @app.after_request
     def _finish(response: Response) -> Response:
         state, req = _current(g), _current(request)
+        call: Call | None = getattr(state, "call", None)
+        if call is None:  # before_request never ran (Flask answered on its own)
+            return response
+        timing = call.timing
         trace = getattr(state, "trace", None)
-        if trace is not None:
-            tracing.end_request(trace, response.status_code)
-        request_id = getattr(state, "request_id", "")
-        response.headers["X-Request-ID"] = request_id
-        url_rule = req.url_rule
-        route = _template(url_rule.rule) if url_rule is not None else "<unmatched>"
-        now = time.perf_counter()
-        duration_s = now - getattr(state, "started", now)
         status = response.status_code
-        metrics.observe_request(req.method, route, status, duration_s)
+        if trace is not None:
+            tracing.end_request(trace, status, timing)
+        response.headers["X-Request-ID"] = call.request_id
+        duration_s = time.perf_counter() - timing.started
+        metrics.observe_request(req.method, call.route, status, duration_s)
         if settings.access_log:
             served = plane.models
-            access_log.record({
-                "request_id": request_id,
+            fields = {
+                "request_id": call.request_id,
                 "method": req.method[:16],
-                "route": route,
+                "route": call.route,
                 "status": status,
                 "latency_ms": round(duration_s * 1000, 3),
-                "model": served.model_name,
-                "model_version": served.model_version,
-                **getattr(state, "log_fields", {}),
-            })  # fmt: skip
+                "model": timing.model or served.model_name,
+                "model_version": timing.version or served.model_version,
+            }
+            if trace is not None:
+                fields["trace_id"] = trace[2]
+            if timing.instances:
+                fields["instances"] = timing.instances
+            if timing.batch_size:
+                fields["batch_size"] = timing.batch_size
+            access_log.record(fields)
         return response
 
 

@@ -28,14 +28,16 @@ values.
 
 from __future__ import annotations
 
+import random
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from serving.batching.batcher import ThreadedBatcher
 from serving.cache import ModelCache
 from serving.conform import conform
+from serving.context import Call, Timing
 from serving.errors import InvalidInput, Overloaded, PayloadTooLarge, RequestTimeout
 from serving.instances import Instances, Tensors
 from serving.model.handle import ModelHandle, Outputs
@@ -50,11 +52,13 @@ __all__ = ["DataPlane", "Inference", "check_outputs"]
 
 @dataclass(frozen=True, slots=True)
 class Inference:
-    """One request's answer: the model that gave it and its named outputs, each with one
-    entry per instance along the first axis."""
+    """One request's answer: the model that gave it, its named outputs (each with one
+    entry per instance along the first axis) and the call's ``Timing`` (instances, batch
+    size, stage marks)."""
 
     handle: ModelHandle
     outputs: Outputs
+    timing: Timing
 
 
 class DataPlane:
@@ -66,8 +70,7 @@ class DataPlane:
     Usage::
 
         plane = DataPlane(settings, metrics, lambda: cache)
-        deadline = time.monotonic() + settings.request_timeout_ms / 1000
-        answer = plane.infer(None, None, Frame([[1.0, 2.0, 3.0]]), deadline=deadline)
+        answer = plane.infer(plane.call("req-1"), None, None, Frame([[1.0, 2.0, 3.0]]))
         answer.outputs["predictions"]
     """
 
@@ -85,11 +88,18 @@ class DataPlane:
         """This process's models."""
         return self.get_models()
 
-    def deadline(self, started: float | None = None) -> float:
-        """The ``time.monotonic()`` deadline of a request that started at ``started``
-        (default: now), ``SERVING_REQUEST_TIMEOUT_MS`` later."""
-        start = time.monotonic() if started is None else started
-        return start + self.settings.request_timeout_ms / 1000
+    def call(
+        self, request_id: str, *, protocol: str = "", route: str = "", started: float | None = None
+    ) -> Call:
+        """A ``Call`` arriving now, due ``SERVING_REQUEST_TIMEOUT_MS`` from ``started``
+        (``time.monotonic()``, default now), drawn for the payload log with probability
+        ``SERVING_PAYLOAD_LOG_SAMPLE`` (never when it is off)."""
+        deadline = (time.monotonic() if started is None else started) + (
+            self.settings.request_timeout_ms / 1000
+        )
+        sample = self.settings.payload_log_sample
+        sampled = self.payloads is not None and (sample >= 1 or random.random() < sample)
+        return Call(request_id, deadline, protocol, route, sampled)
 
     def ready(
         self, name: str | None = None, version: str | None = None
@@ -106,21 +116,19 @@ class DataPlane:
 
     def infer(
         self,
+        call: Call,
         model_name: str | None,
         version: str | None,
         instances: Instances,
         *,
-        deadline: float,
         outputs: list[str] | None = None,
-        log: MutableMapping[str, Any] | None = None,
     ) -> Inference:
         """Answer ``instances`` with model ``model_name`` (default: the first model) at
-        ``version`` (default: its first), through the model's batcher.
+        ``version`` (default: its first), through the model's batcher, by ``call``'s
+        deadline; ``call.timing`` gets the model, the instance count, the batch size and
+        the end of each stage, whether it succeeds or not (the access log reads it).
 
-        :param deadline: ``time.monotonic()`` by which the answer is due (``deadline()``).
         :param outputs: output names the caller asked for; each must be one of the model's.
-        :param log: the request's access-log fields; gets ``instances``, ``model``,
-            ``model_version`` and ``batch_size``.
         :raises PayloadTooLarge: (413) above ``SERVING_MAX_INSTANCES_PER_REQUEST``.
         :raises ModelNotFound: (404) no model called ``model_name``.
         :raises VersionConflict: (409) the model is served here, but not at ``version``.
@@ -140,47 +148,49 @@ class DataPlane:
             )
         runtime = self.get_models().resolve(model_name, version)
         handle, batcher = runtime.require_ready()
-        started = time.perf_counter()
-        timing: dict[str, Any] = {}
+        timing = call.timing
+        timing.model, timing.version = handle.name, handle.version
+        payloads = self.payloads if call.sampled else None
+        kept = None
         try:
-            answer = self._queue(
-                runtime, handle, batcher, instances,
-                deadline=deadline, outputs=outputs, timing=timing, log=log,
-            )  # fmt: skip
+            rows = self._conform(handle, instances, outputs, timing)
+            if payloads is not None:  # taken before the model may write into its input
+                kept = payloads.keep(rows)
+            answer = self._queue(runtime, handle, batcher, rows, call=call, outputs=outputs)
         except Exception:
-            self._observe(handle, started, timing, ok=False)
-            if self.payloads is not None:
-                self.payloads.record(handle.name, handle.version, timing.get("rows"), None)
+            self._observe(handle, timing, ok=False)
+            if payloads is not None and kept is not None:
+                payloads.record(call, handle.name, handle.version, kept, None)
             raise
-        if log is not None:
-            log["batch_size"] = timing["batch_size"]
-        self._observe(handle, started, timing, ok=True)
-        if self.payloads is not None:
-            self.payloads.record(handle.name, handle.version, timing["rows"], answer)
-        return Inference(handle, answer)
+        self._observe(handle, timing, ok=True)
+        if payloads is not None and kept is not None:
+            payloads.record(call, handle.name, handle.version, kept, answer)
+        return Inference(handle, answer, timing)
+
+    @staticmethod
+    def _conform(
+        handle: ModelHandle, instances: Instances, outputs: list[str] | None, timing: Timing
+    ) -> Any:
+        """Steps 3 and 4 of ``infer``: the rows the batcher merges."""
+        check_outputs(outputs, handle.output_names)
+        rows = conform(instances, handle)
+        timing.instances, timing.conformed = len(rows), time.perf_counter()
+        return rows
 
     def _queue(
         self,
         runtime: ModelRuntime,
         handle: ModelHandle,
         batcher: ThreadedBatcher,
-        instances: Instances,
+        rows: Any,
         *,
-        deadline: float,
+        call: Call,
         outputs: list[str] | None,
-        timing: dict[str, Any],
-        log: MutableMapping[str, Any] | None,
     ) -> Outputs:
-        """Steps 3-6 of ``infer``; ``timing`` gets the batch size, the predict call's
-        ``infer_s`` and the end of each stage (``perf_counter()``) for the statistics."""
-        check_outputs(outputs, handle.output_names)
-        rows = conform(instances, handle)
-        if self.payloads is not None:  # taken before the model may write into its input
-            timing["rows"] = self.payloads.keep(rows)
-        timing["conformed"] = time.perf_counter()
-        if log is not None:
-            log.update(instances=len(rows), model=handle.name, model_version=handle.version)
-        timeout_s = deadline - time.monotonic()
+        """Steps 5 and 6 of ``infer``; ``call.timing`` gets the batch's size, its predict
+        call's ``infer_s`` and when it was answered."""
+        timing = call.timing
+        timeout_s = call.deadline - time.monotonic()
         if timeout_s <= 0:  # nothing queued: the time went into receiving the request
             limit_ms = self.settings.request_timeout_ms
             elapsed_ms = limit_ms - timeout_s * 1000
@@ -192,38 +202,25 @@ class DataPlane:
         if queued <= runtime.settings.max_queue_depth:  # else refused below, never queued
             self.metrics.observe_queue(handle.name, handle.version, queued)
         try:
-            answer = batcher.submit_many(
-                rows, timeout_s=timeout_s, stats=timing, tag=tracing.current_span_context()
-            )
+            answer = batcher.submit(rows, timeout_s, tag=tracing.current_span_context())
         except Overloaded:
             self.metrics.rejected.labels(handle.name, handle.version).inc()
             raise
         finally:
-            timing["answered"] = time.perf_counter()
-        check_outputs(outputs, tuple(answer))
-        return answer
-
-    def _observe(
-        self, handle: ModelHandle, started: float, timing: dict[str, Any], *, ok: bool
-    ) -> None:
-        """Record a request's stages for the V2 statistics extension (seconds; stages it
-        did not reach count 0): compute_input is checking and conforming its instances,
-        queue its wait in the batcher, compute_infer the predict call that answered it,
-        compute_output checking its outputs."""
-        tracing.record_stages(started, timing)  # spans, when OpenTelemetry is configured
-        now = time.perf_counter()
-        conformed = timing.get("conformed", now)
-        answered = timing.get("answered", conformed)
-        infer_s = timing.get("infer_s", 0.0)
-        self.metrics.observe_stages(
-            handle.name,
-            handle.version,
-            ok,
-            compute_input=conformed - started,
-            queue=max(answered - conformed - infer_s, 0.0),
-            compute_infer=infer_s,
-            compute_output=now - answered,
+            timing.answered = time.perf_counter()
+        timing.batch_size, timing.infer_s, timing.merged = (
+            answer.batch_size,
+            answer.infer_s,
+            answer.merged,
         )
+        check_outputs(outputs, tuple(answer.outputs))
+        return answer.outputs
+
+    def _observe(self, handle: ModelHandle, timing: Timing, *, ok: bool) -> None:
+        """Record a request's stages for the V2 statistics extension (seconds; stages it
+        did not reach count 0) and its spans, when OpenTelemetry is configured."""
+        tracing.record_stages(timing)
+        self.metrics.observe_stages(handle.name, handle.version, ok, **timing.stages())
 
 
 def _count(instances: Instances) -> int:

@@ -487,15 +487,14 @@ def test_adaptive_policy_runs_a_lone_request_on_its_callers_thread_at_low_load(
     calls: list[tuple[str, int]] = []
     batcher = ThreadedBatcher(recording(calls), name="the-batcher")
     stop_after(batcher.start())
-    stats: dict[str, Any] = {}
-
-    answers = [batcher.submit_many(rows_for(c), WAIT_S, stats)["predictions"] for c in range(3)]
+    answered = [batcher.submit(rows_for(c), WAIT_S) for c in range(3)]
+    answers = [answer.outputs["predictions"] for answer in answered]
 
     assert [a.tolist() for a in answers] == [[0.0], [1000.0], [2000.0]]
     me = threading.current_thread().name
     # The first call's duration is unknown, so it goes to the batcher thread; then no hand-off.
     assert calls == [("the-batcher", 1), (me, 1), (me, 1)]
-    assert stats["batch_size"] == 1 and stats["infer_s"] > 0
+    assert answered[-1].batch_size == 1 and answered[-1].infer_s > 0
 
 
 def test_adaptive_policy_batches_what_arrives_while_a_caller_runs_its_own_rows(

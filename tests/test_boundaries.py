@@ -50,7 +50,7 @@ RULES = {
 # wires Flask. The request checks run per instance and take no settings or metrics.
 TOP = Rule(WEB)
 TOP_WEB = {"app"}
-TOP_CORE = {"errors", "instances", "conform", "values", "cells"}
+TOP_CORE = {"errors", "instances", "conform", "values", "cells", "context"}
 
 
 def modules() -> list[str]:
@@ -205,7 +205,7 @@ def test_the_tf_label_route_goes_through_the_data_plane_once(
         plane.get_models().stop(timeout_s=10)
 
     assert response.status_code == 200, response.get_data(as_text=True)
-    assert [call[:2] for call in calls] == [("echo", "7")]
+    assert [args[1:3] for args in calls] == [("echo", "7")]
 
 
 def test_every_post_route_is_a_prediction_route_checked_above(app: Flask) -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import pytest
 
 from serving.cache import ModelCache
+from serving.context import Call
 from serving.dataplane import DataPlane
 from serving.errors import (
     InvalidInput,
@@ -51,26 +51,49 @@ def plane(settings: Settings, metrics: ServingMetrics) -> Iterator[DataPlane]:
     cache.stop(timeout_s=10)
 
 
-def soon(plane: DataPlane) -> float:
-    return plane.deadline()
+def soon(plane: DataPlane) -> Call:
+    """A call arriving now, due SERVING_REQUEST_TIMEOUT_MS later."""
+    return plane.call("test")
 
 
-def test_dataplane_infer_answers_the_default_model_and_fills_the_log(plane: DataPlane) -> None:
-    log: dict[str, Any] = {}
-    answer = plane.infer(None, None, Frame([[1.0, 2, 3], [4, 5, 6]]), deadline=soon(plane), log=log)
+def test_dataplane_infer_answers_the_default_model_and_fills_the_calls_timing(
+    plane: DataPlane,
+) -> None:
+    call = soon(plane)
+    answer = plane.infer(call, None, None, Frame([[1.0, 2, 3], [4, 5, 6]]))
 
     assert (answer.handle.name, answer.handle.version) == ("offset", "1")
     np.testing.assert_array_equal(answer.outputs["predictions"], [1.0, 4.0])
-    assert log == {"instances": 2, "model": "offset", "model_version": "1", "batch_size": 2}
+    timing = answer.timing
+    assert timing is call.timing
+    assert (timing.model, timing.version, timing.instances, timing.batch_size) == (
+        "offset", "1", 2, 2,
+    )  # fmt: skip
+    assert timing.conformed is not None and timing.answered is not None
+    assert timing.started <= timing.conformed <= timing.answered
+    assert timing.infer_s > 0
+    stages = timing.stages()
+    assert list(stages) == ["queue", "compute_input", "compute_infer", "compute_output"]
+    assert stages["compute_infer"] == timing.infer_s and min(stages.values()) >= 0
+
+
+def test_dataplane_infer_names_the_model_in_the_timing_of_a_refused_call(
+    plane: DataPlane,
+) -> None:
+    call = soon(plane)
+    with pytest.raises(InvalidInput):
+        plane.infer(call, "echo", None, Frame([[1.0, 2]]))  # 2 features for 3
+    assert (call.timing.model, call.timing.version) == ("echo", "7")
+    assert call.timing.instances == 0 and call.timing.answered is None
 
 
 def test_dataplane_infer_picks_the_model_and_version_asked_for(plane: DataPlane) -> None:
-    pinned = plane.infer("offset", "2", Frame([[1.0, 2, 3]]), deadline=soon(plane))
+    pinned = plane.infer(soon(plane), "offset", "2", Frame([[1.0, 2, 3]]))
     other = plane.infer(
+        soon(plane),
         "echo",
         None,
         Records([{"a": 5.0, "b": 6, "c": 7}], unnamed="key_order"),
-        deadline=soon(plane),
     )
 
     np.testing.assert_array_equal(pinned.outputs["predictions"], [101.0])
@@ -81,8 +104,8 @@ def test_dataplane_infer_conforms_every_instances_shape(plane: DataPlane) -> Non
     columns = Columns({"a": [1.0, 2.0], "b": [0.0, 0.0], "c": [0.0, 0.0]}, 2)
     tensors = Tensors([("input-0", np.array([[3.0, 0, 0]]))])
 
-    by_columns = plane.infer(None, None, columns, deadline=soon(plane))
-    by_tensors = plane.infer(None, None, tensors, deadline=soon(plane))
+    by_columns = plane.infer(soon(plane), None, None, columns)
+    by_tensors = plane.infer(soon(plane), None, None, tensors)
 
     assert by_columns.outputs["predictions"].tolist() == [1.0, 2.0]
     assert by_tensors.outputs["predictions"].tolist() == [3.0]
@@ -96,29 +119,29 @@ def test_dataplane_infer_refuses_a_model_not_served(
     plane: DataPlane, name: str, version: str | None, error: type[Exception]
 ) -> None:
     with pytest.raises(error):
-        plane.infer(name, version, Frame([[1.0, 2, 3]]), deadline=soon(plane))
+        plane.infer(soon(plane), name, version, Frame([[1.0, 2, 3]]))
 
 
 def test_dataplane_infer_counts_instances_before_anything_else(plane: DataPlane) -> None:
     too_many = Frame([[1.0, 2, 3]] * 17)  # settings: max_instances_per_request=16
     with pytest.raises(PayloadTooLarge, match="SERVING_MAX_INSTANCES_PER_REQUEST"):
-        plane.infer("nope", None, too_many, deadline=soon(plane))
+        plane.infer(soon(plane), "nope", None, too_many)
     tensors = Tensors([("input-0", np.zeros((1, 3))), ("b", np.zeros((17, 1)))])
     with pytest.raises(PayloadTooLarge):  # the largest input counts, as V2 declared it
-        plane.infer(None, None, tensors, deadline=soon(plane))
+        plane.infer(soon(plane), None, None, tensors)
 
 
 def test_dataplane_infer_refuses_instances_that_do_not_fit_the_model(plane: DataPlane) -> None:
     with pytest.raises(InvalidInput, match=r"instances\[1\] has 2 features; the model expects 3"):
-        plane.infer(None, None, Frame([[1.0, 2, 3], [1.0, 2]]), deadline=soon(plane))
+        plane.infer(soon(plane), None, None, Frame([[1.0, 2, 3], [1.0, 2]]))
 
 
 def test_dataplane_infer_checks_the_output_names(plane: DataPlane) -> None:
-    answer = plane.infer(None, None, Frame([[1.0, 2, 3]]), deadline=soon(plane),
+    answer = plane.infer(soon(plane), None, None, Frame([[1.0, 2, 3]]),
                          outputs=["predictions"])  # fmt: skip
     assert answer.outputs["predictions"].tolist() == [1.0]
     with pytest.raises(InvalidInput, match=r"outputs\[0\]: the model has no output 'logits'"):
-        plane.infer(None, None, Frame([[1.0, 2, 3]]), deadline=soon(plane), outputs=["logits"])
+        plane.infer(soon(plane), None, None, Frame([[1.0, 2, 3]]), outputs=["logits"])
 
 
 def test_dataplane_infer_is_408_when_the_deadline_passed_before_queueing(
@@ -126,7 +149,7 @@ def test_dataplane_infer_is_408_when_the_deadline_passed_before_queueing(
 ) -> None:
     started = time.monotonic() - settings.request_timeout_ms / 1000 - 0.5
     with pytest.raises(RequestTimeout, match="ms to arrive, past SERVING_REQUEST_TIMEOUT_MS"):
-        plane.infer(None, None, Frame([[1.0, 2, 3]]), deadline=plane.deadline(started))
+        plane.infer(plane.call("late", started=started), None, None, Frame([[1.0, 2, 3]]))
 
 
 def test_dataplane_infer_is_503_while_the_model_loads(
@@ -136,7 +159,7 @@ def test_dataplane_infer_is_503_while_the_model_loads(
     plane = DataPlane(settings, metrics, lambda: cache)
 
     with pytest.raises(NotReady, match="is not ready \\(loading\\)"):
-        plane.infer(None, None, Frame([[1.0, 2, 3]]), deadline=soon(plane))
+        plane.infer(soon(plane), None, None, Frame([[1.0, 2, 3]]))
     with pytest.raises(NotReady):
         plane.ready()
 
@@ -165,8 +188,7 @@ def test_dataplane_infer_counts_queue_depth_and_rejections(
     assert batcher is not None
     labels = {"model": "slow", "version": "1"}
     callers = [
-        threading.Thread(target=plane.infer, args=(None, None, Frame([[1.0]])),
-                         kwargs={"deadline": soon(plane)})
+        threading.Thread(target=plane.infer, args=(soon(plane), None, None, Frame([[1.0]])))
         for _ in range(3)
     ]  # fmt: skip
     try:
@@ -181,7 +203,7 @@ def test_dataplane_infer_counts_queue_depth_and_rejections(
             assert time.monotonic() < deadline
             time.sleep(0.001)
         with pytest.raises(Overloaded):
-            plane.infer(None, None, Frame([[1.0]]), deadline=soon(plane))
+            plane.infer(soon(plane), None, None, Frame([[1.0]]))
         depth = metrics.registry.get_sample_value("inference_queue_depth", labels)
         assert depth == 2
         assert metrics.registry.get_sample_value("inference_rejected_total", labels) == 1

@@ -19,16 +19,22 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from serving.cache import ModelCache
+from serving.context import Call
 from serving.dataplane import DataPlane
 from serving.instances import Frame
 from serving.model.handle import ModelHandle
 from serving.observe.metrics import ServingMetrics
-from serving.observe.payload_log import PayloadLog, bind
+from serving.observe.payload_log import PayloadLog
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
 
 ROWS = np.array([[1.0, 2.0, 3.0]])
 OUTPUTS = {"predictions": np.array([1])}
+
+
+def call_of(request_id: str, protocol: str = "predict", route: str = "/predict") -> Call:
+    """A sampled call: its records go to the payload log."""
+    return Call(request_id, time.monotonic() + 30, protocol, route, sampled=True)
 
 
 def lines_of(directory: Path, count: int, timeout_s: float = 10.0) -> list[dict[str, object]]:
@@ -48,16 +54,30 @@ def test_payload_log_needs_a_sink_and_is_off_by_default(settings: Settings) -> N
         Settings(payload_log="all", payload_log_url="ftp://example/x")
 
 
-def test_payload_log_file_records_sampled_requests_only(tmp_path: Path) -> None:
+def test_payload_log_sampling_is_drawn_once_per_call_by_the_data_plane(
+    tmp_path: Path,
+) -> None:
+    metrics = ServingMetrics(CollectorRegistry())
+    url = f"file://{tmp_path}/p.jsonl"
+
+    def calls(**settings: Any) -> list[bool]:
+        plane = DataPlane(Settings(**settings), metrics, lambda: None)  # type: ignore[arg-type,return-value]
+        return [plane.call(str(i)).sampled for i in range(200)]
+
+    assert not any(calls())  # payload logging off
+    assert not any(calls(payload_log="all", payload_log_url=url, payload_log_sample=0.0))
+    assert all(calls(payload_log="all", payload_log_url=url, payload_log_sample=1.0))
+    half = calls(payload_log="all", payload_log_url=url, payload_log_sample=0.5)
+    assert 40 < sum(half) < 160  # binomial(200, 0.5): outside is a 1e-17 chance
+
+
+def test_payload_log_file_records_a_calls_request_and_response(tmp_path: Path) -> None:
     settings = Settings(payload_log="all", payload_log_url=f"file://{tmp_path}/p.jsonl")
     payloads = PayloadLog(settings, ServingMetrics(CollectorRegistry()))
 
-    bind("skipped", "predict", "/predict", 0.0)
-    payloads.record("m", "1", ROWS, OUTPUTS)
-    bind("kept", "predict", "/predict", 1.0)
-    payloads.record("m", "1", ROWS, OUTPUTS)
-    bind("failed", "v2", "/v2/models/{model_name}/infer", 1.0)
-    payloads.record("m", "1", ROWS, None)  # a failed request: its request record only
+    payloads.record(call_of("kept"), "m", "1", ROWS, OUTPUTS)
+    failed = call_of("failed", "v2", "/v2/models/{model_name}/infer")
+    payloads.record(failed, "m", "1", ROWS, None)  # a failed request: its request record only
     records = lines_of(tmp_path, 3)
     payloads.stop(5)
 
@@ -80,11 +100,11 @@ def test_payload_log_full_queue_drops_and_counts_without_waiting(tmp_path: Path)
     )
     metrics = ServingMetrics(CollectorRegistry())
     payloads = PayloadLog(settings, metrics)
-    bind("r", "predict", "/predict", 1.0)
+    call = call_of("r")
 
     started = time.perf_counter()
     for _ in range(50):
-        payloads.record("m", "1", ROWS, OUTPUTS)
+        payloads.record(call, "m", "1", ROWS, OUTPUTS)
     elapsed_s = time.perf_counter() - started
 
     payloads.stop(5)
@@ -121,13 +141,13 @@ def test_payload_log_queue_is_bounded_in_bytes_and_drops_are_counted(
     )
     metrics = ServingMetrics(CollectorRegistry())
     payloads = PayloadLog(settings, metrics)
-    bind("r", "predict", "/predict", 1.0)
+    call = call_of("r")
 
     tracemalloc.start()
     try:
         held_before, _ = tracemalloc.get_traced_memory()
         for i in range(100):  # 50 MiB of rows, each record its own array
-            payloads.record("m", "1", np.full((2048, 32), float(i)), None)
+            payloads.record(call, "m", "1", np.full((2048, 32), float(i)), None)
         held, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -165,11 +185,11 @@ def test_payload_log_removed_directory_drops_counts_and_says_so_once(
     metrics = ServingMetrics(CollectorRegistry())
     payloads = PayloadLog(settings, metrics)
     directory.rmdir()
-    bind("r", "predict", "/predict", 1.0)
+    call = call_of("r")
 
     with caplog.at_level(logging.WARNING, "serving.observe.payload_log"):
         for _ in range(50):
-            payloads.record("m", "1", ROWS, OUTPUTS)  # never raises
+            payloads.record(call, "m", "1", ROWS, OUTPUTS)  # never raises
         assert drops(metrics, "sink_error", 100) == 100
         payloads.stop(5)
 
@@ -188,16 +208,16 @@ def test_payload_log_full_disk_drops_without_tracebacks_then_recovers(
     own.symlink_to("/dev/full")
     metrics = ServingMetrics(CollectorRegistry())
     payloads = PayloadLog(settings, metrics)
-    bind("full", "predict", "/predict", 1.0)
+    call = call_of("full")
 
     with caplog.at_level(logging.WARNING, "serving.observe.payload_log"):
         for _ in range(30):
-            payloads.record("m", "1", ROWS, OUTPUTS)
+            payloads.record(call, "m", "1", ROWS, OUTPUTS)
         assert drops(metrics, "sink_error", 30) == 30
         own.unlink()  # space again: the next record goes to a new file
-        bind("later", "predict", "/predict", 1.0)
+        call = call_of("later")
         for _ in range(3):
-            payloads.record("m", "1", ROWS, OUTPUTS)
+            payloads.record(call, "m", "1", ROWS, OUTPUTS)
         records = lines_of(tmp_path, 3)
         payloads.stop(5)
 
@@ -224,8 +244,8 @@ def test_payload_log_records_what_the_client_sent_when_the_model_writes_into_its
     cache = ModelCache(settings, metrics, runtimes=[runtime])
     plane = DataPlane(settings, metrics, lambda: cache)
     try:
-        bind("mutated", "predict", "/predict", 1.0)
-        answer = plane.infer(None, None, Frame([[1.0, 2.0, 3.0]]), deadline=plane.deadline())
+        call = plane.call("mutated", protocol="predict", route="/predict")
+        answer = plane.infer(call, None, None, Frame([[1.0, 2.0, 3.0]]))
         assert answer.outputs["predictions"].tolist() == [-1.0]
         records = lines_of(tmp_path, 1)
     finally:

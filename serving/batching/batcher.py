@@ -59,7 +59,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -67,7 +67,7 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.batching.handoff import handoff_s
-from serving.batching.pending import BatchOutputs, PendingRequest, split_outputs
+from serving.batching.pending import Answer, BatchOutputs, PendingRequest, split_outputs
 from serving.errors import InferenceTimeout, NotReady, Overloaded, ServingError
 
 __all__ = [
@@ -213,12 +213,15 @@ class ThreadedBatcher:
         return self
 
     def submit_many(
-        self,
-        instances: npt.NDArray[Any],
-        timeout_s: float | None = None,
-        stats: MutableMapping[str, Any] | None = None,
-        tag: Any = None,
+        self, instances: npt.NDArray[Any], timeout_s: float | None = None
     ) -> dict[str, npt.NDArray[Any]]:
+        """``submit(instances, timeout_s).outputs``: the named outputs for exactly these
+        instances, in order (raises as ``submit`` does)."""
+        return self.submit(instances, timeout_s).outputs
+
+    def submit(
+        self, instances: npt.NDArray[Any], timeout_s: float | None = None, tag: Any = None
+    ) -> Answer:
         """Queue ``instances`` and block until all of them are answered.
 
         :param instances: array of shape ``(n_instances, n_features)``, or a record array
@@ -226,13 +229,10 @@ class ThreadedBatcher:
         :param timeout_s: longest to wait for the answer, in seconds; ``None`` waits until
             the batcher answers (it always does: every queued instance is answered or failed).
             Instances still queued when it has passed are dropped, not computed.
-        :param stats: if given, ``stats["batch_size"]`` is set to the size of the predict call
-            that answered these instances (for the access log), ``stats["infer_s"]`` to
-            its wall time in seconds and ``stats["batch_tags"]`` to the ``tag`` of each request
-            it merged.
-        :param tag: anything, handed back in the ``batch_tags`` of every request merged
+        :param tag: anything, handed back in the ``merged`` tags of every request merged
             with these instances (the data plane's trace span contexts).
-        :returns: the named outputs for exactly these instances, in order.
+        :returns: the named outputs for exactly these instances, in order, with the size,
+            time and merged tags of the predict call that answered them.
         :raises ValueError: when ``instances`` is not a non-empty 2-D array.
         :raises NotReady: when the batcher is not started or is stopping.
         :raises Overloaded: at once, when the queue holds instances and these would take it
@@ -281,21 +281,15 @@ class ThreadedBatcher:
             if time.monotonic() > request.deadline:  # as a queued caller's wait would
                 assert timeout_s is not None
                 raise InferenceTimeout(f"no prediction within {timeout_s * 1000:.0f} ms")
-            return self._result(request, stats)
+            return self._result(request)
         if not request.wait(timeout_s):
             assert timeout_s is not None
             raise InferenceTimeout(f"no prediction within {timeout_s * 1000:.0f} ms")
-        return self._result(request, stats)
+        return self._result(request)
 
     @staticmethod
-    def _result(
-        request: PendingRequest, stats: MutableMapping[str, Any] | None
-    ) -> dict[str, npt.NDArray[Any]]:
-        if stats is not None:
-            stats["batch_size"] = request.batch_size
-            stats["infer_s"] = request.infer_s
-            stats["batch_tags"] = request.merged
-        return request.result()
+    def _result(request: PendingRequest) -> Answer:
+        return Answer(request.result(), request.batch_size, request.infer_s, request.merged)
 
     def stop(self, timeout_s: float | None = None) -> None:
         """Refuse new instances, answer every instance already queued (and wait for a

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,10 +23,26 @@ import numpy.typing as npt
 
 from serving.errors import InferenceError, InvalidInput
 
-__all__ = ["BatchOutputs", "PendingRequest", "split_outputs"]
+__all__ = ["Answer", "BatchOutputs", "PendingRequest", "split_outputs"]
 
 #: Named model outputs for a batch; every array's first axis has one entry per instance.
 BatchOutputs = Mapping[str, npt.NDArray[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One caller's outputs and the predict call that gave them.
+
+    :param outputs: named outputs, each with one entry per instance along the first axis.
+    :param batch_size: instances in that predict call (these and those merged with them).
+    :param infer_s: its wall time, in seconds.
+    :param merged: the ``tag`` of each request merged into it (trace span contexts).
+    """
+
+    outputs: dict[str, npt.NDArray[Any]]
+    batch_size: int
+    infer_s: float
+    merged: tuple[Any, ...]
 
 
 class PendingRequest:

@@ -32,6 +32,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from serving.batching.batcher import FlushStats
+from serving.context import REQUEST_STAGES
 from serving.model.handle import ModelHandle
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics", "default_metrics"]
@@ -55,11 +56,6 @@ MODEL_LABELS = ("model", "version")
 #: Powers of two up to the largest max_batch_size worth running (see docs/batching.md).
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
-
-#: The stages of a request's time in the data plane, named and ordered as in Triton's
-#: statistics extension (``inference_request_stage_seconds{stage=...}``, with the whole
-#: time under ``success`` or ``fail``).
-REQUEST_STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
 
 _METHODS = frozenset(
     {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"}
@@ -274,7 +270,7 @@ class ServingMetrics:
             children = tuple(self.request_stage.labels(model, version, s) for s in stages)
             self._stages[(model, version, ok)] = children
         children[0].observe(compute_input + queue + compute_infer + compute_output)
-        children[1].observe(queue)
+        children[1].observe(queue)  # REQUEST_STAGES' order (stage names: serving.context)
         children[2].observe(compute_input)
         children[3].observe(compute_infer)
         children[4].observe(compute_output)

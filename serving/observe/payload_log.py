@@ -32,18 +32,16 @@ collector, a full disk, a removed directory); both are counted in
 said in the log at the first drop, then at most once a minute with the count, never with
 a traceback. Nothing here raises into a request.
 
-Boundary: no Flask (the route and request id arrive through ``bind``, a context
-variable set by ``serving.app``).
+Boundary: no Flask (the request id, protocol and route arrive in the ``Call`` the data
+plane passes, ``serving.context``).
 """
 
 from __future__ import annotations
 
 import atexit
-import contextvars
 import logging
 import os
 import queue
-import random
 import socket
 import sys
 import threading
@@ -55,12 +53,13 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
+from serving.context import Call
 from serving.observe.complaint import Complaint
 from serving.observe.metrics import ServingMetrics
 from serving.observe.payload_sinks import FileSink, check_sink, file_path, http_sink
 from serving.settings import Settings
 
-__all__ = ["EVENT_TYPE", "PayloadLog", "bind"]
+__all__ = ["EVENT_TYPE", "PayloadLog"]
 
 log = logging.getLogger(__name__)
 
@@ -71,19 +70,7 @@ EVENT_TYPE: Final = {
 }
 _STOP: Final = object()
 
-#: This request's (request id, protocol, endpoint, sampled), set by ``bind``.
-_current: contextvars.ContextVar[tuple[str, str, str, bool]] = contextvars.ContextVar(
-    "serving_payload_request"
-)
-
 Kind = Literal["request", "response"]
-
-
-def bind(request_id: str, protocol: str, endpoint: str, sample: float) -> None:
-    """Name the request this thread now serves, and draw whether it is logged (with
-    probability ``sample``); called by the app before each request."""
-    sampled = sample >= 1 or random.random() < sample
-    _current.set((request_id, protocol, endpoint, sampled))
 
 
 class PayloadLog:
@@ -94,9 +81,8 @@ class PayloadLog:
     Usage::
 
         payloads = PayloadLog.from_settings(settings, metrics)   # None when off
-        bind("req-1", "v2", "/v2/models/{model_name}/infer", 1.0)
-        rows = payloads.keep(rows)                  # before the model runs
-        payloads.record("m", "1", rows, outputs)    # outputs None when the request failed
+        rows = payloads.keep(rows)                       # before the model runs
+        payloads.record(call, "m", "1", rows, outputs)   # outputs None: the request failed
     """
 
     def __init__(self, settings: Settings, metrics: ServingMetrics) -> None:
@@ -134,32 +120,26 @@ class PayloadLog:
         """Bytes of arrays in this process's queue and in the record being sent."""
         return self._held
 
-    def keep(self, rows: npt.NDArray[Any]) -> npt.NDArray[Any] | None:
-        """What ``record`` will need of the bound request's ``rows``, taken before the
+    def keep(self, rows: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """What ``record`` will need of a sampled request's ``rows``, taken before the
         model sees them: a copy when its request record is logged (a model may write into
-        its input; a copy costs a memcpy of the rows, on sampled requests only), the rows
-        themselves when only its response is, None when it is not logged."""
-        current = _current.get(None)
-        if current is None or not current[3]:
-            return None
+        its input; a copy costs a memcpy of the rows, on sampled requests only), else the
+        rows themselves (only its response is logged)."""
         return rows.copy() if "request" in self.kinds else rows
 
     def record(
         self,
+        call: Call,
         model: str,
         version: str,
-        rows: npt.NDArray[Any] | None,
+        rows: npt.NDArray[Any],
         outputs: dict[str, npt.NDArray[Any]] | None,
     ) -> None:
-        """Queue the records of the bound request (none when it was not sampled, no
-        ``bind`` named it or ``rows`` is None): its ``rows`` (from ``keep``) when
-        ``request`` is logged, its ``outputs`` (None when it failed) when ``response`` is.
+        """Queue the records of ``call`` (a sampled one: ``call.sampled``): its ``rows``
+        (from ``keep``) when ``request`` is logged, its ``outputs`` (None when it failed)
+        when ``response`` is, named by its request id, protocol and route.
         Never blocks, never raises: a record that does not fit is dropped and counted."""
-        current = _current.get(None)
-        if current is None or not current[3] or rows is None:
-            return
-        request_id, protocol, endpoint, _ = current
-        meta = (request_id, protocol, endpoint, model, version, time.time())
+        meta = (call.request_id, call.protocol, call.route, model, version, time.time())
         if "request" in self.kinds:
             self._put(("request", meta, rows), nbytes(rows))
         if outputs is not None and "response" in self.kinds:

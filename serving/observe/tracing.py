@@ -37,13 +37,14 @@ Boundary: no Flask; the app passes headers and route in.
 from __future__ import annotations
 
 import atexit
-import contextvars
 import logging
 import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
+
+from serving.context import Timing
 
 __all__ = [
     "current_span_context",
@@ -66,8 +67,6 @@ _TIMEOUT_VARIABLES: Final = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER
 _lock = threading.Lock()
 _tracer: Any = None
 _pid = -1
-#: The data plane's answer time (``time_ns``) of the request this thread serves.
-_answered_ns: contextvars.ContextVar[int] = contextvars.ContextVar("serving_answered_ns")
 
 
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:
@@ -186,17 +185,18 @@ def start_request(headers: Any, method: str, route: str) -> tuple[Any, Any, str]
     return span, token, format(span.get_span_context().trace_id, "032x")
 
 
-def end_request(state: tuple[Any, Any, str], status: int) -> None:
-    """Close the server span (with an ``encode`` child from the data plane's answer)."""
+def end_request(state: tuple[Any, Any, str], status: int, timing: Timing | None) -> None:
+    """Close the server span, with an ``encode`` child from the data plane's answer
+    (``timing.answered``) to now when the request reached it."""
     from opentelemetry import context, trace
 
     span, token, _ = state
     now = time.time_ns()
-    answered = _answered_ns.get(None)
+    answered = timing.answered if timing is not None else None
     if answered is not None and span.is_recording():
+        start = now - int((time.perf_counter() - answered) * 1e9)
         ctx = trace.set_span_in_context(span)
-        _tracer.start_span("encode", context=ctx, start_time=answered).end(end_time=now)
-        _answered_ns.set(None)  # type: ignore[arg-type]
+        _tracer.start_span("encode", context=ctx, start_time=start).end(end_time=now)
     span.set_attribute("http.response.status_code", status)
     if status >= 500:
         span.set_status(trace.StatusCode.ERROR)
@@ -215,10 +215,10 @@ def current_span_context() -> Any:
     return context if context.is_valid and context.trace_flags.sampled else None
 
 
-def record_stages(started: float, timing: Mapping[str, Any]) -> None:
+def record_stages(timing: Timing) -> None:
     """The ``decode``, ``queue`` and ``predict`` spans of the current request, from the
-    data plane's ``perf_counter()`` marks in ``timing`` (``conformed``, ``answered``,
-    ``infer_s``, ``batch_size``, ``batch_tags``); nothing when not traced."""
+    data plane's ``perf_counter()`` marks in ``timing`` (``conformed``, ``computed``,
+    ``answered``; the batch's size and merged tags); nothing when not traced."""
     if _tracer is None:
         return
     from opentelemetry import trace
@@ -232,26 +232,21 @@ def record_stages(started: float, timing: Mapping[str, Any]) -> None:
         return now_ns - int((now_perf - mark) * 1e9)
 
     ctx = trace.set_span_in_context(server)
-    begin = getattr(server, "start_time", None) or wall(started)
-    conformed = timing.get("conformed")
+    begin = getattr(server, "start_time", None) or wall(timing.started)
+    conformed, computed, answered = timing.conformed, timing.computed, timing.answered
     if conformed is None:
         return
     _span(ctx, "decode", begin, wall(conformed))
-    answered = timing.get("answered")
-    if answered is None:
+    if computed is None or answered is None:
         return
-    infer_s = timing.get("infer_s", 0.0)
-    computed = max(answered - infer_s, conformed)
     _span(ctx, "queue", wall(conformed), wall(computed))
-    if "batch_size" in timing:
-        tags = timing.get("batch_tags", ())
+    if timing.batch_size:
         attributes = {
-            "serving.batch_size": timing["batch_size"],
-            "serving.batch_requests": len(tags),
+            "serving.batch_size": timing.batch_size,
+            "serving.batch_requests": len(timing.merged),
         }
-        links = [trace.Link(tag) for tag in tags if tag is not None]
+        links = [trace.Link(tag) for tag in timing.merged if tag is not None]
         _span(ctx, "predict", wall(computed), wall(answered), attributes=attributes, links=links)
-    _answered_ns.set(now_ns)
 
 
 def _span(

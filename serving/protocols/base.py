@@ -10,6 +10,7 @@ error body, and the path prefixes whose unmatched requests (404, 405) are its er
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import orjson
-from flask import Blueprint, Response, current_app, request
+from flask import Blueprint, Response, current_app, g, request
 
 from serving.dataplane import DataPlane
 from serving.errors import PayloadTooLarge, UnreadableBody, UnsupportedMediaType
@@ -33,6 +34,7 @@ __all__ = [
     "read_body",
     "read_json_body",
     "service_error_body",
+    "with_call",
 ]
 
 _BODY_SETTING = "SERVING_MAX_BODY_BYTES"
@@ -87,6 +89,19 @@ class ErrorBodies:
             path = request.path
             build = next((b for p, b in self.by_prefix.items() if path.startswith(p)), None)
         return (build or service_error_body)(status, code, message, details)
+
+
+def with_call(view: Callable[..., Response]) -> Callable[..., Response]:
+    """A prediction view that takes the request's ``Call`` (``serving.context``: request
+    id, deadline, route, payload-log draw; made by the app's before-request hook) as its
+    first argument, to hand to ``DataPlane.infer``: the one place a view's context comes
+    from ``flask.g``."""
+
+    @functools.wraps(view)
+    def wrapped(*args: Any, **kwargs: Any) -> Response:
+        return view(g.call, *args, **kwargs)
+
+    return wrapped
 
 
 def dataplane() -> DataPlane:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, g, request
+from flask import Blueprint, Response, request
 
 from serving import __version__
+from serving.context import Call
 from serving.errors import UnsupportedMediaType
 from serving.instances import Instances
 from serving.openapi import Operation, errors
@@ -27,6 +28,7 @@ from serving.protocols.base import (
     jsonable,
     read_body,
     read_json_body,
+    with_call,
 )
 from serving.protocols.mlflow.codec import decode, decode_csv
 from serving.protocols.mlflow.schemas import (
@@ -122,7 +124,8 @@ def ping() -> Response:
 
 
 @bp.post("/invocations", provide_automatic_options=False)
-def invocations() -> Response:
+@with_call
+def invocations(call: Call) -> Response:
     """Score a DataFrame with the default model.
 
     :raises UnsupportedMediaType: (415) unless ``application/json`` or ``text/csv``.
@@ -138,5 +141,5 @@ def invocations() -> Response:
         instances = decode(parse_body(MlflowRequest, read_json_body(limit)))
     else:
         raise UnsupportedMediaType(request.content_type, "application/json or text/csv")
-    answer = plane.infer(None, None, instances, deadline=g.deadline, log=g.log_fields)
+    answer = plane.infer(call, None, None, instances)
     return json_response({"predictions": jsonable(answer.outputs["predictions"])})

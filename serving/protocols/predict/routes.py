@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import time
 
-from flask import Blueprint, Response, g
+from flask import Blueprint, Response
 
+from serving.context import Call
 from serving.errors import InvalidInput
 from serving.openapi import Operation, errors
-from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_json_body
+from serving.protocols.base import (
+    ProtocolSpec,
+    dataplane,
+    json_response,
+    read_json_body,
+    with_call,
+)
 from serving.protocols.predict import codec
 from serving.protocols.predict.schemas import PredictRequest, PredictResponse
 from serving.protocols.schemas import ErrorResponse, parse_body
@@ -38,7 +45,8 @@ PROTOCOL = ProtocolSpec(bp, OPERATIONS)
 
 @bp.post("/predict", defaults={"model_name": None}, provide_automatic_options=False)
 @bp.post("/predict/<model_name>", provide_automatic_options=False)
-def predict(model_name: str | None) -> Response:
+@with_call
+def predict(call: Call, model_name: str | None) -> Response:
     """Predict with the model the path or ``model`` names (default: the first of
     ``SERVING_MODELS``); ``model_version`` picks another version of it, or is refused with
     409 when this replica lacks it.
@@ -51,8 +59,8 @@ def predict(model_name: str | None) -> Response:
         msg = f"names model {body.model!r}, but the path names {model_name!r}"
         raise InvalidInput(f"model: {msg}", [{"loc": "model", "msg": msg, "type": "model"}])
     answer = plane.infer(
-        model_name or body.model, body.model_version, codec.decode(body),
-        deadline=g.deadline, outputs=body.outputs, log=g.log_fields,
+        call, model_name or body.model, body.model_version, codec.decode(body),
+        outputs=body.outputs,
     )  # fmt: skip
-    latency_ms = round((time.perf_counter() - g.started) * 1000.0, 3)
+    latency_ms = round((time.perf_counter() - answer.timing.started) * 1000.0, 3)
     return json_response(codec.encode(answer, body.outputs, latency_ms))

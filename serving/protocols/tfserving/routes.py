@@ -18,14 +18,15 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flask import Blueprint, Response, g
+from flask import Blueprint, Response
 from flask.blueprints import BlueprintSetupState
 from werkzeug.routing import BaseConverter
 
+from serving.context import Call
 from serving.errors import InvalidInput, LabelNotFound
 from serving.model.handle import TensorSpec
 from serving.openapi import Operation, errors
-from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_json_body
+from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_json_body, with_call
 from serving.protocols.schemas import parse_body
 from serving.protocols.tfserving.codec import columnar_outputs, decode, row_predictions
 from serving.protocols.tfserving.schemas import (
@@ -130,7 +131,10 @@ PROTOCOL = ProtocolSpec(bp, OPERATIONS, _error_body, ("/v1/",))
 @bp.post(_MODEL + ":predict", defaults={"model_version": None}, provide_automatic_options=False)
 @bp.post(_VERSION + ":predict", provide_automatic_options=False)
 @bp.post(_LABEL + ":predict", defaults={"model_version": None}, provide_automatic_options=False)
-def predict(model_name: str, model_version: str | None, label: str | None = None) -> Response:
+@with_call
+def predict(
+    call: Call, model_name: str, model_version: str | None, label: str | None = None
+) -> Response:
     """Row format answers ``{"predictions": ...}``, columnar ``{"outputs": ...}``."""
     plane = dataplane()
     model_version = _version(model_name, model_version, label)
@@ -140,9 +144,7 @@ def predict(model_name: str, model_version: str | None, label: str | None = None
         raise InvalidInput(
             f"signature_name: {msg}", [{"loc": "signature_name", "msg": msg, "type": "signature"}]
         )
-    answer = plane.infer(
-        model_name, model_version, decode(body), deadline=g.deadline, log=g.log_fields
-    )
+    answer = plane.infer(call, model_name, model_version, decode(body))
     if body.instances is not None:
         return json_response({"predictions": row_predictions(answer.outputs)})
     return json_response({"outputs": columnar_outputs(answer.outputs)})

@@ -19,13 +19,14 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from flask import Blueprint, Response, g, request
+from flask import Blueprint, Response, request
 
 from serving import __version__
+from serving.context import Call
 from serving.errors import InvalidInput, UnreadableBody
 from serving.model.handle import ModelHandle, TensorSpec
 from serving.openapi import Operation, errors
-from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_body
+from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_body, with_call
 from serving.protocols.schemas import parse_body
 from serving.protocols.v2.codec import (
     HEADER_LENGTH,
@@ -205,7 +206,8 @@ def model_ready(model_name: str, model_version: str | None) -> Response:
     provide_automatic_options=False,
 )
 @bp.post("/v2/models/<model_name>/versions/<model_version>/infer", provide_automatic_options=False)
-def infer(model_name: str, model_version: str | None) -> Response:
+@with_call
+def infer(call: Call, model_name: str, model_version: str | None) -> Response:
     """One inference request: JSON, or JSON header + binary tensors (any Content-Type, as
     tritonclient sends none; the body size limit is ``SERVING_MAX_BODY_BYTES`` either way).
 
@@ -224,10 +226,7 @@ def infer(model_name: str, model_version: str | None) -> Response:
     body = parse_body(V2InferRequest, header)
     wanted = [out.name for out in body.outputs] if body.outputs else None
     inputs = decode(body, binary, plane.settings.max_instances_per_request)
-    answer = plane.infer(
-        model_name, model_version, inputs,
-        deadline=g.deadline, outputs=wanted, log=g.log_fields,
-    )  # fmt: skip
+    answer = plane.infer(call, model_name, model_version, inputs, outputs=wanted)
     binary_default = bool(body.parameters and body.parameters.binary_data_output)
     tensors, tail = encode_outputs(answer.outputs, body.outputs, binary_default)
     return _infer_response(answer.handle, body.id, tensors, tail)

@@ -27,7 +27,7 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 from pydantic import BaseModel, Field
 
-from serving.observe.metrics import REQUEST_STAGES
+from serving.context import REQUEST_STAGES
 
 __all__ = ["STAGES", "V2InferenceStatistics", "V2ModelStatistics", "model_statistics"]
 

@@ -1,0 +1,105 @@
+"""A request's context, passed explicitly: the app's hooks make a ``Call`` when a request
+arrives; the route hands it to ``DataPlane.infer``, which fills in its ``Timing`` (the
+model that answered and when each stage ended); the access log, the V2 statistics, the
+payload log and the trace read them back. No ``flask.g`` below the app's hooks, no
+out-parameter dict, no context variable.
+
+Boundary: standard library only. Clocks: ``time.monotonic()`` for the deadline,
+``time.perf_counter()`` for stage marks (seconds).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["REQUEST_STAGES", "Call", "Timing"]
+
+#: The stages of a request as Triton's statistics extension names them, in its order.
+REQUEST_STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+@dataclass(slots=True)
+class Timing:
+    """What the data plane did for one request: the model that answered it and the
+    ``perf_counter()`` end of each stage it reached (None: not reached).
+
+    :param started: when the request arrived.
+    :param conformed: its instances were checked and merged-ready (``conform``).
+    :param answered: its batch's predict call returned.
+    :param infer_s: that call's wall time, in seconds.
+    :param batch_size: instances in that call; ``instances``: this request's.
+    :param merged: the trace tags of the requests merged into that call.
+    """
+
+    started: float
+    model: str | None = None
+    version: str | None = None
+    instances: int = 0
+    conformed: float | None = None
+    answered: float | None = None
+    infer_s: float = 0.0
+    batch_size: int = 0
+    merged: tuple[Any, ...] = ()
+
+    @property
+    def computed(self) -> float | None:
+        """When the predict call that answered began: ``answered - infer_s``, never before
+        ``conformed`` (the call may have started before this request joined the queue)."""
+        if self.answered is None or self.conformed is None:
+            return None
+        return max(self.answered - self.infer_s, self.conformed)
+
+    def stages(self, now: float | None = None) -> dict[str, float]:
+        """Seconds per stage of ``REQUEST_STAGES`` (0 for those not reached): queue its
+        wait in the batcher, compute_input checking its instances, compute_infer the
+        predict call, compute_output from the answer to ``now`` (default: now)."""
+        now = time.perf_counter() if now is None else now
+        conformed = self.conformed if self.conformed is not None else now
+        answered = self.answered if self.answered is not None else conformed
+        seconds = (
+            max(answered - conformed - self.infer_s, 0.0),
+            conformed - self.started,
+            self.infer_s,
+            now - answered,
+        )
+        return dict(zip(REQUEST_STAGES, seconds, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Who asks and by when: one request as the data plane sees it.
+
+    :param request_id: its ``X-Request-ID`` (the caller's, or one made up).
+    :param deadline: ``time.monotonic()`` by which its answer is due.
+    :param protocol: the protocol it came by (``predict``, ``v2``, ``tfserving``,
+        ``mlflow``), as the payload log names it.
+    :param route: its route template (``/v2/models/{model_name}/infer``).
+    :param sampled: its request and response go to the payload log.
+
+    Usage::
+
+        call = Call.start("req-1", timeout_s=30.0)
+        answer = plane.infer(call, None, None, Frame([[1.0, 2.0, 3.0]]))
+        call.timing.batch_size                   # the predict call that answered it
+    """
+
+    request_id: str
+    deadline: float
+    protocol: str = ""
+    route: str = ""
+    sampled: bool = False
+    timing: Timing = field(default_factory=lambda: Timing(time.perf_counter()))
+
+    @classmethod
+    def start(
+        cls, request_id: str, timeout_s: float, *, protocol: str = "", route: str = "",
+        sampled: bool = False,
+    ) -> Call:  # fmt: skip
+        """A call arriving now, due ``timeout_s`` seconds from now."""
+        started = time.perf_counter()
+        return cls(
+            request_id, time.monotonic() + timeout_s, protocol, route, sampled,
+            Timing(started),
+        )  # fmt: skip
