@@ -159,4 +159,7 @@ def _path_item(
 
 def _operation_id(op: Operation) -> str:
     words = re.sub(r"[{}]", "", op.path).replace(":", "/").strip("/").split("/")
-    return op.method + "_" + "_".join(w.replace("-", "_").replace(".", "_") for w in words if w)
+    slash = "_slash" if op.path.endswith("/") and op.path != "/" else ""
+    return (
+        op.method + "_" + "_".join(w.replace("-", "_").replace(".", "_") for w in words if w)
+    ) + slash

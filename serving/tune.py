@@ -325,14 +325,51 @@ def plot(points: list[SweepPoint], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def load_as_served(
+    path: Path, fmt: str | None = None, model_class: str | None = None
+) -> ModelHandle:
+    """The model at ``path`` loaded as the server loads it: a directory's one artifact (an
+    MLflow folder's ``model.skops``), the loaders the ``SERVING_*`` environment configures
+    (``SERVING_SKOPS_TRUSTED_TYPES``, ``SERVING_ONNX_PROVIDERS``, ...), your own class.
+
+    :raises SettingsError: when those settings are invalid, naming the variable.
+    :raises ModelLoadError: naming the path and the cause.
+    """
+    from pydantic import ValidationError
+
+    from serving.errors import SettingsError
+    from serving.runtime import model_loaders
+    from serving.settings import Settings
+
+    where = {"model_dir": path} if path.is_dir() else {"model_path": path}
+    try:
+        settings = Settings(**where, model_format=fmt, model_class=model_class, workers=1)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise SettingsError("--model/--format/--class", str(exc.errors()[0]["msg"])) from None
+    return load_model(
+        settings.resolved_model_path,
+        settings.resolved_model_format,
+        name=settings.resolved_model_name,
+        loaders=model_loaders(settings),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m serving.tune", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--model", type=Path, required=True, help="model artifact to measure")
     parser.add_argument(
-        "--format", default=None, help="pickle, joblib or onnx (default: extension)"
-    )
+        "--model", type=Path, required=True,
+        help="model to measure: a file, or a directory holding one (an MLflow folder)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--format", default=None,
+        help="pickle, joblib, skops, onnx or python (default: from the extension)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--class", dest="model_class", default=None,
+        help="package.module:ClassName of your own model class (as SERVING_MODEL_CLASS)",
+    )  # fmt: skip
     parser.add_argument("--p99-ms", type=float, default=50.0, help="p99 latency budget in ms")
     parser.add_argument("--clients", type=int, default=64, help="concurrent requests expected")
     parser.add_argument(
@@ -342,7 +379,12 @@ def main() -> None:
 
     from sklearn.datasets import load_breast_cancer  # real rows when the model takes 30 features
 
-    handle = load_model(args.model, args.format)
+    from serving.errors import ModelLoadError, SettingsError
+
+    try:
+        handle = load_as_served(args.model, args.format, args.model_class)
+    except (ModelLoadError, SettingsError) as exc:
+        raise SystemExit(f"serving.tune: {exc}") from None
     n_features = handle.n_features or 30
     data = load_breast_cancer().data
     if handle.features is not None and handle.matrix_dtype is None:  # typed columns

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from importlib.resources import files
+from urllib.parse import urljoin
 
 import pytest
 from flask.testing import FlaskClient
@@ -76,3 +77,13 @@ def test_docs_predict_example_is_a_body_the_served_model_answers(settings: Setti
     assert answer.status_code == 200, answer.get_data(as_text=True)
     expected = handle.predict_batch(handle.sample(1))["predictions"].tolist()
     assert answer.get_json()["predictions"] == expected
+
+
+def test_docs_with_a_trailing_slash_redirects_to_the_page(client: FlaskClient) -> None:
+    """Reported by the new-user trial: /docs/ was a 404."""
+    response = client.get("/docs/")
+    assert response.status_code == 308
+    # Relative, as a browser resolves it: the page also behind a proxy's path prefix.
+    location = response.headers["Location"]
+    assert urljoin("http://host/docs/", location) == "http://host/docs"
+    assert urljoin("http://host/prefix/docs/", location) == "http://host/prefix/docs"

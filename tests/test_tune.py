@@ -12,7 +12,15 @@ import pandas as pd
 import pytest
 
 from serving.model.loaders import ModelHandle, load_model
-from serving.tune import SweepPoint, monotone, plateau_start, recommend, schema_rows, sweep
+from serving.tune import (
+    SweepPoint,
+    load_as_served,
+    monotone,
+    plateau_start,
+    recommend,
+    schema_rows,
+    sweep,
+)
 from tests.tabular import ROOT, write_churn
 
 
@@ -182,3 +190,40 @@ def test_tune_command_recommends_settings_for_the_readme_churn_model(tmp_path: P
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "SERVING_MAX_BATCH_SIZE=" in result.stdout
+
+
+def test_tune_loads_an_mlflow_folder_and_a_class_as_the_server_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reported by the new-user trial: a folder, a .skops file and a class all failed."""
+    from tests.tabular import CHURN_SKOPS_TYPES, churn_module, save_with_mlflow
+
+    model = churn_module().churn_pipeline()
+    folder = save_with_mlflow(tmp_path / "churn_mlflow", model, list(CHURN_SKOPS_TYPES)).parent
+    monkeypatch.setenv("SERVING_SKOPS_TRUSTED_TYPES", ",".join(CHURN_SKOPS_TYPES))
+    served = load_as_served(folder)
+    write_churn(tmp_path)
+    typed = load_as_served(tmp_path, model_class="tests.models:TypedChurn")
+
+    assert (served.name, served.format) == ("churn_mlflow", "skops")
+    assert typed.format == "python"
+    names = ["plan", "region", "seats", "usage_hours"]
+    assert (
+        [f.name for f in served.features or ()] == [f.name for f in typed.features or ()] == names
+    )
+    for handle in (served, typed):
+        rows = schema_rows(handle.features or (), 16)
+        points = sweep(handle, rows, sizes=(1, 8), min_time_s=0.001, rounds=1, min_calls=1)
+        assert [p.batch_size for p in points] == [1, 8]
+
+
+def test_tune_command_says_why_it_cannot_load_in_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "model.joblib"
+    bad.write_bytes(b"not a joblib file")
+    result = subprocess.run(
+        [sys.executable, "-m", "serving.tune", "--model", str(bad)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"serving.tune: cannot load model {bad}")
+    assert "Traceback" not in result.stderr

@@ -45,6 +45,15 @@ OPERATIONS = [
     ),
     Operation(
         "get",
+        "/docs/",
+        "To /docs (its relative links resolve from there)",
+        {308: None},
+        tag="probes",
+        security=False,
+        descriptions={308: "Permanent redirect to ../docs"},
+    ),
+    Operation(
+        "get",
         "/docs/{asset}",
         "A file of the Swagger UI page (its scripts, styles and icons)",
         {200: None, 404: ErrorResponse},
@@ -91,6 +100,12 @@ def page() -> Response:
     """The Swagger UI page (text/html), loading ``/openapi.json``."""
     html = _PAGE.format(version=version("flask-swagger-ui"))
     return Response(html, mimetype="text/html")
+
+
+@bp.get("/docs/")
+def page_slash() -> Response:
+    """308 to ``../docs``: the page's relative links would not resolve from ``/docs/``."""
+    return Response(status=308, headers={"Location": "../docs"})
 
 
 @bp.get("/docs/<asset>")
