@@ -226,7 +226,7 @@ class ModelRuntime:
         except Exception as exc:
             what = (
                 f"class {self.settings.model_class}"
-                if handle.format == "python"
+                if handle.format == "python" and self.settings.model_class
                 else f"{handle.format} model {handle.name!r}"
             )
             log.error("warm-up of %s failed", what, exc_info=True)

@@ -514,3 +514,57 @@ def test_v2_readme_example_validates_against_the_openapi_document(client: FlaskC
     jsonschema.validate(json.loads(match.group(1)), schema)
     body = json.loads(match.group(1))
     assert body["inputs"][0]["shape"][1] == 30  # the demo model's features
+
+
+def test_v2_int64_json_null_is_a_missing_value_where_the_feature_may_be_missing(
+    settings: Settings,
+) -> None:
+    """Reported by the new-user trial: a nullable integer column advertised as INT64
+    refused null ("is not an integer within INT64's range"), on /predict it was NaN."""
+    from serving.model.schema import feature
+
+    seen: list[Any] = []
+
+    def predict(batch: Any) -> Any:
+        seen.append(batch.copy())
+        return {"predictions": np.nan_to_num(batch["dependents"], nan=-1.0) + batch["income"]}
+
+    features = (
+        feature("dependents", "integer", np.int64, missing=True),
+        feature("income", "float", np.float64),
+    )
+    handle = ModelHandle(
+        name="credit", version="1", format="python", predict_batch=predict, features=features,
+        feature_names=("dependents", "income"),
+    )  # fmt: skip
+    app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
+    client = app.test_client()
+    body = {"inputs": [
+        {"name": "dependents", "shape": [3], "datatype": "INT64", "data": [2, None, 0]},
+        {"name": "income", "shape": [3], "datatype": "FP64", "data": [10.0, 20.0, 30.0]},
+    ]}  # fmt: skip
+    try:
+        metadata = client.get("/v2/models/credit").get_json()
+        answer = client.post("/v2/models/credit/infer", json=body)
+        batch = seen[-1]
+        strict = ModelHandle(
+            name="strict", version="1", format="python", predict_batch=predict,
+            features=(feature("dependents", "integer", np.int64), features[1]),
+            feature_names=("dependents", "income"),
+        )  # fmt: skip
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+    strict_app = create_app(settings, models=[strict], metrics=ServingMetrics(CollectorRegistry()))
+    try:
+        refused = strict_app.test_client().post(
+            "/v2/models/strict/infer", json=json.loads(json.dumps(body).replace("credit", "strict"))
+        )
+    finally:
+        strict_app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    assert [i["datatype"] for i in metadata["inputs"]] == ["INT64", "FP64"]
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    assert answer.get_json()["outputs"][0]["data"] == [12.0, 19.0, 30.0]
+    np.testing.assert_array_equal(batch["dependents"], [2.0, np.nan, 0.0])
+    assert refused.status_code == 400
+    assert "may not be missing" in refused.get_json()["error"]

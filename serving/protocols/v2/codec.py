@@ -6,9 +6,10 @@ little-endian bytes (Triton's binary tensor data extension), checked against its
 ``datatype`` and ``shape`` and decoded to an array of that shape, without the model:
 ``serving.conform`` then matches the names to the model's inputs (each sent once,
 ``[n, width]`` or ``[n]`` for a one-column input) and refuses values the model's own
-input type cannot hold. Integer datatypes stay integers (``INT64`` is exact end to end),
-floats become float64 (``null`` in JSON, NaN in binary: a missing value, refused unless
-the feature may be missing), ``BYTES`` become ``str`` (UTF-8) for string features.
+input type cannot hold. Integer datatypes stay integers (``INT64`` is exact end to end)
+unless JSON data holds ``null`` (then float64 with NaN, as a feature that may be missing
+is held), floats become float64 (``null`` in JSON, NaN in binary: a missing value,
+refused unless the feature may be missing), ``BYTES`` become ``str`` (UTF-8) for string features.
 ``BF16`` inputs are refused, as are shared-memory tensors and the classification
 extension.
 
@@ -129,8 +130,13 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
         want = "true or false"
     elif kind.kind in "iu":
         info = np.iinfo(kind)
-        fits = [type(value) is int and info.min <= value <= info.max for value in flat]
-        want = f"an integer within {tensor.datatype}'s range"
+        # null is a missing value (an integer feature that may be missing is float64 with
+        # NaN in the batch, as pandas holds it), for conform to accept or refuse
+        fits = [
+            value is None or (type(value) is int and info.min <= value <= info.max)
+            for value in flat
+        ]
+        want = f"an integer within {tensor.datatype}'s range, or null"
     else:
         limit = float(np.finfo(kind).max)
         # NaN (tritonclient writes numpy's NaN as JSON NaN) and null are missing values,
@@ -153,7 +159,7 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
         values = np.empty(len(flat), dtype=object)
         values[:] = flat
         return values
-    if kind.kind == "f":
+    if kind.kind == "f" or (kind.kind in "iu" and None in flat):
         return np.array([math.nan if v is None else v for v in flat], dtype=np.float64)
     return np.array(flat, dtype=kind)
 
