@@ -29,31 +29,17 @@ from serving.errors import InvalidInput
 from serving.instances import Columns, Frame, Instances, Records, Tensors, Unnamed
 from serving.model.handle import ModelHandle, TensorSpec
 from serving.model.schema import Feature, feature, structured_dtype, uniform_dtype
+from serving.rules import STRICT, Rules, check_names, numbers_from_strings
 from serving.values import Locate, column, matrix, refuse
 
-__all__ = ["check_names", "conform", "invalid"]
+__all__ = ["conform", "invalid"]
 
 invalid = refuse
 
 
-def check_names(keys: Sequence[str], names: Sequence[str], loc: str, what: str) -> None:
-    """:raises InvalidInput: (422) naming the first of ``names`` missing from ``keys``,
-    else the first key that is none of ``names``, else a key given twice."""
-    missing = [name for name in names if name not in keys]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise invalid(loc, f"missing {what} {missing[0]!r}{more}", f"missing_{what}")
-    unknown = next((key for key in keys if key not in names), None)
-    if unknown is not None:
-        msg = f"unknown {what} {unknown!r}; the model's {what}s are {', '.join(names)}"
-        raise invalid(f"{loc}.{unknown}", msg, f"unknown_{what}")
-    if len(keys) != len(set(keys)):
-        twice = next(key for i, key in enumerate(keys) if key in keys[:i])
-        raise invalid(loc, f"{what} {twice!r} is given twice", f"duplicate_{what}")
-
-
-def conform(instances: Instances, handle: ModelHandle) -> npt.NDArray[Any]:
-    """``instances`` as the batch of ``handle``'s model, checked against its schema.
+def conform(instances: Instances, handle: ModelHandle, rules: Rules = STRICT) -> npt.NDArray[Any]:
+    """``instances`` as the batch of ``handle``'s model, checked against its schema, with
+    ``rules`` for names it does not have and numbers sent as strings (``serving.rules``).
 
     :returns: ``(n_instances, n_features)`` of ``handle.matrix_dtype``, or a record array
         ``(n_instances,)`` of ``handle.batch_dtype``.
@@ -63,17 +49,17 @@ def conform(instances: Instances, handle: ModelHandle) -> npt.NDArray[Any]:
         the model's input type cannot hold.
     """
     if isinstance(instances, Tensors):
-        return _tensors(instances, handle)
+        return _tensors(instances, handle, rules)
     if isinstance(instances, Columns):
-        return _columns(instances, handle)
+        return _columns(instances, handle, rules)
     rows: Sequence[Sequence[Any]]
     if isinstance(instances, Records):
-        rows, loc = _records(instances.rows, handle, instances.field, instances.unnamed)
+        rows, loc = _records(instances.rows, handle, instances.field, instances.unnamed, rules)
         if handle.features is not None and len(rows[0]) != len(handle.features):
             # keys in key order for a model without feature names: as many as it has?
             _check_lengths(rows[:1], len(handle.features), instances.field, known=True)
     else:
-        rows, loc = _frame(instances, handle)
+        rows, loc = _frame(instances, handle, rules)
     features = handle.features or _floats(len(rows[0]))
     if not features:
         raise invalid(f"{instances.field}[0]", "the instance has no values", "too_short")
@@ -81,6 +67,8 @@ def conform(instances: Instances, handle: ModelHandle) -> npt.NDArray[Any]:
         _check_lengths(rows, len(features), instances.field, handle.features is not None)
         if instances.text:
             rows = text_rows(rows, features, loc)
+    if rules.numbers_from_strings:
+        rows = numbers_from_strings(rows, features, loc)
     dtype = uniform_dtype(features)
     if dtype is not None:
         return matrix(rows, features, dtype, loc)
@@ -133,7 +121,9 @@ def _table(
     return out
 
 
-def _frame(frame: Frame, handle: ModelHandle) -> tuple[Sequence[Sequence[Any]], Locate]:
+def _frame(
+    frame: Frame, handle: ModelHandle, rules: Rules
+) -> tuple[Sequence[Sequence[Any]], Locate]:
     rows, columns, field = frame.rows, frame.columns, frame.field
     if columns is None:
         return rows, lambda i, j: f"{field}[{i}][{j}]"
@@ -144,7 +134,7 @@ def _frame(frame: Frame, handle: ModelHandle) -> tuple[Sequence[Sequence[Any]], 
     names = [str(c) for c in columns]
     if handle.feature_names is None:
         return rows, lambda i, j: f"{field}[{i}].{names[j]}"
-    check_names(names, handle.feature_names, frame.columns_field, "feature")
+    check_names(names, handle.feature_names, frame.columns_field, "feature", rules)
     order = [names.index(name) for name in handle.feature_names]
     if order != list(range(len(order))):
         rows = [[row[j] for j in order] for row in rows]
@@ -165,6 +155,7 @@ def _records(
     handle: ModelHandle,
     field: str,
     unnamed: Unnamed = "key_order",
+    rules: Rules = STRICT,
 ) -> tuple[list[Any], Locate]:
     """Objects keyed by feature name (or input name) as rows in the model's feature order;
     for a model without feature names, in the first record's key order, or refused."""
@@ -194,24 +185,13 @@ def _records(
     values: list[Any] = []
     for index, record in enumerate(records):
         if len(record) != n or not known.issuperset(record):
-            _refuse_keys(record, names, f"{field}[{index}]")
+            check_names(list(record), names, f"{field}[{index}]", "feature", rules)
         values.append(get(record))
     if any(type(value) is list for row in values for value in row):
         values = [[_scalar(v, field, i, names[j]) for j, v in enumerate(row)]
                   for i, row in enumerate(values)]  # fmt: skip
     final = names
     return values, lambda i, j: f"{field}[{i}].{final[j]}"
-
-
-def _refuse_keys(record: Mapping[str, Any], names: Sequence[str], loc: str) -> None:
-    """:raises InvalidInput: naming the first missing, else the first unknown feature."""
-    missing = [name for name in names if name not in record]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise invalid(loc, f"missing feature {missing[0]!r}{more}", "missing_feature")
-    unknown = next(key for key in record if key not in names)
-    msg = f"unknown feature {unknown!r}; the model's features are {', '.join(names)}"
-    raise invalid(f"{loc}.{unknown}", msg, "unknown_feature")
 
 
 def _scalar(value: Any, field: str, index: int, name: str) -> Any:
@@ -236,28 +216,37 @@ def _input_row(instance: Mapping[str, Any], specs: tuple[TensorSpec, ...], loc: 
     return row
 
 
-def _columns(columns: Columns, handle: ModelHandle) -> npt.NDArray[Any]:
+def _columns(columns: Columns, handle: ModelHandle, rules: Rules) -> npt.NDArray[Any]:
     """Named columns (feature or input names) in the model's order."""
     field, data = columns.field, columns.data
     keys = list(data)
     if _by_input_name(handle, keys):
-        check_names(keys, [spec.name for spec in handle.input_specs()], field, "input")
-        records = [{name: values[i] for name, values in data.items()} for i in range(columns.n)]
-        rows, loc = _records(records, handle, field)
-        features = handle.features or _floats(len(rows[0]))
-        return _table(_transposed(rows, len(features)), features, loc)
+        kept = check_names(
+            keys, [spec.name for spec in handle.input_specs()], field, "input", rules
+        )
+        records = [{name: data[name][i] for name in kept} for i in range(columns.n)]
+        by_input, at = _records(records, handle, field, rules=rules)
+        features = handle.features or _floats(len(by_input[0]))
+        return _table(_transposed(by_input, len(features)), features, at)
     names = handle.feature_names
     if names is None:
         names = tuple(keys)
     else:
-        check_names(keys, names, field, "feature")
+        check_names(keys, names, field, "feature", rules)
     features = handle.features or _floats(len(names))
     if len(features) != len(names):
         msg = f"has {len(names)} columns; the model expects {len(features)}"
         raise invalid(field, msg, "feature_count")
     order = names
-    values = [[_unwrap(v) for v in data[name]] for name in names]
-    return _table(values, features, lambda i, j: f"{field}.{order[j]}[{i}]")
+
+    def loc(i: int, j: int) -> str:
+        return f"{field}.{order[j]}[{i}]"
+
+    values: Sequence[Sequence[Any]] = [[_unwrap(v) for v in data[name]] for name in names]
+    if rules.numbers_from_strings:
+        rows = numbers_from_strings(list(zip(*values, strict=True)), features, loc)
+        values = [list(col) for col in zip(*rows, strict=True)]
+    return _table(values, features, loc)
 
 
 def _unwrap(value: Any) -> Any:
@@ -265,7 +254,7 @@ def _unwrap(value: Any) -> Any:
     return value[0] if isinstance(value, list) and len(value) == 1 else value
 
 
-def _tensors(tensors: Tensors, handle: ModelHandle) -> npt.NDArray[Any]:
+def _tensors(tensors: Tensors, handle: ModelHandle, rules: Rules) -> npt.NDArray[Any]:
     """Each of the model's inputs sent once under its name; their columns are the
     model's features, in input order."""
     specs = handle.input_specs()
@@ -274,6 +263,10 @@ def _tensors(tensors: Tensors, handle: ModelHandle) -> npt.NDArray[Any]:
     for index, (name, _) in enumerate(tensors.inputs):
         loc = f"inputs[{index}]"
         if name not in names:
+            if rules.extra == "ignore":
+                if rules.on_ignored is not None:
+                    rules.on_ignored(name)
+                continue
             msg = f"the model has no input {name!r} (its inputs: {', '.join(names)})"
             raise invalid(loc, msg, "input_name")
         if name in given:

@@ -28,10 +28,11 @@ values.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from serving.batching.batcher import ThreadedBatcher
@@ -44,10 +45,16 @@ from serving.model.handle import ModelHandle, Outputs
 from serving.observe import tracing
 from serving.observe.metrics import ServingMetrics
 from serving.observe.payload_log import PayloadLog
+from serving.rules import Rules
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
 
 __all__ = ["DataPlane", "Inference", "check_outputs"]
+
+log = logging.getLogger(__name__)
+#: Most (model, name) pairs logged as ignored per process: a client sending random names
+#: cannot grow the set without bound.
+_MAX_IGNORED = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +89,10 @@ class DataPlane:
         self.get_models = get_models
         #: ``SERVING_PAYLOAD_LOG``'s sink, or None when it is off.
         self.payloads = PayloadLog.from_settings(settings, metrics)
+        #: How requests' columns are taken unless a route says (``SERVING_EXTRA_COLUMNS``).
+        self.rules = Rules(extra=settings.extra_columns)
+        self._ignored_names: set[tuple[str, str, str]] = set()
+        self._rules_for: dict[tuple[Rules | None, str, str], Rules] = {}
 
     @property
     def models(self) -> ModelCache:
@@ -122,6 +133,7 @@ class DataPlane:
         instances: Instances,
         *,
         outputs: list[str] | None = None,
+        rules: Rules | None = None,
     ) -> Inference:
         """Answer ``instances`` with model ``model_name`` (default: the first model) at
         ``version`` (default: its first), through the model's batcher, by ``call``'s
@@ -129,6 +141,8 @@ class DataPlane:
         the end of each stage, whether it succeeds or not (the access log reads it).
 
         :param outputs: output names the caller asked for; each must be one of the model's.
+        :param rules: how the request's columns are taken (``serving.rules``; default:
+            ``SERVING_EXTRA_COLUMNS``); each name ignored is logged once per model.
         :raises PayloadTooLarge: (413) above ``SERVING_MAX_INSTANCES_PER_REQUEST``.
         :raises ModelNotFound: (404) no model called ``model_name``.
         :raises VersionConflict: (409) the model is served here, but not at ``version``.
@@ -153,7 +167,7 @@ class DataPlane:
         payloads = self.payloads if call.sampled else None
         kept = None
         try:
-            rows = self._conform(handle, instances, outputs, timing)
+            rows = self._conform(handle, instances, outputs, timing, self._rules(rules, handle))
             if payloads is not None:  # taken before the model may write into its input
                 kept = payloads.keep(rows)
             answer = self._queue(runtime, handle, batcher, rows, call=call, outputs=outputs)
@@ -167,13 +181,42 @@ class DataPlane:
             payloads.record(call, handle.name, handle.version, kept, answer)
         return Inference(handle, answer, timing)
 
+    def _rules(self, rules: Rules | None, handle: ModelHandle) -> Rules:
+        """``rules`` (default ``self.rules``) reporting ignored names to a log for
+        ``handle``: built once per rules and model, not per request."""
+        key = (rules, handle.name, handle.version)
+        found = self._rules_for.get(key)
+        if found is None:
+            found = replace(rules or self.rules, on_ignored=self._ignored(handle))
+            self._rules_for[key] = found
+        return found
+
+    def _ignored(self, handle: ModelHandle) -> Callable[[str], None]:
+        """Log a name ``handle``'s model does not have, once per model and name."""
+
+        def log_once(name: str) -> None:
+            key = (handle.name, handle.version, name)
+            if key not in self._ignored_names and len(self._ignored_names) < _MAX_IGNORED:
+                self._ignored_names.add(key)
+                log.info(
+                    "model %r version %r: ignoring %r, which it does not take "
+                    "(SERVING_EXTRA_COLUMNS=ignore, or MLflow's rules on /invocations)",
+                    handle.name, handle.version, name[:64],
+                )  # fmt: skip
+
+        return log_once
+
     @staticmethod
     def _conform(
-        handle: ModelHandle, instances: Instances, outputs: list[str] | None, timing: Timing
+        handle: ModelHandle,
+        instances: Instances,
+        outputs: list[str] | None,
+        timing: Timing,
+        rules: Rules,
     ) -> Any:
         """Steps 3 and 4 of ``infer``: the rows the batcher merges."""
         check_outputs(outputs, handle.output_names)
-        rows = conform(instances, handle)
+        rows = conform(instances, handle, rules)
         timing.instances, timing.conformed = len(rows), time.perf_counter()
         return rows
 

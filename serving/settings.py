@@ -86,6 +86,16 @@ class Settings(ModelSettings):
     max_body_bytes: int = Field(
         2 * 1024 * 1024, ge=1024, description="Largest request body in bytes (413 above)"
     )
+    extra_columns: Literal["refuse", "ignore"] = Field(
+        "refuse",
+        description=(
+            "A column, key or input the model does not have, on `/predict`, KServe V2 and "
+            "TF Serving: `refuse` (422 naming it) or `ignore` it, as scikit-learn "
+            "in-process does (each name logged once per worker). `/invocations` follows "
+            "MLflow's scoring server whatever this says: extra columns ignored, numbers "
+            'sent as strings (`"12"`) read by the model\'s schema'
+        ),
+    )
     load_timeout_s: float = Field(
         300,
         gt=0,

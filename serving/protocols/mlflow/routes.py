@@ -38,6 +38,7 @@ from serving.protocols.mlflow.schemas import (
     PingResponse,
 )
 from serving.protocols.schemas import parse_body
+from serving.rules import MLFLOW
 from serving.server.workers import readiness
 
 __all__ = ["OPERATIONS", "PROTOCOL", "bp"]
@@ -141,5 +142,5 @@ def invocations(call: Call) -> Response:
         instances = decode(parse_body(MlflowRequest, read_json_body(limit)))
     else:
         raise UnsupportedMediaType(request.content_type, "application/json or text/csv")
-    answer = plane.infer(call, None, None, instances)
+    answer = plane.infer(call, None, None, instances, rules=MLFLOW)
     return json_response({"predictions": jsonable(answer.outputs["predictions"])})
