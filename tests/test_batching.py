@@ -13,16 +13,14 @@ import pytest
 from serving.batching.batcher import FlushStats, ThreadedBatcher, split_outputs
 from serving.errors import InferenceError, InferenceTimeout, NotReady, Overloaded
 from tests.models import FailsOnNegative, ReusedBuffer, RowEcho, WrongLength
+from tests.waiting import until
 
 WAIT_S = 10.0
 
 
 def wait_while(condition: Any) -> None:
     """Poll ``condition()`` until it is false; fail the test after WAIT_S seconds."""
-    deadline = time.monotonic() + WAIT_S
-    while condition():
-        assert time.monotonic() < deadline, "waited too long"
-        time.sleep(0.001)
+    until(lambda: not condition(), WAIT_S, interval_s=0.001, what="done waiting")
 
 
 def outputs_of(model: Any) -> Any:

@@ -28,6 +28,7 @@ from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
 from tests.models import RowEcho, RowOffset
+from tests.waiting import until
 
 
 def runtime_of(settings: Settings, metrics: ServingMetrics, handle: ModelHandle) -> ModelRuntime:
@@ -193,15 +194,10 @@ def test_dataplane_infer_counts_queue_depth_and_rejections(
     ]  # fmt: skip
     try:
         callers[0].start()
-        deadline = time.monotonic() + 10
-        while batcher.busy_for_s == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        until(lambda: batcher.busy_for_s > 0, 10, interval_s=0.001, what="the model busy")
         for caller in callers[1:]:
             caller.start()
-        while batcher.queue_depth < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        until(lambda: batcher.queue_depth >= 2, 10, interval_s=0.001, what="2 queued")
         with pytest.raises(Overloaded):
             plane.infer(soon(plane), None, None, Frame([[1.0]]))
         depth = metrics.registry.get_sample_value("inference_queue_depth", labels)

@@ -3,6 +3,7 @@ sinks under Gunicorn are in tests/e2e/test_payload_log.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from serving.observe.metrics import ServingMetrics
 from serving.observe.payload_log import PayloadLog
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
+from tests.waiting import until
 
 ROWS = np.array([[1.0, 2.0, 3.0]])
 OUTPUTS = {"predictions": np.array([1])}
@@ -38,12 +40,12 @@ def call_of(request_id: str, protocol: str = "predict", route: str = "/predict")
 
 
 def lines_of(directory: Path, count: int, timeout_s: float = 10.0) -> list[dict[str, object]]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        lines = [line for f in directory.iterdir() for line in f.read_text().splitlines()]
-        if len(lines) >= count or time.monotonic() > deadline:
-            return [json.loads(line) for line in lines]
-        time.sleep(0.02)
+    def lines() -> list[str]:
+        return [line for f in directory.iterdir() for line in f.read_text().splitlines()]
+
+    with contextlib.suppress(AssertionError):  # fewer: the caller's assertions say which
+        until(lambda: len(lines()) >= count, timeout_s)
+    return [json.loads(line) for line in lines()]
 
 
 def test_payload_log_needs_a_sink_and_is_off_by_default(settings: Settings) -> None:
@@ -167,12 +169,14 @@ def test_payload_log_queue_is_bounded_in_bytes_and_drops_are_counted(
 
 def drops(metrics: ServingMetrics, reason: str, count: int, timeout_s: float = 10.0) -> float:
     """``payload_log_dropped_total{reason}`` once it reached ``count`` (or the timeout)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = metrics.registry.get_sample_value("payload_log_dropped_total", {"reason": reason})
-        if (value or 0) >= count or time.monotonic() > deadline:
-            return value or 0
-        time.sleep(0.02)
+
+    def value() -> float:
+        labels = {"reason": reason}
+        return metrics.registry.get_sample_value("payload_log_dropped_total", labels) or 0
+
+    with contextlib.suppress(AssertionError):  # fewer: the caller's assertions say how many
+        until(lambda: value() >= count, timeout_s)
+    return value()
 
 
 def test_payload_log_removed_directory_drops_counts_and_says_so_once(

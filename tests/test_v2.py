@@ -7,7 +7,6 @@ import json
 import re
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from serving.protocols.v2.schemas import V2Error, V2InferResponse, V2ModelMetada
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
 from tests.conftest import serve_runtimes
+from tests.waiting import until
 
 ROOT = Path(__file__).resolve().parents[1]
 INFER = "/v2/models/echo/infer"
@@ -489,10 +489,8 @@ def test_v2_and_predict_requests_are_merged_into_the_same_predict_calls(
     callers = [threading.Thread(target=v2 if k % 2 else rest, args=(k,)) for k in range(1, 7)]
     for caller in callers:
         caller.start()
-    deadline = time.monotonic() + 10
-    while runtime.queue_depth < 12:
-        assert time.monotonic() < deadline, f"queued: {runtime.queue_depth}"
-        time.sleep(0.005)
+    until(lambda: runtime.queue_depth >= 12, 10, interval_s=0.005,
+          what=lambda: f"12 queued (queued: {runtime.queue_depth})")  # fmt: skip
     release.set()
     for thread in [blocker, *callers]:
         thread.join(10)

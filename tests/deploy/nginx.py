@@ -22,6 +22,7 @@ from typing import Any
 
 from tests.deploy.tools import require, run
 from tests.e2e.server import ROOT, free_port
+from tests.waiting import until
 
 __all__ = ["TEMPLATE", "VARIABLES", "NginxServer", "render", "template_variables"]
 
@@ -172,22 +173,20 @@ class NginxServer:
     def wait_for_entries(self, count: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
         """The access log once it has at least ``count`` entries (nginx writes an entry after
         the response has gone out, so a client can be ahead of the log)."""
-        deadline = time.monotonic() + timeout_s
-        while len(entries := self.log_entries()) < count:
-            assert time.monotonic() < deadline, f"{len(entries)} log entries, not {count}"
-            time.sleep(0.05)
-        return entries
+        return until(
+            lambda: entries if len(entries := self.log_entries()) >= count else [], timeout_s,
+            interval_s=0.05, what=lambda: f"{count} log entries ({len(self.log_entries())})",
+        )  # fmt: skip
 
     def wait_for_entry(self, request_id: str, count: int = 1, timeout_s: float = 10.0) -> Any:
         """The latest entry of ``request_id`` once it has been logged ``count`` times."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            found = [e for e in self.log_entries() if e["request_id"] == request_id]
-            if len(found) >= count:
-                break
-            assert time.monotonic() < deadline, f"{request_id} logged {len(found)}x, not {count}x"
-            time.sleep(0.05)
-        return found[-1]
+
+        def found() -> list[Any]:
+            return [e for e in self.log_entries() if e["request_id"] == request_id]
+
+        entries = until(lambda: f if len(f := found()) >= count else [], timeout_s,
+                        interval_s=0.05, what=f"{request_id} logged {count}x")  # fmt: skip
+        return entries[-1]
 
     def stop(self, timeout_s: float = 20.0) -> int:
         """SIGQUIT (graceful shutdown); nginx's exit status."""

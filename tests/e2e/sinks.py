@@ -10,6 +10,8 @@ from typing import Any
 
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
+from tests.waiting import until
+
 
 class CloudEventSink:
     """``with CloudEventSink() as sink:`` an HTTP server on 127.0.0.1 collecting each
@@ -54,10 +56,10 @@ class CloudEventSink:
     def wait_for(self, count: int, timeout_s: float = 30.0) -> list[Any]:
         """The events once at least ``count`` have arrived (AssertionError after
         ``timeout_s``)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def received() -> list[Any]:
             with self._lock:
-                if len(self.events) >= count:
-                    return list(self.events)
-            time.sleep(0.05)
-        raise AssertionError(f"{len(self.events)} of {count} events after {timeout_s} s")
+                return list(self.events) if len(self.events) >= count else []
+
+        return until(received, timeout_s, interval_s=0.05,
+                     what=lambda: f"{count} events ({len(self.events)} came)")  # fmt: skip

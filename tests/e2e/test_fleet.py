@@ -16,6 +16,7 @@ import requests
 
 from tests.e2e.server import GunicornServer
 from tests.models import UnevenLoading
+from tests.waiting import until
 
 Start = Callable[..., GunicornServer]
 Pickled = Callable[[Any, str], Path]
@@ -106,10 +107,10 @@ def test_a_respawn_that_cannot_load_does_not_stop_the_serving_worker(
 
     hidden.rename(model)  # back: the next retry loads and the worker joins
     server.wait_for_log("ready to serve", 3, timeout_s=30)
-    deadline = time.monotonic() + 10
-    while requests.get(f"{server.url}/healthz", timeout=5).json()["workers"]["total"] < 2:
-        assert time.monotonic() < deadline, server.output()
-        time.sleep(0.1)
+    until(
+        lambda: requests.get(f"{server.url}/healthz", timeout=5).json()["workers"]["total"] >= 2,
+        10, interval_s=0.1, what=lambda: f"2 workers:\n{server.output()}",
+    )  # fmt: skip
     assert server.terminate() == 0
 
 

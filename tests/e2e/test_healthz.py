@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import requests
 
 from tests.e2e.server import GunicornServer
 from tests.models import RowEcho
+from tests.waiting import until
 
 KEY = "k" * 24
 
@@ -29,13 +29,12 @@ def test_healthz_shows_a_failed_workers_load_error_only_with_a_key(
     os.kill(server.worker_pids()[0], signal.SIGKILL)
     server.wait_for_log("retrying in", 1, timeout_s=30)
 
-    deadline = time.monotonic() + 30
-    while True:  # the board shows the failed worker once it has written its state
+    def failed_shown() -> requests.Response | None:
+        # the board shows the failed worker once it has written its state
         detail = requests.get(f"{server.url}/healthz", headers={"X-API-Key": KEY}, timeout=5)
-        if detail.json()["workers"].get("failed") == 1:
-            break
-        assert time.monotonic() < deadline, server.output()
-        time.sleep(0.05)
+        return detail if detail.json()["workers"].get("failed") == 1 else None
+
+    detail = until(failed_shown, 30, interval_s=0.05, what=lambda: f"failed:\n{server.output()}")
     assert str(model) in detail.json()["workers"]["errors"][0]["error"]
     assert detail.json()["model_name"] == "m"
 

@@ -23,6 +23,7 @@ from cloudevents.core.bindings.http import HTTPMessage, from_structured_event
 from serving.settings import DEMO_MODEL_PATH
 from tests.e2e.server import GunicornServer
 from tests.e2e.sinks import CloudEventSink
+from tests.waiting import until
 
 Start = Callable[..., GunicornServer]
 KEY = "payload-log-test-key-0123456789"
@@ -124,13 +125,11 @@ def test_payload_log_file_sink_writes_a_line_per_record_and_rotates(
     )
     server.wait_ready()
     sent = send_every_protocol(server, X, 40)
-    deadline = time.monotonic() + 30
-    lines: list[str] = []
-    while time.monotonic() < deadline:
-        lines = [line for file in path.parent.iterdir() for line in file.read_text().splitlines()]
-        if len(lines) >= 40:
-            break
-        time.sleep(0.1)
+
+    def written() -> list[str]:
+        return [line for file in path.parent.iterdir() for line in file.read_text().splitlines()]
+
+    lines = until(lambda: f if len(f := written()) >= 40 else [], 30, what="40 lines")
 
     assert len(lines) == 40
     files = {file.name for file in path.parent.iterdir()}
@@ -213,10 +212,10 @@ def test_payload_log_full_disk_changes_no_answer_and_is_said_once_per_worker(
 
     for rows, predictions in sent.values():
         assert predictions == pipeline.predict(rows).tolist()
-    deadline = time.monotonic() + 30
-    while server.metric('payload_log_dropped_total{reason="sink_error"}') < 200:
-        assert time.monotonic() < deadline, server.output()
-        time.sleep(0.1)
+    until(
+        lambda: server.metric('payload_log_dropped_total{reason="sink_error"}') >= 200, 30,
+        interval_s=0.1, what=lambda: f"200 drops:\n{server.output()}",
+    )  # fmt: skip
     output = server.output()
     assert output.count("Traceback") == 0, f"{len(output)} bytes of output"
     assert server.metric('payload_log_dropped_bytes_total{reason="sink_error"}') > 0
