@@ -223,14 +223,21 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         _load_while_accepting(cache, on_failure)
     _recycle_one_at_a_time(server, worker)
     cache.start_watchdog(on_problem)
+    _guard_connections(server, worker, settings)
+
+
+def _guard_connections(server: Any, worker: Any, settings: Settings) -> None:
+    """Worker: time limits on a request's headers and body (``slow_clients``), and each
+    response's headers and body in one write (``one_write``)."""
     if hasattr(worker, "handle_request"):  # Gunicorn's gthread worker
-        from serving.server.slow_clients import limit_header_phase
+        from serving.server.slow_clients import limit_body_phase, limit_header_phase
 
         limit_header_phase(worker, settings.header_timeout_s)
+        limit_body_phase(worker, settings.request_timeout_ms / 1000)
     from serving.server.one_write import join_headers_and_body
 
     if not join_headers_and_body():
-        server.log.info("worker %s: this Gunicorn writes headers and body apart", pid)
+        server.log.info("worker %s: this Gunicorn writes headers and body apart", os.getpid())
 
 
 def _load_while_accepting(cache: Any, on_failure: Any) -> None:

@@ -1,16 +1,27 @@
-"""Bound the header phase of a request in a Gunicorn gthread worker.
+"""Bound the header and body phases of a request in a Gunicorn gthread worker.
 
 A gthread worker hands a connection to one of its threads as soon as bytes arrive, and the
-thread then reads the request line and headers with blocking reads and no time limit: a
-client that sends ``GET / HTTP/1.1\\r\\n`` and stops holds that thread forever. Measured
-here: 400 such sockets against 2 workers and ``/livez`` stopped answering (Gunicorn 27 has
-no header timeout setting). ``limit_header_phase`` wraps the worker's ``handle`` (one
-request on a connection, from its first byte) and ``handle_request`` (headers parsed): a
-reaper thread shuts down the socket of a connection still in between after
-``header_timeout_s`` seconds, so the blocked read returns end-of-file and the thread is
-free (Gunicorn logs it at debug level as a premature disconnection). The time counts from
-the accept, so connections queued for a thread behind slow ones expire too. The body
-phase is not covered here: the request path reads the body against ``SERVING_REQUEST_TIMEOUT_MS``.
+thread then reads the request line, the headers and (through the application) the body
+with blocking reads and no time limit: a client that sends ``GET / HTTP/1.1\\r\\n`` and
+stops, or headers with ``Content-Length: 100`` and 6 bytes of body, holds that thread
+forever. Measured here: 400 such sockets against 2 workers and ``/livez`` stopped
+answering; so did 128 stalled bodies against one worker of 64 threads, for good (Gunicorn
+27 has no header or body timeout setting).
+
+``limit_header_phase`` wraps the worker's ``handle`` (one request on a connection, from
+its first byte) and ``handle_request`` (headers parsed): a reaper thread shuts down the
+socket of a connection still in between after ``header_timeout_s`` seconds, so the blocked
+read returns end-of-file and the thread is free (Gunicorn logs it at debug level as a
+premature disconnection). The time counts from the accept, so connections queued for a
+thread behind slow ones expire too.
+
+``limit_body_phase`` wraps ``handle_request``: while the application runs, every read of
+the request body from the socket waits at most until ``body_timeout_s`` seconds after the
+headers (``SERVING_REQUEST_TIMEOUT_MS``, the deadline the request path answers by). A read
+past it raises ``TimeoutError``, which ``serving.protocols.base.read_body`` answers with
+408 ``request_timeout``; the socket is then shut down (a body read that failed leaves no
+place for the next request to start, and Gunicorn's graceful close would wait on the main
+loop for a client that does not close), and the thread is free.
 
 Imports only the standard library and, when called, Gunicorn's gthread worker module.
 """
@@ -23,7 +34,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["limit_header_phase"]
+__all__ = ["limit_body_phase", "limit_header_phase"]
 
 
 def limit_header_phase(worker: Any, header_timeout_s: float, interval_s: float = 0.5) -> None:
@@ -75,3 +86,61 @@ def limit_header_phase(worker: Any, header_timeout_s: float, interval_s: float =
 
     worker.handle, worker.handle_request = timed_handle, headers_done
     threading.Thread(target=reap, name="serving-header-timeout", daemon=True).start()
+
+
+class _BodyDeadline:
+    """A connection's socket as Gunicorn's request parser reads it while the application
+    reads the body: each ``recv`` waits at most until ``deadline`` (``time.monotonic()``).
+
+    :raises TimeoutError: from ``recv`` at or past the deadline.
+    """
+
+    def __init__(self, sock: Any, deadline: float) -> None:
+        self.sock, self.deadline = sock, deadline
+        self.expired = False
+
+    def recv(self, size: int) -> bytes:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            self.expired = True
+            raise TimeoutError("request body: deadline passed")
+        self.sock.settimeout(remaining)
+        try:
+            data: bytes = self.sock.recv(size)
+            return data
+        except TimeoutError:
+            self.expired = True
+            raise
+        finally:
+            self.sock.settimeout(None)  # the response is written without this limit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+def limit_body_phase(worker: Any, body_timeout_s: float) -> None:
+    """Make every request body read of ``worker`` (a gthread worker, before
+    ``init_process``) end with ``TimeoutError`` once ``body_timeout_s`` seconds have passed
+    since its headers were parsed. Does nothing to a connection whose parser does not read
+    through ``parser.unreader.sock`` (Gunicorn's HTTP/1 parser does)."""
+    handle_request = worker.handle_request
+
+    def with_body_deadline(req: Any, conn: Any) -> Any:
+        unreader: Any = getattr(getattr(conn, "parser", None), "unreader", None)
+        sock: Any = getattr(unreader, "sock", None)
+        if not hasattr(sock, "recv") or not hasattr(sock, "settimeout"):
+            return handle_request(req, conn)
+        deadline = unreader.sock = _BodyDeadline(sock, time.monotonic() + body_timeout_s)
+        try:
+            return handle_request(req, conn)
+        finally:
+            unreader.sock = sock
+            if deadline.expired:
+                # The 408 is written. Shut both ways here, in this thread: Gunicorn's own
+                # graceful close, run by the worker's main loop, waits up to 2 s for the
+                # client to close first, and a stalled client never does (100 of them
+                # stopped the worker's accept loop for 200 s).
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    worker.handle_request = with_body_deadline
