@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -201,3 +202,36 @@ def test_access_log_off_writes_no_request_lines(
 
     assert out.getvalue() == ""
     assert access_log._writer is None
+
+
+def test_stop_children_ends_a_child_that_ignores_sigterm_and_reaps_it() -> None:
+    import subprocess
+    import sys
+
+    from serving.server import children
+
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + (
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    polite = "import time; print('ready', flush=True); time.sleep(60)"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+        for code in (stubborn, polite)
+    ]
+    for proc in procs:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    pids = [proc.pid for proc in procs]
+    assert set(pids) <= set(children.children())
+    lines: list[str] = []
+
+    stopped = children.stop_children(timeout_s=0.5, log=lines.append, pids=pids)
+
+    assert stopped == pids and len(lines) == 1 and str(pids) in lines[0]
+    assert not set(pids) & set(children.children())
+    for pid in pids:  # reaped: no zombie left
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    for proc in procs:  # Popen learns it is gone (waitpid: no such child)
+        proc.wait(5)
+        assert proc.stdout is not None
+        proc.stdout.close()

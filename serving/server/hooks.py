@@ -30,6 +30,7 @@ from typing import Any
 from serving.auth import load_api_keys
 from serving.errors import SettingsError
 from serving.observe import access_log
+from serving.server.children import forget_server_in_children, stop_children
 from serving.server.workers import Board, RecycleGate, alive, install_board, roll_over
 from serving.settings import Settings, load_settings, unknown_variables
 
@@ -168,6 +169,7 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     (``_load_before_accepting``). Each publishes its state on the board (``/healthz``)."""
     if settings.cpu_affinity == "auto" and hasattr(os, "sched_setaffinity"):
         _pin(server, worker, settings.blas_threads)
+    forget_server_in_children(getattr(worker, "sockets", ()))  # a model that forks
     from serving.cache import ModelCache, install_cache
     from serving.observe import tracing
     from serving.observe.metrics import default_metrics
@@ -346,12 +348,16 @@ def _recycle_one_at_a_time(server: Any, worker: Any) -> None:
 
 
 def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
-    """Worker (after its last connection closed): stop the batcher, answering what is queued."""
+    """Worker (after its last connection closed): stop the batcher, answering what is
+    queued, then the processes its model forked (``serving.server.children``)."""
     from serving.cache import installed_cache
 
+    if getattr(worker, "pid", None) != os.getpid():
+        return  # the master calls this hook too, for a worker that is already gone
     cache = installed_cache()
-    if cache is not None:  # None in the master, which also calls this hook
+    if cache is not None:
         cache.stop(timeout_s=settings.drain_timeout_s)
+    stop_children(log=lambda line: server.log.info("worker %s: %s", worker.pid, line))
     access_log.stop()  # after the drain: its answers are logged too
 
 
