@@ -33,7 +33,11 @@ def test_on_starting_removes_only_prometheus_files(
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
 
     server = SimpleNamespace(
-        log=logging.getLogger("test"), master_pid=0, reap_workers=None, manage_workers=None
+        log=logging.getLogger("test"),
+        master_pid=0,
+        reap_workers=None,
+        manage_workers=None,
+        reload=None,
     )
     hooks.on_starting(server)
 
@@ -46,7 +50,11 @@ def test_on_starting_after_usr2_keeps_the_old_generations_files(
     (tmp_path / "counter_123.db").write_bytes(b"still written by the old workers")
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     server = SimpleNamespace(
-        log=logging.getLogger("test"), master_pid=1, reap_workers=None, manage_workers=None
+        log=logging.getLogger("test"),
+        master_pid=1,
+        reap_workers=None,
+        manage_workers=None,
+        reload=None,
     )
     hooks.on_starting(server)
 

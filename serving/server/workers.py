@@ -19,6 +19,8 @@ cannot make a request fail; it only shows up in ``/healthz``.
 
 * a reload (``SIGHUP``) stops an old worker only once a new one is ready: capacity never
   drops (Gunicorn itself stops all old workers at once, and new ones load for seconds);
+  old workers that serve nothing (failed to load) are stopped at once, and the master
+  handles the next signal as soon as the new workers are forked;
 * after the first boot, no worker exit halts the server (Gunicorn halts on exit status 3 or
   4 whenever it comes: a model calling ``os._exit(3)`` would stop every worker).
 
@@ -95,13 +97,16 @@ class Fleet:
 
     def summary(self) -> dict[str, Any]:
         """``{"ready": N, "total": M}``, plus ``loading``/``failed`` counts and the last
-        load error of each failed worker when there are any (for ``/healthz``)."""
+        load error of each failed worker when there are any (for ``/healthz``). With a
+        failed worker, ``"rollout": "failed"``: a worker forked after the first boot (a
+        reload, respawn or recycle) cannot load the model, and the others serve on."""
         body: dict[str, Any] = {"ready": self.ready_count, "total": self.total}
         loading = self.count("warming") + self.count("starting")
         if loading:
             body["loading"] = loading
         if self.count("failed"):
             body["failed"] = self.count("failed")
+            body["rollout"] = "failed"
             body["errors"] = [
                 {"pid": pid, "error": error}
                 for pid, error in sorted(self.errors.items())
@@ -216,45 +221,90 @@ def readiness(local_state: str) -> tuple[bool, dict[str, Any] | None]:
 
 def roll_over(server: Any, board: Board, on_booted: Callable[[], None]) -> None:
     """Make the Gunicorn arbiter ``server`` roll workers over one by one and stop halting
-    once the first boot is over (see the module docstring); ``on_booted()`` is called once,
-    in the master, when every first-boot worker is ready."""
-    retiring: set[int] = set()
-    booted = False
+    once the first boot is over (see the module docstring and ``_RollOver``);
+    ``on_booted()`` is called once, in the master, when every first-boot worker is ready."""
+    _RollOver(server, board, on_booted).install()
 
-    def sync() -> None:
-        nonlocal booted
-        fleet = board.read()
+
+class _RollOver:
+    """The master's side of ``roll_over``: which workers to stop, and when.
+
+    Each time the master looks (every reap, and at least once a second): of the workers
+    beyond ``num_workers`` (the oldest), every one that serves nothing (``failed``,
+    ``warming``, ``leaving``: a reload onto a broken file left them) is stopped at once; a
+    ``ready`` one only while more than ``num_workers`` workers are ready.
+
+    Gunicorn's ``reload()`` ends by waiting, up to the graceful timeout, for every old
+    worker to exit, handling no signal meanwhile: when the new workers cannot load, the
+    old ones never exit, and a second ``SIGHUP`` (the fix) or a ``SIGTERM`` waited the
+    whole timeout. Here the reload returns once it has forked the new workers, and the
+    main loop stops the old ones as above.
+    """
+
+    def __init__(self, server: Any, board: Board, on_booted: Callable[[], None]) -> None:
+        self.server, self.board, self.on_booted = server, board, on_booted
+        self.retiring: set[int] = set()
+        self.booted = False
+        self.reloading = self.spawned = False
+        self._reap, self._reload = server.reap_workers, server.reload
+
+    def install(self) -> None:
+        self.server.reap_workers = self.reap_workers
+        self.server.manage_workers = self.manage_workers
+        self.server.reload = self.reload
+
+    def reap_workers(self) -> None:
+        self.sync()
+        self._reap()
+        if self.reloading and self.spawned:
+            raise _StopWaiting  # reload() reaps only in its final wait: end it here
+
+    def manage_workers(self) -> None:
+        if len(self.server.WORKERS) < self.server.num_workers:
+            self.server.spawn_workers()
+        self.sync()
+        self.spawned = self.reloading  # reload() manages its workers once, after forking
+
+    def reload(self) -> None:
+        self.reloading, self.spawned = True, False
+        try:
+            self._reload()
+        except _StopWaiting:
+            pass
+        finally:
+            self.reloading = self.spawned = False
+
+    def sync(self) -> None:
+        server, fleet = self.server, self.board.read()
         everyone = min(server.num_workers, len(server.WORKERS))
-        if not booted and fleet.ready and fleet.ready_count >= everyone:
-            booted = True
+        if not self.booted and fleet.ready and fleet.ready_count >= everyone:
+            self.booted = True
             # reap_workers halts on these exit statuses; no process exits with -1 (and
             # None would match a worker killed by a signal, whose exit status is None).
             server.WORKER_BOOT_ERROR = -1
             server.APP_LOAD_ERROR = -1
-            on_booted()
-        workers = sorted(server.WORKERS.items(), key=lambda item: item[1].age)
-        retiring.intersection_update(server.WORKERS)
+            self.on_booted()
+        workers = sorted(server.WORKERS, key=lambda pid: server.WORKERS[pid].age)
+        self.retiring.intersection_update(workers)
         excess = len(workers) - server.num_workers
         if excess <= 0:
             return
-        newest = workers[-server.num_workers :] if server.num_workers else []
-        waiting = sum(fleet.states.get(pid) != "ready" for pid, _ in newest)
-        for pid, _ in workers[: max(0, excess - waiting)]:
-            if pid not in retiring:
-                retiring.add(pid)
-                server.log.info("worker %s: stopping (a newer worker is ready)", pid)
-                server.kill_worker(pid, signal.SIGTERM)
+        ready = [pid for pid in workers if fleet.states.get(pid) == "ready"]
+        spare = len(set(ready) - self.retiring) - server.num_workers
+        for pid in workers[:excess]:
+            if pid in self.retiring:
+                continue
+            if fleet.states.get(pid) != "ready":
+                self._stop(pid, "it serves nothing; newer workers replace it")
+            elif spare > 0:
+                spare -= 1
+                self._stop(pid, "a newer worker is ready")
 
-    reap = server.reap_workers
+    def _stop(self, pid: int, why: str) -> None:
+        self.retiring.add(pid)
+        self.server.log.info("worker %s: stopping (%s)", pid, why)
+        self.server.kill_worker(pid, signal.SIGTERM)
 
-    def reap_workers() -> None:
-        sync()
-        reap()
 
-    def manage_workers() -> None:
-        if len(server.WORKERS) < server.num_workers:
-            server.spawn_workers()
-        sync()
-
-    server.reap_workers = reap_workers
-    server.manage_workers = manage_workers
+class _StopWaiting(Exception):
+    """Ends Gunicorn's ``reload()`` at its wait for the old workers (``_RollOver``)."""
