@@ -38,6 +38,7 @@ def test_on_starting_removes_only_prometheus_files(
         reap_workers=None,
         manage_workers=None,
         reload=None,
+        num_workers=2,
     )
     hooks.on_starting(server)
 
@@ -55,6 +56,7 @@ def test_on_starting_after_usr2_keeps_the_old_generations_files(
         reap_workers=None,
         manage_workers=None,
         reload=None,
+        num_workers=2,
     )
     hooks.on_starting(server)
 
@@ -243,3 +245,46 @@ def test_stop_children_ends_a_child_that_ignores_sigterm_and_reaps_it() -> None:
         proc.wait(5)
         assert proc.stdout is not None
         proc.stdout.close()
+
+
+@pytest.fixture
+def live_pids() -> Iterator[list[int]]:
+    """Four live processes' pids (the board skips the state of a process that is gone)."""
+    import subprocess
+    import sys
+
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(4)
+    ]
+    yield [proc.pid for proc in procs]
+    for proc in procs:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_recycle_gate_lets_one_worker_away_at_a_time_and_holds_no_slot(
+    tmp_path: Path, live_pids: list[int]
+) -> None:
+    board = workers.Board(tmp_path)
+    gate = workers.RecycleGate(board)
+    gate.target = 2
+    first, second, replacement, newer = live_pids
+    board.write(first, "ready")
+    board.write(second, "ready")
+
+    assert gate.try_leave(first)
+    assert board.read().states[first] == "leaving"
+    assert not gate.try_leave(second)  # first's replacement is not even forked yet
+    board.write(replacement, "warming")
+    assert not gate.try_leave(second)  # ... nor ready
+    board.write(replacement, "ready")
+    assert gate.try_leave(second)  # first may still be draining: it holds nothing
+    # A worker readied while both leavers still drain (a reload, SIGTTIN) does not wedge
+    # the gate (it once did: the slot was freed only by a replacement readied afterwards).
+    board.write(newer, "ready")
+    assert not gate.try_leave(replacement)  # two leavers draining already
+    board.remove(first)
+    assert gate.try_leave(replacement)
+    board.write(newer, "failed")
+    board.remove(second)
+    assert not gate.try_leave(newer) and not gate.try_leave(replacement)

@@ -15,6 +15,7 @@ exists). Each worker loads its own copy, pins its own pools, and warms up.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -118,6 +119,7 @@ def on_starting(server: Any) -> None:
     _board = Board.create()
     install_board(_board)
     _gate = RecycleGate(_board)
+    _gate.target = server.num_workers
     path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
     if not server.master_pid:
         for stale in path.glob("*.db"):
@@ -128,7 +130,7 @@ def on_starting(server: Any) -> None:
         _booted.value = 1
         server.log.info("every worker is ready; from now on a worker loads before accepting")
 
-    roll_over(server, _board, booted)
+    roll_over(server, _board, booted, _gate)
 
 
 def pre_fork(server: Any, worker: Any) -> None:
@@ -167,6 +169,7 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     load failure halts the server: exit status 3, one line saying why); a worker forked
     after every first one was ready loads before accepting and retries a failed load
     (``_load_before_accepting``). Each publishes its state on the board (``/healthz``)."""
+    _stop_on_signal_until_serving(server)
     if settings.cpu_affinity == "auto" and hasattr(os, "sched_setaffinity"):
         _pin(server, worker, settings.blas_threads)
     forget_server_in_children(getattr(worker, "sockets", ()))  # a model that forks
@@ -217,8 +220,6 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         install_cache(cache)
         if _board is not None:
             _board.write(pid, "ready")
-        if _gate is not None:
-            _gate.replaced()
     else:
         cache = ModelCache(settings, metrics, slot)
         install_cache(cache)
@@ -226,6 +227,22 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     _recycle_one_at_a_time(server, worker)
     cache.start_watchdog(on_problem)
     _guard_connections(server, worker, settings)
+
+
+def _stop_on_signal_until_serving(server: Any) -> None:
+    """Worker, first thing after fork: exit at once on SIGTERM, SIGINT or SIGQUIT until
+    Gunicorn installs the worker's own handlers (after ``post_fork``). Until then the
+    worker runs the master's handlers, which only queue the signal: a SIGTERM (the master
+    shutting down or replacing it) was lost and the worker loaded and served on, or was
+    SIGKILLed after the graceful timeout. It has accepted nothing yet, so it can go."""
+    pid = os.getpid()
+
+    def leave(signum: int, frame: Any) -> None:
+        server.log.info("worker %s: stopping while loading (signal %s)", pid, signum)
+        sys.exit(0)
+
+    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(stop, leave)
 
 
 def _guard_connections(server: Any, worker: Any, settings: Settings) -> None:
@@ -252,8 +269,6 @@ def _load_while_accepting(cache: Any, on_failure: Any) -> None:
     def on_ready() -> None:
         if _board is not None:
             _board.write(pid, "ready")
-        if _gate is not None:  # a recycle before the first boot was over ends here
-            _gate.replaced()
 
     cache.start_loading(on_failure, on_ready)
 
@@ -272,15 +287,6 @@ def _load_before_accepting(server: Any, worker: Any, settings: Settings, slot: i
     metrics = default_metrics()
     delay_s = RETRY_FIRST_S
 
-    def leave(signum: int, frame: Any) -> None:
-        # Gunicorn installs the worker's own handlers only after post_fork: until then a
-        # SIGTERM (the master shutting down) would be lost and the worker SIGKILLed after
-        # the graceful timeout. It has accepted nothing yet, so it can just go.
-        server.log.info("worker %s: stopping while loading (signal %s)", pid, signum)
-        sys.exit(0)
-
-    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-        signal.signal(stop, leave)
     while True:
         if _board is not None:
             _board.write(pid, "warming")
@@ -326,8 +332,9 @@ def _load_before_accepting(server: Any, worker: Any, settings: Settings, slot: i
 def _recycle_one_at_a_time(server: Any, worker: Any) -> None:
     """Worker: replace Gunicorn's own ``max_requests`` exit (each worker on its own, so two
     can leave in the same second) by one through ``RecycleGate``: the worker leaves (a
-    graceful ``SIGTERM`` to itself) only when every other worker is ready and no other
-    recycle is under way; until then it goes on serving."""
+    graceful ``SIGTERM`` to itself) only when no other worker is loading and the previous
+    leaver's replacement serves; until then it goes on serving. Leaving, it wakes the
+    master (``SIGCHLD``: look at the workers), which forks its replacement at once."""
     limit = worker.max_requests
     if _gate is None or limit >= sys.maxsize:
         return
@@ -343,6 +350,8 @@ def _recycle_one_at_a_time(server: Any, worker: Any) -> None:
             worker.nr,
         )
         os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(OSError):
+            os.kill(os.getppid(), signal.SIGCHLD)
 
     threading.Thread(target=watch, name="serving-recycle", daemon=True).start()
 
@@ -358,6 +367,7 @@ def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
     if cache is not None:
         cache.stop(timeout_s=settings.drain_timeout_s)
     stop_children(log=lambda line: server.log.info("worker %s: %s", worker.pid, line))
+    server.log.info("worker %s: exiting after %s requests", worker.pid, worker.nr)
     access_log.stop()  # after the drain: its answers are logged too
 
 

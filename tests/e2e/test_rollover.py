@@ -225,3 +225,47 @@ def test_a_failed_reload_keeps_the_old_workers_and_the_next_reload_acts_at_once(
     ]  # fmt: skip
     assert len(old_stopped) == 2 and len(v2_ready) == 2, server.output()
     assert v2_ready[0] < old_stopped[0] and v2_ready[1] < old_stopped[1], server.output()
+
+
+def test_max_requests_bounds_what_each_worker_serves_across_a_reload(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """SERVING_MAX_REQUESTS=500 let one worker serve 13,574 requests: a worker past its
+    count waits for the recycle gate, and the gate's slot was freed only by a replacement
+    that became ready after the leaver had exited. A reload (or TTIN) during a recycle
+    readied workers while the leaver was still draining, so the slot stayed taken and no
+    worker recycled again; and each replacement was forked only once its leaver had
+    exited and been reaped (1-4 s on a busy machine), all that time the other worker
+    serving past its count."""
+    limit, clients = 20, 8
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, max_requests=limit, max_requests_jitter=0, threads=8)
+    server.wait_ready()
+    server.wait_for_log("every worker is ready", 1)
+    assert server.proc is not None
+    stop = threading.Event()
+
+    with ThreadPoolExecutor(1) as pool:
+        traffic = pool.submit(timed_traffic, server, stop, clients)
+        try:
+            for hup in (1, 2):
+                server.wait_for_log("recycling after", 2 * hup, timeout_s=60)
+                server.proc.send_signal(signal.SIGHUP)  # while a recycle is under way
+                server.wait_for_log("Hang up", hup, timeout_s=30)
+            # Recycling goes on after the reloads.
+            deadline = time.monotonic() + 60
+            while server.output().rpartition("Hang up")[2].count("recycling after") < 6:
+                assert time.monotonic() < deadline, f"recycling stopped:\n{server.output()}"
+                time.sleep(0.1)
+        finally:
+            stop.set()
+        outcomes = traffic.result(120)
+    assert server.terminate() == 0, server.output()
+
+    failures = [outcome for outcome, _ in outcomes if outcome != 200]
+    assert failures == [], failures[:5]
+    served = [int(n) for n in re.findall(r"exiting after (\d+) requests", server.output())]
+    assert len(served) >= 10, server.output()
+    # Past its count a worker serves on only while the previous leaver's replacement loads
+    # (observed: at most 56-135 with this limit of 20; 1,000 and more before).
+    assert max(served) <= 10 * limit, sorted(served)
