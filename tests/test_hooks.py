@@ -288,3 +288,29 @@ def test_recycle_gate_lets_one_worker_away_at_a_time_and_holds_no_slot(
     board.write(newer, "failed")
     board.remove(second)
     assert not gate.try_leave(newer) and not gate.try_leave(replacement)
+
+
+def test_prepare_metrics_dir_refuses_a_directory_another_server_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    shared = tmp_path / "metrics"
+    hooks.prepare_metrics_dir(Settings(metrics_dir=shared))  # this process: the first server
+    hooks.prepare_metrics_dir(Settings(metrics_dir=shared))  # a HUP reads the config again
+
+    second = subprocess.run(
+        [sys.executable, "-c", "from serving.server import hooks; from serving.settings "
+         f"import Settings; hooks.prepare_metrics_dir(Settings(metrics_dir='{shared}'))"],
+        check=False, capture_output=True, text=True, timeout=60,
+        env={"PATH": os.environ["PATH"]},
+    )  # fmt: skip
+
+    assert second.returncode == 2
+    assert second.stderr == (
+        f"serving: invalid setting SERVING_METRICS_DIR: {shared} is in use by another "
+        f"server (master pid {os.getpid()}); give each server its own directory\n"
+    )

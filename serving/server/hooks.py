@@ -3,8 +3,9 @@
 Runs in two roles: ``settings_or_exit``, ``prepare_metrics_dir``, ``on_starting``,
 ``child_exit`` and ``on_exit`` in the master; ``post_fork`` and ``worker_exit`` in each
 worker. How workers know each other's state and how the master rolls them over is in
-``serving.server.workers``. Nothing
-here imports prometheus-client or the Flask app at module level: the master must set
+``serving.server.workers``; the metrics directory (``prepare_metrics_dir``, re-exported
+for the config file) in ``serving.server.metrics_dir``. Nothing here imports
+prometheus-client or the Flask app at module level: the master must set
 ``PROMETHEUS_MULTIPROC_DIR`` before prometheus-client is first imported.
 
 Why the model is loaded after fork, not preloaded in the master: ONNX Runtime and
@@ -19,10 +20,8 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,7 +31,8 @@ from serving.auth import load_api_keys
 from serving.errors import SettingsError
 from serving.observe import access_log
 from serving.server.children import forget_server_in_children, stop_children
-from serving.server.workers import Board, RecycleGate, alive, install_board, roll_over
+from serving.server.metrics_dir import prepare_metrics_dir, remove_at_exit, run_at_exit, set_master
+from serving.server.workers import Board, RecycleGate, install_board, roll_over
 from serving.settings import Settings, load_settings, unknown_variables
 
 __all__ = [
@@ -65,8 +65,6 @@ _booted: Any = None
 # Every worker's state, one file each (serving.server.workers.Board), and the max_requests gate.
 _board: Board | None = None
 _gate: RecycleGate | None = None
-#: Marks a metrics directory this server created (and removes when its last master exits).
-_OWNED_MARK = ".serving-temporary"
 #: Seconds between load attempts of a worker after the first boot: doubling, at most 60.
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 60.0
@@ -85,29 +83,6 @@ def settings_or_exit() -> Settings:
     return settings
 
 
-def prepare_metrics_dir(settings: Settings) -> Path:
-    """Choose the prometheus-client multiprocess directory and export it to the workers.
-
-    ``SERVING_METRICS_DIR``, else an already exported ``PROMETHEUS_MULTIPROC_DIR``, else a
-    new temporary directory. Idempotent: Gunicorn re-reads the config on HUP.
-    """
-    if settings.metrics_dir is not None:
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(settings.metrics_dir)
-    elif "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        created = tempfile.mkdtemp(prefix="serving-metrics-")
-        (Path(created) / _OWNED_MARK).touch()
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
-    path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(
-            f"serving: invalid setting SERVING_METRICS_DIR: {path}: {exc.strerror}", file=sys.stderr
-        )
-        raise SystemExit(2) from None
-    return path
-
-
 def on_starting(server: Any) -> None:
     """Master, once: remove prometheus-client's ``*.db`` files so counters start at zero
     (only those: the directory may be shared or hold other files; and not after a
@@ -116,7 +91,9 @@ def on_starting(server: Any) -> None:
     global _boot_failed, _booted, _board, _gate
     _boot_failed = multiprocessing.Value("b", 0)  # shared with the workers forked later
     _booted = multiprocessing.Value("b", 0)
+    set_master(server)
     _board = Board.create()
+    remove_at_exit(_board.destroy)
     install_board(_board)
     _gate = RecycleGate(_board)
     _gate.target = server.num_workers
@@ -392,10 +369,7 @@ def child_exit(server: Any, worker: Any) -> None:
 
 def on_exit(server: Any) -> None:
     """Master, when it exits: remove the board, and the metrics directory if this server
-    created it (no ``SERVING_METRICS_DIR``) and no other generation (``SIGUSR2``) uses it."""
-    if _board is not None:
-        _board.destroy()
-    path = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR", ""))
-    other = server.reexec_pid or server.master_pid
-    if (path / _OWNED_MARK).exists() and not (other and alive(other)):
-        shutil.rmtree(path, ignore_errors=True)
+    created it (no ``SERVING_METRICS_DIR``) and no other generation (``SIGUSR2``) uses it
+    (``serving.server.metrics_dir``; also done when the master exits without this hook,
+    as when it cannot bind)."""
+    run_at_exit()

@@ -199,3 +199,41 @@ def test_a_child_the_model_forked_does_not_keep_the_port_after_sigterm(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
+
+
+def test_usr2_upgrade_shares_the_metrics_directory_then_takes_its_lock(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """A second server on a metrics directory is refused (its lock is held); the new master
+    of a SIGUSR2 upgrade is not, and holds the lock once the old generation is gone."""
+    import re
+
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model)
+    server.wait_ready()
+    assert server.proc is not None
+    for _ in range(10):
+        assert server.predict([[1.0]]).status_code == 200
+    lock = server.metrics_dir / "serving.lock"
+    assert lock.read_text().strip() == str(server.proc.pid)
+
+    server.proc.send_signal(signal.SIGUSR2)
+    server.wait_for_log("ready to serve", 4, timeout_s=60)  # the new generation's workers
+    masters = [int(p) for p in re.findall(r"Listening at: \S+ \((\d+)\)", server.output())]
+    assert len(masters) == 2, server.output()
+    server.proc.send_signal(signal.SIGWINCH)  # the old master stops its workers
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit() == 0, server.output()
+
+    deadline = time.monotonic() + 10
+    while lock.read_text().strip() != str(masters[1]):
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.05)
+    for _ in range(5):
+        assert server.predict([[1.0]]).status_code == 200
+    assert server.metric('http_requests_total{route="/predict"}') == 15
+    os.kill(masters[1], signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while not process_gone(masters[1]):
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.1)
