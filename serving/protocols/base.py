@@ -145,10 +145,12 @@ def read_body(max_body_bytes: int) -> bytes:
             parts.append(part)
             got += len(part)
     except TimeoutError:
+        limit_ms = dataplane().settings.request_timeout_ms
         expected = f"the {length} bytes its Content-Length declared" if length else "its body"
         raise RequestTimeout(
-            f"request body not received in time: the client sent {got} bytes of {expected}, "
-            "then nothing until SERVING_REQUEST_TIMEOUT_MS ran out"
+            f"the request took more than {limit_ms:g} ms to arrive, past "
+            f"SERVING_REQUEST_TIMEOUT_MS ({limit_ms:g} ms): the client sent {got} bytes of "
+            f"{expected}"
         ) from None
     except Exception as exc:  # the server's own errors: bad chunk size, client gone
         raise UnreadableBody(f"request body could not be read: {type(exc).__name__}") from exc

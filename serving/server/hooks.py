@@ -223,13 +223,15 @@ def _stop_on_signal_until_serving(server: Any) -> None:
 
 
 def _guard_connections(server: Any, worker: Any, settings: Settings) -> None:
-    """Worker: time limits on a request's headers and body (``slow_clients``), and each
-    response's headers and body in one write (``one_write``)."""
+    """Worker: time limits on a request's headers and body and graceful closes off the main
+    loop (``slow_clients``), and each response's headers and body in one write
+    (``one_write``)."""
     if hasattr(worker, "handle_request"):  # Gunicorn's gthread worker
-        from serving.server.slow_clients import limit_body_phase, limit_header_phase
+        from serving.server import slow_clients
 
-        limit_header_phase(worker, settings.header_timeout_s)
-        limit_body_phase(worker, settings.request_timeout_ms / 1000)
+        slow_clients.limit_header_phase(worker, settings.header_timeout_s)
+        slow_clients.limit_body_phase(worker, settings.request_timeout_ms / 1000)
+        slow_clients.close_gracefully_off_the_main_loop()
     from serving.server.one_write import join_headers_and_body
 
     if not join_headers_and_body():

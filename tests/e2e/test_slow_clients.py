@@ -105,3 +105,37 @@ def test_connections_stuck_in_their_body_get_408_and_free_their_threads(
     finally:
         for client in stuck:
             client.close()
+
+
+def test_clients_that_never_close_after_connection_close_do_not_stop_the_worker(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Gunicorn closes a ``Connection: close`` connection gracefully: it half-closes, then
+    waits up to 2 s for the client to close first, on the worker's main loop, which
+    accepts nothing meanwhile. 10 clients that never close stopped a worker for 20 s."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, workers=1)
+    server.wait_ready(workers=1)
+    lingering = []
+    for _ in range(30):
+        client = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        client.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        lingering.append(client)
+    try:
+        deadline = time.monotonic() + 15  # 60 s of lingering, one after another, before
+        while True:
+            try:
+                if requests.get(f"{server.url}/livez", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < deadline, server.output()
+        for client in lingering:  # each got its answer, then the server's end of the stream
+            client.settimeout(max(0.1, deadline - time.monotonic()))
+            received = b""
+            while chunk := client.recv(4096):
+                received += chunk
+            assert received.startswith(b"HTTP/1.1 200"), received
+    finally:
+        for client in lingering:
+            client.close()
