@@ -169,8 +169,9 @@ class Settings(ModelSettings):
         ge=0,
         description=(
             "Recycle a worker after this many requests (a leak guard), one worker at a "
-            "time: it leaves only when every other worker is ready; the replacement loads"
-            " before it accepts, so no request fails"
+            "time: it leaves only when no other worker is loading and the previous "
+            "leaver's replacement is ready (forked as soon as that one left); the "
+            "replacement loads before it accepts, so no request fails"
         ),
         json_schema_extra={"shown_default": "`0` (never)"},
     )
@@ -238,7 +239,8 @@ class Settings(ModelSettings):
         None,
         description=(
             "prometheus-client multiprocess directory; its `*.db` files are removed at "
-            "start (nothing else)"
+            "start (nothing else); one server per directory (a second one is refused at "
+            "start)"
         ),
         json_schema_extra={"shown_default": "new temp dir"},
     )

@@ -204,3 +204,33 @@ class StringsWithoutSchema:
 
     def predict(self, X: npt.NDArray[Any]) -> npt.NDArray[Any]:
         raise TypeError("ufunc 'isnan' not supported for the input types")
+
+
+class ForksOnPredict(RowEcho):
+    """A RowEcho whose predict, given a row whose first feature is 7, forks a child process
+    that sleeps ``child_s`` seconds (a model starting a helper process) and writes the
+    child's pid to ``pid_file``."""
+
+    def __init__(self, pid_file: str = "", child_s: float = 120.0) -> None:
+        super().__init__(1)
+        self.pid_file, self.child_s = pid_file, child_s
+
+    def predict(self, X: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        if (X[:, 0] == 7).any():
+            import os
+
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    time.sleep(self.child_s)
+                finally:
+                    os._exit(0)
+            with open(self.pid_file, "w") as out:
+                out.write(str(pid))
+        return super().predict(X)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"pid_file": self.pid_file, "child_s": self.child_s}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["pid_file"], state["child_s"])  # type: ignore[misc]

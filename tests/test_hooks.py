@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +33,12 @@ def test_on_starting_removes_only_prometheus_files(
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
 
     server = SimpleNamespace(
-        log=logging.getLogger("test"), master_pid=0, reap_workers=None, manage_workers=None
+        log=logging.getLogger("test"),
+        master_pid=0,
+        reap_workers=None,
+        manage_workers=None,
+        reload=None,
+        num_workers=2,
     )
     hooks.on_starting(server)
 
@@ -45,7 +51,12 @@ def test_on_starting_after_usr2_keeps_the_old_generations_files(
     (tmp_path / "counter_123.db").write_bytes(b"still written by the old workers")
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     server = SimpleNamespace(
-        log=logging.getLogger("test"), master_pid=1, reap_workers=None, manage_workers=None
+        log=logging.getLogger("test"),
+        master_pid=1,
+        reap_workers=None,
+        manage_workers=None,
+        reload=None,
+        num_workers=2,
     )
     hooks.on_starting(server)
 
@@ -201,3 +212,105 @@ def test_access_log_off_writes_no_request_lines(
 
     assert out.getvalue() == ""
     assert access_log._writer is None
+
+
+def test_stop_children_ends_a_child_that_ignores_sigterm_and_reaps_it() -> None:
+    import subprocess
+    import sys
+
+    from serving.server import children
+
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + (
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    polite = "import time; print('ready', flush=True); time.sleep(60)"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+        for code in (stubborn, polite)
+    ]
+    for proc in procs:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    pids = [proc.pid for proc in procs]
+    assert set(pids) <= set(children.children())
+    lines: list[str] = []
+
+    stopped = children.stop_children(timeout_s=0.5, log=lines.append, pids=pids)
+
+    assert stopped == pids and len(lines) == 1 and str(pids) in lines[0]
+    assert not set(pids) & set(children.children())
+    for pid in pids:  # reaped: no zombie left
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    for proc in procs:  # Popen learns it is gone (waitpid: no such child)
+        proc.wait(5)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+@pytest.fixture
+def live_pids() -> Iterator[list[int]]:
+    """Four live processes' pids (the board skips the state of a process that is gone)."""
+    import subprocess
+    import sys
+
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(4)
+    ]
+    yield [proc.pid for proc in procs]
+    for proc in procs:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_recycle_gate_lets_one_worker_away_at_a_time_and_holds_no_slot(
+    tmp_path: Path, live_pids: list[int]
+) -> None:
+    board = workers.Board(tmp_path)
+    gate = workers.RecycleGate(board)
+    gate.target = 2
+    first, second, replacement, newer = live_pids
+    board.write(first, "ready")
+    board.write(second, "ready")
+
+    assert gate.try_leave(first)
+    assert board.read().states[first] == "leaving"
+    assert not gate.try_leave(second)  # first's replacement is not even forked yet
+    board.write(replacement, "warming")
+    assert not gate.try_leave(second)  # ... nor ready
+    board.write(replacement, "ready")
+    assert gate.try_leave(second)  # first may still be draining: it holds nothing
+    # A worker readied while both leavers still drain (a reload, SIGTTIN) does not wedge
+    # the gate (it once did: the slot was freed only by a replacement readied afterwards).
+    board.write(newer, "ready")
+    assert not gate.try_leave(replacement)  # two leavers draining already
+    board.remove(first)
+    assert gate.try_leave(replacement)
+    board.write(newer, "failed")
+    board.remove(second)
+    assert not gate.try_leave(newer) and not gate.try_leave(replacement)
+
+
+def test_prepare_metrics_dir_refuses_a_directory_another_server_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    shared = tmp_path / "metrics"
+    hooks.prepare_metrics_dir(Settings(metrics_dir=shared))  # this process: the first server
+    hooks.prepare_metrics_dir(Settings(metrics_dir=shared))  # a HUP reads the config again
+
+    second = subprocess.run(
+        [sys.executable, "-c", "from serving.server import hooks; from serving.settings "
+         f"import Settings; hooks.prepare_metrics_dir(Settings(metrics_dir='{shared}'))"],
+        check=False, capture_output=True, text=True, timeout=60,
+        env={"PATH": os.environ["PATH"]},
+    )  # fmt: skip
+
+    assert second.returncode == 2
+    assert second.stderr == (
+        f"serving: invalid setting SERVING_METRICS_DIR: {shared} is in use by another "
+        f"server (master pid {os.getpid()}); give each server its own directory\n"
+    )

@@ -21,7 +21,7 @@ import orjson
 from flask import Blueprint, Response, current_app, g, request
 
 from serving.dataplane import DataPlane
-from serving.errors import PayloadTooLarge, UnreadableBody, UnsupportedMediaType
+from serving.errors import PayloadTooLarge, RequestTimeout, UnreadableBody, UnsupportedMediaType
 from serving.openapi import Operation
 
 __all__ = [
@@ -116,6 +116,7 @@ def read_json_body(max_body_bytes: int) -> bytes:
     :raises UnsupportedMediaType: (415) for another or no Content-Type.
     :raises PayloadTooLarge: (413) over the limit, declared or while reading.
     :raises UnreadableBody: (400) as ``read_body``.
+    :raises RequestTimeout: (408) as ``read_body``.
     """
     mimetype = request.mimetype
     if mimetype != "application/json" and not mimetype.endswith("+json"):
@@ -133,6 +134,9 @@ def read_body(max_body_bytes: int) -> bytes:
     :raises PayloadTooLarge: (413) over the limit, declared or while reading.
     :raises UnreadableBody: (400) when the server cannot read it (bad chunk encoding, the
         client went away mid-body).
+    :raises RequestTimeout: (408) when the body did not arrive in time: under Gunicorn a
+        read waits at most ``SERVING_REQUEST_TIMEOUT_MS`` after the headers
+        (``serving.server.slow_clients.limit_body_phase``).
     """
     environ = request.environ
     declared = environ.get("CONTENT_LENGTH", "")  # werkzeug's content_length costs ~10 us
@@ -155,6 +159,14 @@ def read_body(max_body_bytes: int) -> bytes:
                 break
             parts.append(part)
             got += len(part)
+    except TimeoutError:
+        limit_ms = dataplane().settings.request_timeout_ms
+        expected = f"the {length} bytes its Content-Length declared" if length else "its body"
+        raise RequestTimeout(
+            f"the request took more than {limit_ms:g} ms to arrive, past "
+            f"SERVING_REQUEST_TIMEOUT_MS ({limit_ms:g} ms): the client sent {got} bytes of "
+            f"{expected}"
+        ) from None
     except Exception as exc:  # the server's own errors: bad chunk size, client gone
         raise UnreadableBody(f"request body could not be read: {type(exc).__name__}") from exc
     data = parts[0] if len(parts) == 1 else b"".join(parts)

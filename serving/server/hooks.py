@@ -3,8 +3,9 @@
 Runs in two roles: ``settings_or_exit``, ``prepare_metrics_dir``, ``on_starting``,
 ``child_exit`` and ``on_exit`` in the master; ``post_fork`` and ``worker_exit`` in each
 worker. How workers know each other's state and how the master rolls them over is in
-``serving.server.workers``. Nothing
-here imports prometheus-client or the Flask app at module level: the master must set
+``serving.server.workers``; the metrics directory (``prepare_metrics_dir``, re-exported
+for the config file) in ``serving.server.metrics_dir``. Nothing here imports
+prometheus-client or the Flask app at module level: the master must set
 ``PROMETHEUS_MULTIPROC_DIR`` before prometheus-client is first imported.
 
 Why the model is loaded after fork, not preloaded in the master: ONNX Runtime and
@@ -15,13 +16,12 @@ exists). Each worker loads its own copy, pins its own pools, and warms up.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,7 +31,9 @@ from serving.auth import load_api_keys
 from serving.errors import SettingsError
 from serving.observe import access_log
 from serving.observe.payload_sinks import check_sink
-from serving.server.workers import Board, RecycleGate, alive, install_board, roll_over
+from serving.server.children import forget_server_in_children, stop_children
+from serving.server.metrics_dir import prepare_metrics_dir, remove_at_exit, run_at_exit, set_master
+from serving.server.workers import Board, RecycleGate, install_board, roll_over
 from serving.settings import Settings, load_settings, unknown_variables
 
 __all__ = [
@@ -64,8 +66,6 @@ _booted: Any = None
 # Every worker's state, one file each (serving.server.workers.Board), and the max_requests gate.
 _board: Board | None = None
 _gate: RecycleGate | None = None
-#: Marks a metrics directory this server created (and removes when its last master exits).
-_OWNED_MARK = ".serving-temporary"
 #: Seconds between load attempts of a worker after the first boot: doubling, at most 60.
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 60.0
@@ -87,29 +87,6 @@ def settings_or_exit() -> Settings:
     return settings
 
 
-def prepare_metrics_dir(settings: Settings) -> Path:
-    """Choose the prometheus-client multiprocess directory and export it to the workers.
-
-    ``SERVING_METRICS_DIR``, else an already exported ``PROMETHEUS_MULTIPROC_DIR``, else a
-    new temporary directory. Idempotent: Gunicorn re-reads the config on HUP.
-    """
-    if settings.metrics_dir is not None:
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(settings.metrics_dir)
-    elif "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        created = tempfile.mkdtemp(prefix="serving-metrics-")
-        (Path(created) / _OWNED_MARK).touch()
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
-    path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(
-            f"serving: invalid setting SERVING_METRICS_DIR: {path}: {exc.strerror}", file=sys.stderr
-        )
-        raise SystemExit(2) from None
-    return path
-
-
 def on_starting(server: Any) -> None:
     """Master, once: remove prometheus-client's ``*.db`` files so counters start at zero
     (only those: the directory may be shared or hold other files; and not after a
@@ -118,9 +95,12 @@ def on_starting(server: Any) -> None:
     global _boot_failed, _booted, _board, _gate
     _boot_failed = multiprocessing.Value("b", 0)  # shared with the workers forked later
     _booted = multiprocessing.Value("b", 0)
+    set_master(server)
     _board = Board.create()
+    remove_at_exit(_board.destroy)
     install_board(_board)
     _gate = RecycleGate(_board)
+    _gate.target = server.num_workers
     path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
     if not server.master_pid:
         for stale in path.glob("*.db"):
@@ -131,7 +111,7 @@ def on_starting(server: Any) -> None:
         _booted.value = 1
         server.log.info("every worker is ready; from now on a worker loads before accepting")
 
-    roll_over(server, _board, booted)
+    roll_over(server, _board, booted, _gate)
 
 
 def pre_fork(server: Any, worker: Any) -> None:
@@ -170,8 +150,10 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     load failure halts the server: exit status 3, one line saying why); a worker forked
     after every first one was ready loads before accepting and retries a failed load
     (``_load_before_accepting``). Each publishes its state on the board (``/healthz``)."""
+    _stop_on_signal_until_serving(server)
     if settings.cpu_affinity == "auto" and hasattr(os, "sched_setaffinity"):
         _pin(server, worker, settings.blas_threads)
+    forget_server_in_children(getattr(worker, "sockets", ()))  # a model that forks
     from serving.cache import ModelCache, install_cache
     from serving.observe import tracing
     from serving.observe.metrics import default_metrics
@@ -219,22 +201,45 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         install_cache(cache)
         if _board is not None:
             _board.write(pid, "ready")
-        if _gate is not None:
-            _gate.replaced()
     else:
         cache = ModelCache(settings, metrics, slot)
         install_cache(cache)
         _load_while_accepting(cache, on_failure)
     _recycle_one_at_a_time(server, worker)
     cache.start_watchdog(on_problem)
-    if hasattr(worker, "handle_request"):  # Gunicorn's gthread worker
-        from serving.server.slow_clients import limit_header_phase
+    _guard_connections(server, worker, settings)
 
-        limit_header_phase(worker, settings.header_timeout_s)
+
+def _stop_on_signal_until_serving(server: Any) -> None:
+    """Worker, first thing after fork: exit at once on SIGTERM, SIGINT or SIGQUIT until
+    Gunicorn installs the worker's own handlers (after ``post_fork``). Until then the
+    worker runs the master's handlers, which only queue the signal: a SIGTERM (the master
+    shutting down or replacing it) was lost and the worker loaded and served on, or was
+    SIGKILLed after the graceful timeout. It has accepted nothing yet, so it can go."""
+    pid = os.getpid()
+
+    def leave(signum: int, frame: Any) -> None:
+        server.log.info("worker %s: stopping while loading (signal %s)", pid, signum)
+        sys.exit(0)
+
+    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(stop, leave)
+
+
+def _guard_connections(server: Any, worker: Any, settings: Settings) -> None:
+    """Worker: time limits on a request's headers and body and graceful closes off the main
+    loop (``slow_clients``), and each response's headers and body in one write
+    (``one_write``)."""
+    if hasattr(worker, "handle_request"):  # Gunicorn's gthread worker
+        from serving.server import slow_clients
+
+        slow_clients.limit_header_phase(worker, settings.header_timeout_s)
+        slow_clients.limit_body_phase(worker, settings.request_timeout_ms / 1000)
+        slow_clients.close_gracefully_off_the_main_loop()
     from serving.server.one_write import join_headers_and_body
 
     if not join_headers_and_body():
-        server.log.info("worker %s: this Gunicorn writes headers and body apart", pid)
+        server.log.info("worker %s: this Gunicorn writes headers and body apart", os.getpid())
 
 
 def _start_access_log(settings: Settings, dropped: Any) -> None:
@@ -257,8 +262,6 @@ def _load_while_accepting(cache: Any, on_failure: Any) -> None:
     def on_ready() -> None:
         if _board is not None:
             _board.write(pid, "ready")
-        if _gate is not None:  # a recycle before the first boot was over ends here
-            _gate.replaced()
 
     cache.start_loading(on_failure, on_ready)
 
@@ -277,15 +280,6 @@ def _load_before_accepting(server: Any, worker: Any, settings: Settings, slot: i
     metrics = default_metrics()
     delay_s = RETRY_FIRST_S
 
-    def leave(signum: int, frame: Any) -> None:
-        # Gunicorn installs the worker's own handlers only after post_fork: until then a
-        # SIGTERM (the master shutting down) would be lost and the worker SIGKILLed after
-        # the graceful timeout. It has accepted nothing yet, so it can just go.
-        server.log.info("worker %s: stopping while loading (signal %s)", pid, signum)
-        sys.exit(0)
-
-    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-        signal.signal(stop, leave)
     while True:
         if _board is not None:
             _board.write(pid, "warming")
@@ -331,8 +325,9 @@ def _load_before_accepting(server: Any, worker: Any, settings: Settings, slot: i
 def _recycle_one_at_a_time(server: Any, worker: Any) -> None:
     """Worker: replace Gunicorn's own ``max_requests`` exit (each worker on its own, so two
     can leave in the same second) by one through ``RecycleGate``: the worker leaves (a
-    graceful ``SIGTERM`` to itself) only when every other worker is ready and no other
-    recycle is under way; until then it goes on serving."""
+    graceful ``SIGTERM`` to itself) only when no other worker is loading and the previous
+    leaver's replacement serves; until then it goes on serving. Leaving, it wakes the
+    master (``SIGCHLD``: look at the workers), which forks its replacement at once."""
     limit = worker.max_requests
     if _gate is None or limit >= sys.maxsize:
         return
@@ -348,17 +343,24 @@ def _recycle_one_at_a_time(server: Any, worker: Any) -> None:
             worker.nr,
         )
         os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(OSError):
+            os.kill(os.getppid(), signal.SIGCHLD)
 
     threading.Thread(target=watch, name="serving-recycle", daemon=True).start()
 
 
 def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
-    """Worker (after its last connection closed): stop the batcher, answering what is queued."""
+    """Worker (after its last connection closed): stop the batcher, answering what is
+    queued, then the processes its model forked (``serving.server.children``)."""
     from serving.cache import installed_cache
 
+    if getattr(worker, "pid", None) != os.getpid():
+        return  # the master calls this hook too, for a worker that is already gone
     cache = installed_cache()
-    if cache is not None:  # None in the master, which also calls this hook
+    if cache is not None:
         cache.stop(timeout_s=settings.drain_timeout_s)
+    stop_children(log=lambda line: server.log.info("worker %s: %s", worker.pid, line))
+    server.log.info("worker %s: exiting after %s requests", worker.pid, worker.nr)
     access_log.stop()  # after the drain: its answers are logged too (waits 2 s at most)
 
 
@@ -383,10 +385,7 @@ def child_exit(server: Any, worker: Any) -> None:
 
 def on_exit(server: Any) -> None:
     """Master, when it exits: remove the board, and the metrics directory if this server
-    created it (no ``SERVING_METRICS_DIR``) and no other generation (``SIGUSR2``) uses it."""
-    if _board is not None:
-        _board.destroy()
-    path = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR", ""))
-    other = server.reexec_pid or server.master_pid
-    if (path / _OWNED_MARK).exists() and not (other and alive(other)):
-        shutil.rmtree(path, ignore_errors=True)
+    created it (no ``SERVING_METRICS_DIR``) and no other generation (``SIGUSR2``) uses it
+    (``serving.server.metrics_dir``; also done when the master exits without this hook,
+    as when it cannot bind)."""
+    run_at_exit()

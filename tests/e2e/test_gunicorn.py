@@ -344,3 +344,57 @@ def test_access_log_is_one_json_line_per_request(gunicorn: Start, pickled: Pickl
     statuses = [line["status"] for line in lines]  # wait_ready's /healthz is logged too
     assert statuses.count(401) == 1 and statuses.count(200) >= 2
     assert key not in server.output()
+
+
+def test_a_port_in_use_stops_the_server_and_leaves_no_temporary_directory(
+    pickled: Pickled, tmp_path: Path
+) -> None:
+    """Gunicorn exits without calling on_exit when it cannot bind: the metrics directory
+    and the workers' board it had made were left behind."""
+    import socket
+
+    model = pickled(RowEcho(n_features=1), "echo.pkl")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = GunicornServer(tmp_path, model_path=model)
+        del server.env["SERVING_METRICS_DIR"]  # the default: a new temporary directory
+        server.env["TMPDIR"] = str(temporary)
+        server.env["SERVING_BIND"] = f"127.0.0.1:{taken.getsockname()[1]}"
+        try:
+            status = server.start().wait_exit(timeout_s=60)  # after Gunicorn's 5 tries
+        finally:
+            server.kill()
+    assert status != 0
+    assert "Address already in use" in server.output()
+    assert list(temporary.iterdir()) == []
+
+
+def test_a_second_server_on_the_same_metrics_directory_is_refused(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Both servers used to run: the second wiped the first's counter files at start and
+    their workers' files mixed, so each server's /metrics counted the other's requests."""
+    model = pickled(RowEcho(n_features=1), "echo.pkl")
+    first = gunicorn(model_path=model)
+    first.wait_ready()
+    assert first.proc is not None
+    sent = 0
+    for _ in range(5):
+        assert first.predict([[1.0]]).status_code == 200
+        sent += 1
+
+    second = gunicorn(model_path=model, metrics_dir=first.metrics_dir)
+
+    assert second.wait_exit(timeout_s=60) == 2
+    lines = second.output().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0] == (
+        f"serving: invalid setting SERVING_METRICS_DIR: {first.metrics_dir} is in use by "
+        f"another server (master pid {first.proc.pid}); give each server its own directory"
+    )
+    assert first.predict([[1.0]]).status_code == 200
+    sent += 1
+    assert first.metric('http_requests_total{route="/predict"}') == sent

@@ -1,8 +1,12 @@
-"""Worker lifecycle under traffic: HUP reload onto a new model file, max_requests recycling."""
+"""Worker lifecycle under traffic: HUP reload onto a new model file, max_requests recycling,
+and a model that forks."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -13,7 +17,7 @@ from typing import Any
 import requests
 
 from tests.e2e.server import GunicornServer
-from tests.models import RowOffset
+from tests.models import ForksOnPredict, RowOffset
 
 Start = Callable[..., GunicornServer]
 Pickled = Callable[[Any, str], Path]
@@ -100,8 +104,6 @@ def test_max_requests_recycles_workers_without_a_failed_request(
 def test_sigkill_of_a_worker_under_load_fails_only_its_in_flight_requests(
     gunicorn: Start, pickled: Pickled
 ) -> None:
-    import os
-
     model = pickled(RowOffset(offset=0.0), "m.pkl")
     server = gunicorn(model_path=model)
     server.wait_ready()
@@ -128,3 +130,110 @@ def test_sigkill_of_a_worker_under_load_fails_only_its_in_flight_requests(
     dropped_kinds = (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)
     assert all(isinstance(o, dropped_kinds) for o in dropped), [type(o) for o in dropped]
     assert len(answered) > 100
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie nobody reaped counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+
+def listening_inodes(port: int) -> set[str]:
+    """Inodes of the TCP sockets listening on ``port`` (``/proc/net/tcp``)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rpartition(":")[2], 16) == port and fields[3] == "0A":
+            inodes.add(fields[9])
+    return inodes
+
+
+def holds_sockets(pid: int, inodes: set[str]) -> bool:
+    fds = Path(f"/proc/{pid}/fd")
+    return any(
+        os.readlink(fd).removeprefix("socket:[").rstrip("]") in inodes for fd in fds.iterdir()
+    )
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (``SigCgt`` in its status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    raise AssertionError(f"no SigCgt for {pid}")
+
+
+def test_a_child_the_model_forked_does_not_keep_the_port_after_sigterm(
+    gunicorn: Start, pickled: Pickled, tmp_path: Path
+) -> None:
+    """A forked child inherited the worker's listening socket and Gunicorn's signal
+    handlers (a SIGTERM only set a flag): after the server's SIGTERM it held the port until
+    it was SIGKILLed."""
+    pid_file = tmp_path / "child.pid"
+    model = pickled(ForksOnPredict(str(pid_file)), "forks.pkl")
+    server = gunicorn(model_path=model, workers=1)
+    server.wait_ready(workers=1)
+    assert server.predict([[7.0]]).json()["predictions"] == [7.0]
+    child = int(pid_file.read_text())
+    try:
+        assert not process_gone(child)
+        listening = listening_inodes(server.port)
+        assert listening and holds_sockets(server.worker_pids()[0], listening)
+        assert not holds_sockets(child, listening)
+        assert not catches(child, signal.SIGTERM)  # the default action: SIGTERM ends it
+        assert catches(server.worker_pids()[0], signal.SIGTERM)
+
+        assert server.terminate() == 0, server.output()
+
+        with socket.socket() as again:  # as the next server on this port would
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            again.bind(("127.0.0.1", server.port))
+            again.listen()
+        deadline = time.monotonic() + 10
+        while not process_gone(child):
+            assert time.monotonic() < deadline, f"child {child} still runs"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_usr2_upgrade_shares_the_metrics_directory_then_takes_its_lock(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """A second server on a metrics directory is refused (its lock is held); the new master
+    of a SIGUSR2 upgrade is not, and holds the lock once the old generation is gone."""
+    import re
+
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model)
+    server.wait_ready()
+    assert server.proc is not None
+    for _ in range(10):
+        assert server.predict([[1.0]]).status_code == 200
+    lock = server.metrics_dir / "serving.lock"
+    assert lock.read_text().strip() == str(server.proc.pid)
+
+    server.proc.send_signal(signal.SIGUSR2)
+    server.wait_for_log("ready to serve", 4, timeout_s=60)  # the new generation's workers
+    masters = [int(p) for p in re.findall(r"Listening at: \S+ \((\d+)\)", server.output())]
+    assert len(masters) == 2, server.output()
+    server.proc.send_signal(signal.SIGWINCH)  # the old master stops its workers
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit() == 0, server.output()
+
+    deadline = time.monotonic() + 10
+    while lock.read_text().strip() != str(masters[1]):
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.05)
+    for _ in range(5):
+        assert server.predict([[1.0]]).status_code == 200
+    assert server.metric('http_requests_total{route="/predict"}') == 15
+    os.kill(masters[1], signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while not process_gone(masters[1]):
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.1)

@@ -1,4 +1,4 @@
-"""A client that never finishes its headers holds no worker thread for long."""
+"""A client that never finishes its headers, or its body, holds no worker thread for long."""
 
 from __future__ import annotations
 
@@ -45,4 +45,97 @@ def test_connections_stuck_in_their_headers_are_closed_and_probes_answer(
         assert closed == len(stuck)
     finally:
         for client in stuck:
+            client.close()
+
+
+def test_connections_stuck_in_their_body_get_408_and_free_their_threads(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Headers announcing 100 bytes, 6 of them, then nothing: each such connection held a
+    worker thread forever (the body read had no time limit), so with more of them than
+    threads /livez stopped answering."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    # One worker: with two, the kernel may hand one of them fewer connections than it has
+    # threads, and probes reach that one. Default threads: 2 x SERVING_MAX_BATCH_SIZE = 64.
+    server = gunicorn(model_path=model, workers=1, request_timeout_ms=3000)
+    server.wait_ready(workers=1)
+    head = (
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n"
+    )
+    stuck = []
+    for _ in range(2 * 64):  # twice the worker's threads
+        client = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        client.sendall(head + b'{"ins')  # and never the other 94 bytes
+        stuck.append(client)
+    try:
+        deadline = time.monotonic() + 30
+        answered: dict[str, int] = {}
+        while len(answered) < 2:
+            assert time.monotonic() < deadline, f"only {answered} answered:\n{server.output()}"
+            for name, call in (
+                ("livez", lambda: requests.get(f"{server.url}/livez", timeout=2)),
+                (
+                    "predict",
+                    lambda: requests.post(
+                        f"{server.url}/predict", json={"instances": [[1.0]]}, timeout=2
+                    ),
+                ),
+            ):
+                try:
+                    response = call()
+                except requests.RequestException:
+                    continue
+                answered[name] = response.status_code
+        assert answered == {"livez": 200, "predict": 200}
+        outcomes = {"408": 0, "closed": 0, "open": 0}
+        deadline = time.monotonic() + 10
+        for client in stuck:
+            client.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                data = client.recv(64)
+            except TimeoutError:
+                outcomes["open"] += 1
+                continue
+            except OSError:
+                data = b""  # reset: closed too
+            outcomes["408" if data.startswith(b"HTTP/1.1 408") else "closed"] += 1
+        assert outcomes["open"] == 0, outcomes
+        assert outcomes["408"] > 0, outcomes
+    finally:
+        for client in stuck:
+            client.close()
+
+
+def test_clients_that_never_close_after_connection_close_do_not_stop_the_worker(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Gunicorn closes a ``Connection: close`` connection gracefully: it half-closes, then
+    waits up to 2 s for the client to close first, on the worker's main loop, which
+    accepts nothing meanwhile. 10 clients that never close stopped a worker for 20 s."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, workers=1)
+    server.wait_ready(workers=1)
+    lingering = []
+    for _ in range(30):
+        client = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        client.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        lingering.append(client)
+    try:
+        deadline = time.monotonic() + 15  # 60 s of lingering, one after another, before
+        while True:
+            try:
+                if requests.get(f"{server.url}/livez", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < deadline, server.output()
+        for client in lingering:  # each got its answer, then the server's end of the stream
+            client.settimeout(max(0.1, deadline - time.monotonic()))
+            received = b""
+            while chunk := client.recv(4096):
+                received += chunk
+            assert received.startswith(b"HTTP/1.1 200"), received
+    finally:
+        for client in lingering:
             client.close()
