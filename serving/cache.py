@@ -49,6 +49,12 @@ class ModelCache:
         ]
         self.default = self.runtimes[0]
 
+    def report_stages(self, report: Callable[[str], None]) -> None:
+        """Call ``report`` with each stage every model's load enters (``model 'churn':
+        warming up``): the worker publishes it for ``/healthz``."""
+        for runtime in self.runtimes:
+            runtime.on_stage = report
+
     @property
     def model_name(self) -> str:
         return self.default.model_name

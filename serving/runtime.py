@@ -89,6 +89,8 @@ class ModelRuntime:
         #: What a load is doing now: ``reading`` (and checking) the artifact, ``loading``
         #: it, ``warming up``; None before a load and once ready.
         self.stage: Literal["reading", "loading", "warming up"] | None = None
+        #: Called with each stage a load enters (``model 'churn': warming up``).
+        self.on_stage: Callable[[str], None] | None = None
         self._stopping = False
 
     @property
@@ -136,7 +138,7 @@ class ModelRuntime:
         try:
             if handle is None:
                 handle = self._load_artifact()
-            self.stage = "warming up"
+            self._enter("warming up")
             warm_started = time.perf_counter()
             self.outputs = self._warm_up(handle)
             log.info(
@@ -167,6 +169,11 @@ class ModelRuntime:
             time.perf_counter() - started,
         )
 
+    def _enter(self, stage: Literal["reading", "loading", "warming up"]) -> None:
+        self.stage = stage
+        if self.on_stage is not None:
+            self.on_stage(f"model {self.model_name!r}: {stage}")
+
     def _load_artifact(self) -> ModelHandle:
         """Read and check the configured artifact once, then load those bytes (the bytes
         checked are the bytes loaded, never the path again); pin BLAS threads. Each stage
@@ -179,7 +186,7 @@ class ModelRuntime:
         fmt = settings.resolved_model_format
         loader = self.loaders.get(fmt)
         allow = settings.allow_world_writable_model
-        self.stage = "reading"
+        self._enter("reading")
         started = time.perf_counter()
         if loader is not None and loader.reads_path:
             # A model class reads its own path (a file or a directory): nothing to read,
@@ -192,7 +199,7 @@ class ModelRuntime:
                 "model %s: read and checked %.1f MiB (%.2f s)",
                 path, len(data) / 2**20, time.perf_counter() - started,
             )  # fmt: skip
-        self.stage = "loading"
+        self._enter("loading")
         started = time.perf_counter()
         handle = load_model(
             path,

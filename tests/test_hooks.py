@@ -314,3 +314,27 @@ def test_prepare_metrics_dir_refuses_a_directory_another_server_holds(
         f"serving: invalid setting SERVING_METRICS_DIR: {shared} is in use by another "
         f"server (master pid {os.getpid()}); give each server its own directory\n"
     )
+
+
+def test_board_says_the_stage_each_loading_worker_is_at(
+    tmp_path: Path, live_pids: list[int]
+) -> None:
+    board = workers.Board(tmp_path)
+    loading, warming, ready, failed = live_pids
+    board.write(loading, "starting", stage="model 'churn': loading")
+    board.write(warming, "warming", stage="model 'churn': warming up")
+    board.write(ready, "ready", stage="model 'churn': warming up")  # a stale stage: not shown
+    board.write(failed, "failed", "cannot load model /m.pkl: gone")
+
+    summary = board.read().summary()
+
+    assert summary["loading"] == 2
+    assert summary["stages"] == [
+        {"pid": pid, "stage": stage}
+        for pid, stage in sorted(
+            [(loading, "model 'churn': loading"), (warming, "model 'churn': warming up")]
+        )
+    ]
+    board.write(loading, "ready")
+    board.write(warming, "ready")
+    assert "stages" not in board.read().summary()

@@ -17,6 +17,7 @@ exists). Each worker loads its own copy, pins its own pools, and warms up.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
@@ -258,6 +259,7 @@ def _load_while_accepting(cache: Any, on_failure: Any) -> None:
     pid = os.getpid()
     if _board is not None:
         _board.write(pid, "starting")
+        cache.report_stages(functools.partial(_board.write, pid, "starting", None))
 
     def on_ready() -> None:
         if _board is not None:
@@ -292,6 +294,8 @@ def _load_before_accepting(server: Any, worker: Any, settings: Settings, slot: i
             failures.append(ModelLoadError(settings.resolved_model_path, reason or str(exc)))
             metrics.model_load_failed(settings.resolved_model_name, settings.model_version)
         else:
+            if _board is not None:
+                cache.report_stages(functools.partial(_board.write, pid, "warming", None))
 
             def failed(exc: BaseException, failures: list[BaseException] = failures) -> None:
                 failures.append(exc)

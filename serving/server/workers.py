@@ -82,6 +82,8 @@ class Fleet:
 
     states: dict[int, WorkerState]
     errors: dict[int, str] = field(default_factory=dict)
+    #: What each loading worker is doing (``model 'churn': warming up``).
+    stages: dict[int, str] = field(default_factory=dict)
 
     @property
     def ready_count(self) -> int:
@@ -99,14 +101,22 @@ class Fleet:
         return sum(s == state for s in self.states.values())
 
     def summary(self) -> dict[str, Any]:
-        """``{"ready": N, "total": M}``, plus ``loading``/``failed`` counts and the last
-        load error of each failed worker when there are any (for ``/healthz``). With a
+        """``{"ready": N, "total": M}``, plus ``loading``/``failed`` counts, the stage each
+        loading worker is at and the last load error of each failed worker when there are
+        any (for ``/healthz``). With a
         failed worker, ``"rollout": "failed"``: a worker forked after the first boot (a
         reload, respawn or recycle) cannot load the model, and the others serve on."""
         body: dict[str, Any] = {"ready": self.ready_count, "total": self.total}
         loading = self.count("warming") + self.count("starting")
         if loading:
             body["loading"] = loading
+            stages = [
+                {"pid": pid, "stage": stage}
+                for pid, stage in sorted(self.stages.items())
+                if self.states.get(pid) in ("warming", "starting")
+            ]
+            if stages:
+                body["stages"] = stages
         if self.count("failed"):
             body["failed"] = self.count("failed")
             body["rollout"] = "failed"
@@ -136,10 +146,13 @@ class Board:
         """A new empty directory under the system temporary directory."""
         return cls(Path(tempfile.mkdtemp(prefix="serving-workers-")))
 
-    def write(self, pid: int, state: WorkerState, error: str | None = None) -> None:
-        """Publish ``pid``'s state atomically (write, then rename over the old file)."""
+    def write(
+        self, pid: int, state: WorkerState, error: str | None = None, stage: str | None = None
+    ) -> None:
+        """Publish ``pid``'s state atomically (write, then rename over the old file), with
+        its load error or, while it loads, the stage it is at."""
         temporary = self.path / f".{pid}.tmp"
-        temporary.write_text(json.dumps({"state": state, "error": error}))
+        temporary.write_text(json.dumps({"state": state, "error": error, "stage": stage}))
         os.replace(temporary, self.path / str(pid))
 
     def remove(self, pid: int) -> None:
@@ -150,6 +163,7 @@ class Board:
         cannot be parsed, is skipped)."""
         states: dict[int, WorkerState] = {}
         errors: dict[int, str] = {}
+        stages: dict[int, str] = {}
         try:
             entries = list(self.path.iterdir())
         except OSError:
@@ -164,7 +178,9 @@ class Board:
             states[int(entry.name)] = data["state"]
             if data.get("error"):
                 errors[int(entry.name)] = data["error"]
-        return Fleet(states, errors)
+            if data.get("stage"):
+                stages[int(entry.name)] = data["stage"]
+        return Fleet(states, errors, stages)
 
     def destroy(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
