@@ -48,14 +48,16 @@ class GunicornServer:
         self.env.update({f"SERVING_{k.upper()}": str(v) for k, v in settings.items()})
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> GunicornServer:
+    def start(self, stdout: int | None = None) -> GunicornServer:
+        """Start it in its own session; its output goes to ``log_path``, or with
+        ``stdout=subprocess.PIPE`` stdout to a pipe (``proc.stdout``) and stderr there."""
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [str(GUNICORN), "wsgi:app", "-c", "gunicorn.conf.py", "--no-control-socket"],
             cwd=ROOT,
             env=self.env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+            stdout=self._log if stdout is None else stdout,
+            stderr=subprocess.STDOUT if stdout is None else self._log,
             start_new_session=True,
         )
         return self

@@ -14,7 +14,7 @@ import joblib
 import numpy as np
 
 from serving.settings import DEMO_MODEL_PATH
-from tests.e2e.server import GUNICORN, ROOT, GunicornServer
+from tests.e2e.server import GunicornServer
 
 #: Bytes a pipe holds before a write blocks (Linux's default), with the room for
 #: Python's own stdout buffer: the most lines that can leave a worker nobody reads.
@@ -24,16 +24,8 @@ PIPE_BYTES = 64 * 1024 + 2 * 8192
 class UnreadStdout(GunicornServer):
     """A GunicornServer whose stdout is a pipe nobody reads (stderr goes to the log)."""
 
-    def start(self) -> UnreadStdout:
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [str(GUNICORN), "wsgi:app", "-c", "gunicorn.conf.py", "--no-control-socket"],
-            cwd=ROOT,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            start_new_session=True,
-        )
+    def start(self, stdout: int | None = subprocess.PIPE) -> UnreadStdout:
+        super().start(stdout)
         return self
 
     def kill(self) -> None:
