@@ -76,6 +76,32 @@ def test_healthz_without_a_valid_key_says_only_ready_and_counts(  # type: ignore
     assert response.get_json() == {"status": "ready"}
 
 
+def test_healthz_without_a_key_shows_worker_counts_but_no_stage_or_error(  # type: ignore[no-untyped-def]
+    secured, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under Gunicorn the workers' summary holds each loading worker's stage and each
+    failed one's error, which name models and files: a probe gets the counts only."""
+    from serving.protocols import probes
+
+    fleet = {
+        "ready": 1, "total": 2, "loading": 1, "failed": 1, "rollout": "failed",
+        "stages": [{"pid": 7, "stage": "model 'secret_model': loading"}],
+        "errors": [{"pid": 8, "error": "cannot load model /srv/secret/m.pkl: truncated"}],
+    }  # fmt: skip
+    monkeypatch.setattr(probes, "readiness", lambda state: (False, fleet))
+
+    probe = secured.get("/healthz")
+    detail = secured.get("/healthz", headers={"X-API-Key": KEY})
+
+    assert probe.status_code == detail.status_code == 503
+    assert probe.get_json() == {
+        "status": "loading",  # this worker is ready, another is not yet
+        "workers": {"ready": 1, "total": 2, "loading": 1, "failed": 1, "rollout": "failed"},
+    }
+    assert "secret" not in probe.get_data(as_text=True)
+    assert detail.get_json()["workers"] == fleet
+
+
 @pytest.mark.parametrize("headers", [{"X-API-Key": KEY}, {"Authorization": f"Bearer {OTHER}"}])
 def test_healthz_with_a_key_shows_the_detail(secured, headers: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
     body = secured.get("/healthz", headers=headers).get_json()

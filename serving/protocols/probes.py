@@ -33,6 +33,10 @@ __all__ = ["OPERATIONS", "PROTOCOL", "bp"]
 
 bp = Blueprint("probes", __name__)
 
+#: What ``/healthz`` tells a request without a key of the workers: counts and the rollout's
+#: state, never a model's name, path or load error (``errors``, ``stages``).
+_WITHOUT_KEY = frozenset({"ready", "total", "loading", "failed", "rollout"})
+
 OPERATIONS = [
     Operation(
         "get",
@@ -97,7 +101,7 @@ def healthz() -> Response:
     if keys and not has_api_key(request.headers, keys):
         summary: dict[str, Any] = {"status": state}
         if workers is not None:
-            summary["workers"] = {k: v for k, v in workers.items() if k != "errors"}
+            summary["workers"] = {k: v for k, v in workers.items() if k in _WITHOUT_KEY}
         return json_response(summary, 200 if ready else 503)
     default = models.default
     body = {
