@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -57,3 +60,31 @@ def test_archive_dead_worker_keeps_counter_and_histogram_totals(tmp_path: Path) 
         "counter_archive-1.db",
         "histogram_archive-1.db",
     ]
+
+
+def test_archive_dead_worker_refuses_to_grow_on_a_full_filesystem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a full tmpfs the master's fold wrote through an mmap past what the filesystem
+    could hold: SIGBUS killed the master and the server with it (found by the attack).
+    With too little room it now raises ENOSPC and leaves the worker's files alone."""
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    run = subprocess.run(
+        [sys.executable, "-c", WORKER], check=True, env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    pid = int(run.stdout)
+    before = scrape(tmp_path)
+    files = sorted(p.name for p in tmp_path.glob("*.db"))
+    real = os.statvfs(tmp_path)
+
+    class Full:
+        f_bavail, f_frsize = 4, real.f_frsize  # a few blocks: less than 192 KiB
+
+    monkeypatch.setattr(os, "statvfs", lambda path: Full())
+    with pytest.raises(OSError) as refused:
+        archive_dead_worker(tmp_path, pid, "1")
+
+    assert refused.value.errno == errno.ENOSPC and "needed to fold" in str(refused.value)
+    assert sorted(p.name for p in tmp_path.glob("*.db")) == files  # nothing touched
+    assert scrape(tmp_path) == before

@@ -42,7 +42,8 @@ def test_healthz_shows_a_failed_workers_load_error_only_with_a_key(
 
     assert probe.status_code == 200
     assert probe.json() == {
-        "status": "ready", "workers": {"ready": 1, "total": 1, "failed": 1, "rollout": "failed"}
+        "status": "ready",
+        "workers": {"ready": 1, "total": 1, "failed": 1, "rollout": "failed"},
     }  # no errors, no stages: no model name or path
     assert str(model.parent) not in probe.text and "load key" not in probe.text
     assert server.predict([[1.0]], headers={"X-API-Key": KEY}).status_code == 200
