@@ -231,8 +231,9 @@ class Settings(ModelSettings):
         gt=0,
         allow_inf_nan=False,
         description=(
-            "Longest a client may take to send a request line and headers, in seconds; "
-            "then its connection is closed (a slow client holds no worker thread)"
+            "Longest a client may take to send a request line and headers, or leave its "
+            "response unread, in seconds; then its connection is closed (a slow client "
+            "holds no worker thread)"
         ),
     )
     metrics_dir: Path | None = Field(

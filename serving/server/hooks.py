@@ -235,7 +235,9 @@ def _guard_connections(server: Any, worker: Any, settings: Settings) -> None:
         from serving.server import slow_clients
 
         slow_clients.limit_header_phase(worker, settings.header_timeout_s)
-        slow_clients.limit_body_phase(worker, settings.request_timeout_ms / 1000)
+        slow_clients.limit_body_phase(
+            worker, settings.request_timeout_ms / 1000, settings.header_timeout_s
+        )
         slow_clients.close_gracefully_off_the_main_loop()
     from serving.server.one_write import join_headers_and_body
 

@@ -34,6 +34,8 @@ Imports only the standard library and, when called, Gunicorn's gthread worker mo
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import queue
 import selectors
 import socket
@@ -42,6 +44,8 @@ import time
 from typing import Any
 
 __all__ = ["close_gracefully_off_the_main_loop", "limit_body_phase", "limit_header_phase"]
+
+log = logging.getLogger(__name__)
 
 
 def limit_header_phase(worker: Any, header_timeout_s: float, interval_s: float = 0.5) -> None:
@@ -109,22 +113,27 @@ class _BodyDeadline:
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("request body: deadline passed")
+        previous = self.sock.gettimeout()  # the send limit (limit_body_phase)
         self.sock.settimeout(remaining)
         try:
             data: bytes = self.sock.recv(size)
             return data
         finally:
-            self.sock.settimeout(None)  # the response is written without this limit
+            self.sock.settimeout(previous)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sock, name)
 
 
-def limit_body_phase(worker: Any, body_timeout_s: float) -> None:
+def limit_body_phase(worker: Any, body_timeout_s: float, send_timeout_s: float) -> None:
     """Make every request body read of ``worker`` (a gthread worker, before
     ``init_process``) end with ``TimeoutError`` once ``body_timeout_s`` seconds have passed
-    since its headers were parsed. Does nothing to a connection whose parser does not read
-    through ``parser.unreader.sock`` (Gunicorn's HTTP/1 parser does)."""
+    since its headers were parsed, and every response write give up after
+    ``send_timeout_s`` seconds (``SERVING_HEADER_TIMEOUT_S``) of a client not reading it:
+    a client that never reads held a worker thread for good (70 of them stopped ``/livez``,
+    found by the attack on this branch); its connection is closed, one log line. Does
+    nothing to a connection whose parser does not read through ``parser.unreader.sock``
+    (Gunicorn's HTTP/1 parser does)."""
     handle_request = worker.handle_request
 
     def with_body_deadline(req: Any, conn: Any) -> Any:
@@ -133,10 +142,20 @@ def limit_body_phase(worker: Any, body_timeout_s: float) -> None:
         if not hasattr(sock, "recv") or not hasattr(sock, "settimeout"):
             return handle_request(req, conn)
         unreader.sock = _BodyDeadline(sock, time.monotonic() + body_timeout_s)
+        previous = sock.gettimeout()
+        sock.settimeout(send_timeout_s)
         try:
             return handle_request(req, conn)
+        except TimeoutError:  # the body's own deadline is answered 408 inside the app
+            log.info(
+                "closing a connection whose client has not read its response for %g s "
+                "(SERVING_HEADER_TIMEOUT_S)", send_timeout_s,
+            )  # fmt: skip
+            # Gunicorn closes a reset connection quietly; a timeout got a traceback.
+            raise ConnectionResetError(errno.ECONNRESET, "client not reading") from None
         finally:
             unreader.sock = sock
+            sock.settimeout(previous)
 
     worker.handle_request = with_body_deadline
 

@@ -13,6 +13,7 @@ import requests
 
 from tests.e2e.server import GunicornServer
 from tests.models import RowOffset
+from tests.waiting import until
 
 Start = Callable[..., GunicornServer]
 Pickled = Callable[[Any, str], Path]
@@ -139,3 +140,36 @@ def test_clients_that_never_close_after_connection_close_do_not_stop_the_worker(
     finally:
         for client in lingering:
             client.close()
+
+
+@pytest.mark.usefixtures("cpu_hog")
+def test_clients_that_never_read_their_responses_free_their_threads(
+    gunicorn: Callable[..., GunicornServer],
+) -> None:
+    """Found by the attack on this branch: clients that pipeline requests for a large file
+    and never read held every thread of the worker, and /livez went unanswered for as long
+    as they stayed connected. A write left unread SERVING_HEADER_TIMEOUT_S closes it."""
+    server = gunicorn(workers=1, threads=4, header_timeout_s=2)
+    server.wait_ready(workers=1)
+    request = b"GET /docs/swagger-ui-bundle.js HTTP/1.1\r\nHost: x\r\n\r\n" * 8
+    stalled = []
+    for _ in range(8):  # twice the threads
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(request)
+        stalled.append(sock)
+    try:
+
+        def live() -> bool:
+            try:
+                return requests.get(f"{server.url}/livez", timeout=1).status_code == 200
+            except requests.RequestException:
+                return False
+
+        until(live, 20, interval_s=0.2, what=lambda: f"/livez answered:\n{server.output()}")
+        server.wait_for_log("has not read its response", 1, timeout_s=20)
+        assert "Traceback" not in server.output()
+    finally:
+        for sock in stalled:
+            sock.close()
