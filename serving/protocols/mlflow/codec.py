@@ -15,20 +15,23 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 
 from serving.conform import invalid
+from serving.errors import PayloadTooLarge
 from serving.instances import Columns, Frame, Instances, Records
 from serving.protocols.mlflow.schemas import DataframeSplit, MlflowRequest
 
 __all__ = ["decode", "decode_csv", "parse_csv"]
 
 
-def decode_csv(body: bytes) -> Frame:
+def decode_csv(body: bytes, max_rows: int | None = None) -> Frame:
     """A ``text/csv`` body as rows named by its header.
 
     :raises InvalidInput: (422) as ``parse_csv``.
+    :raises PayloadTooLarge: (413) as ``parse_csv``.
     """
-    columns, rows = parse_csv(body)
+    columns, rows = parse_csv(body, max_rows)
     return Frame(rows, columns, field="csv", columns_field="csv.header", text=True)
 
 
@@ -87,25 +90,33 @@ def _split(split: DataframeSplit) -> Frame:
     return Frame([[row[j] for j in order] for row in split.data], None, field, columns_field)
 
 
-def parse_csv(body: bytes) -> tuple[list[str], list[list[str]]]:
+def parse_csv(body: bytes, max_rows: int | None = None) -> tuple[list[str], list[list[str]]]:
     """``text/csv`` bytes (UTF-8, optional BOM) -> column names and rows of text cells,
     read as pandas' ``read_csv`` reads them by default (first row = column names, blank
     lines skipped). A first column with an empty name is pandas' default index (what
     ``DataFrame.to_csv()`` writes) and is dropped. Cells are typed later, by each
     feature's kind (``serving.cells.from_text``).
 
+    :param max_rows: ``SERVING_MAX_INSTANCES_PER_REQUEST``: reading stops at the row past
+        it, so a body of many tiny rows costs no more than the limit's worth of rows.
     :raises InvalidInput: (422) when the body is not UTF-8, has no header or no data row,
         or a row's length is not the header's (naming the line).
+    :raises PayloadTooLarge: (413) when it has more than ``max_rows`` data rows.
     """
     try:
         text = body.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise invalid("body", f"text/csv body is not UTF-8 ({exc.reason})", "encoding") from None
     reader = csv.reader(io.StringIO(text, newline=""))
+    most = None if max_rows is None else max_rows + 2  # the header, and one row too many
     try:
-        lines = [(reader.line_num, row) for row in reader if row]
+        lines = list(itertools.islice(((reader.line_num, row) for row in reader if row), most))
     except csv.Error as exc:
         raise invalid("body", f"not readable as CSV: {exc}", "csv") from None
+    if max_rows is not None and len(lines) > max_rows + 1:
+        raise PayloadTooLarge(
+            "request", None, max_rows, "SERVING_MAX_INSTANCES_PER_REQUEST", "instances"
+        )
     if not lines:
         raise invalid("body", "text/csv body is empty: expected a header row", "csv")
     header = lines[0][1]

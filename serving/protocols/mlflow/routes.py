@@ -137,7 +137,9 @@ def invocations(call: Call) -> Response:
     limit = plane.settings.max_body_bytes
     mimetype = request.mimetype
     if mimetype == "text/csv":
-        instances: Instances = decode_csv(read_body(limit))
+        instances: Instances = decode_csv(
+            read_body(limit), plane.settings.max_instances_per_request
+        )
     elif mimetype == "application/json" or mimetype.endswith("+json"):
         instances = decode(parse_body(MlflowRequest, read_json_body(limit)))
     else:
