@@ -117,6 +117,29 @@ def test_payload_log_full_queue_drops_and_counts_without_waiting(tmp_path: Path)
     assert dropped is not None and dropped >= 40
 
 
+def test_payload_log_records_left_when_the_worker_stops_are_counted(
+    hung_sink: socket.socket,
+) -> None:
+    """Found by the attack: with a hung sink, ~8,100 records queued at SIGTERM vanished
+    with no count and no line. Each record is now sent, or counted in one reason."""
+    settings = Settings(
+        payload_log="request",
+        payload_log_url=f"http://127.0.0.1:{hung_sink.getsockname()[1]}/events",
+        payload_log_timeout_ms=60_000,
+        payload_log_retries=0,
+    )
+    metrics = ServingMetrics(CollectorRegistry())
+    payloads = PayloadLog(settings, metrics)
+    for i in range(20):
+        payloads.record(call_of(str(i)), "m", "1", ROWS, None)
+
+    payloads.stop(0.2)  # the sender is stuck on its first post
+
+    stopped = metrics.registry.get_sample_value("payload_log_dropped_total", {"reason": "stopped"})
+    assert stopped == 19  # the one being sent is the sink's to fail; the rest counted
+    assert payloads.held_bytes == ROWS.nbytes  # only the record in flight is still held
+
+
 @pytest.fixture
 def hung_sink() -> Iterator[socket.socket]:
     """A listening socket that accepts connections (the kernel's backlog) and never

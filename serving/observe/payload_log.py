@@ -107,7 +107,7 @@ class PayloadLog:
             reason: Complaint(
                 log, "payload log records", f'payload_log_dropped_total{{reason="{reason}"}}'
             )
-            for reason in ("queue_full", "sink_error")
+            for reason in ("queue_full", "sink_error", "stopped")
         }
 
     @classmethod
@@ -186,15 +186,25 @@ class PayloadLog:
             atexit.register(self.stop, 2.0)
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """Send what is queued (up to ``timeout_s`` seconds), then end the thread."""
+        """Send what is queued (up to ``timeout_s`` seconds), then end the thread; what is
+        still queued then is dropped and counted (``reason="stopped"``)."""
         thread = self._thread
         if thread is None or self._pid != os.getpid():
             return
         try:
             self._queue.put(_STOP, timeout=timeout_s)
         except queue.Full:
-            return
-        thread.join(timeout_s)
+            pass
+        else:
+            thread.join(timeout_s)
+        while True:  # records a stopping worker will never send (found by the attack)
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                self._release(item[3])
+                self._drop("stopped", item[3], "the worker stopped before they were sent")
 
     def _sink(self) -> Callable[[Any], None]:
         if self.url.startswith("http"):
