@@ -16,7 +16,10 @@ from typing import Any, Literal
 
 from serving.cells import from_text
 from serving.model.schema import Feature
-from serving.values import Locate, refuse
+from serving.values import Locate, refuse, show
+
+#: Most characters of a client's name put in an error's location.
+_NAME_CHARS = 64
 
 __all__ = ["MLFLOW", "STRICT", "Rules", "check_names", "numbers_from_strings"]
 
@@ -60,18 +63,19 @@ def check_names(
     missing = [name for name in names if name not in keys]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        given = f"; given but unknown: {', '.join(map(repr, unknown[:3]))}" if unknown else ""
+        given = f"; given but unknown: {', '.join(map(show, unknown[:3]))}" if unknown else ""
         raise refuse(loc, f"missing {what} {missing[0]!r}{more}{given}", f"missing_{what}")
     if unknown and rules.extra == "refuse":
-        msg = f"unknown {what} {unknown[0]!r}; the model's {what}s are {', '.join(names)}"
-        raise refuse(f"{loc}.{unknown[0]}", msg, f"unknown_{what}")
+        # a client's name is cut, as a value is: a 2 MB key made an 8 MB error body
+        msg = f"unknown {what} {show(unknown[0])}; the model's {what}s are {', '.join(names)}"
+        raise refuse(f"{loc}.{unknown[0][:_NAME_CHARS]}", msg, f"unknown_{what}")
     if unknown and rules.on_ignored is not None:
         for key in unknown:
             rules.on_ignored(key)
     kept = [key for key in keys if key in known] if unknown else list(keys)
     if len(kept) != len(set(kept)):
         twice = next(key for i, key in enumerate(kept) if key in kept[:i])
-        raise refuse(loc, f"{what} {twice!r} is given twice", f"duplicate_{what}")
+        raise refuse(loc, f"{what} {show(twice)} is given twice", f"duplicate_{what}")
     return kept
 
 

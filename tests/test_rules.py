@@ -143,3 +143,13 @@ def test_rules_missing_feature_names_what_was_given_instead() -> None:
         Rules(extra="ignore", on_ignored=ignored.append),
     )  # fmt: skip
     assert kept == ["plan", "seats"] and ignored == ["x"]
+
+
+def test_rules_a_huge_unknown_name_is_cut_in_the_error(strict: FlaskClient) -> None:
+    """Found by the attack: a 2 MB key came back in full, four times: an 8 MB 422."""
+    row = {**churn_rows()[0], "x" * 50_000: 1}  # the body limit here is 64 KiB
+    answer = strict.post("/predict", json={"instances": [row]})
+
+    assert answer.status_code == 422
+    assert len(answer.get_data()) < 2000
+    assert "unknown feature 'xxxx" in answer.get_json()["error"]["message"]
