@@ -43,6 +43,10 @@ def post_fork(server, worker):
     hooks.post_fork(server, worker, settings)
 
 
+def post_worker_init(worker):
+    hooks.post_worker_init(worker)
+
+
 def worker_exit(server, worker):
     hooks.worker_exit(server, worker, settings)
 

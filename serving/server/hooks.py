@@ -355,6 +355,13 @@ def _recycle_one_at_a_time(server: Any, worker: Any) -> None:
     threading.Thread(target=watch, name="serving-recycle", daemon=True).start()
 
 
+def post_worker_init(worker: Any) -> None:
+    """Worker, once Gunicorn has loaded the app (``wsgi.py``) and before it accepts: say
+    so. Its model may have been ready before (the first boot loads while accepting): an
+    app that cannot load (a settings check failing) ends the worker only here."""
+    worker.log.info("worker %s: application loaded, accepting connections", os.getpid())
+
+
 def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
     """Worker (after its last connection closed): stop the batcher, answering what is
     queued, then the processes its model forked (``serving.server.children``)."""

@@ -89,6 +89,10 @@ def test_a_respawn_that_cannot_load_does_not_stop_the_serving_worker(
     server = gunicorn(model_path=model)
     wait_for_ready_answer(server)
     server.wait_for_log("every worker is ready", 1)  # the first boot is over
+    # ... and both have loaded the app, whose settings check wants the file: a worker
+    # still loading it when the file vanished died, and none was left to serve (1 run in
+    # 4-5 under the CPU hog).
+    server.wait_for_log("application loaded, accepting connections", 2)
     hidden = model.rename(tmp_path / "hidden.pkl")  # the file vanishes (root reads any mode)
     victim, survivor = server.worker_pids()
     os.kill(victim, signal.SIGKILL)  # as the OOM killer does

@@ -267,5 +267,6 @@ def test_max_requests_bounds_what_each_worker_serves_across_a_reload(
     served = [int(n) for n in re.findall(r"exiting after (\d+) requests", server.output())]
     assert len(served) >= 10, server.output()
     # Past its count a worker serves on only while the previous leaver's replacement loads
-    # (observed: at most 56-135 with this limit of 20; 1,000 and more before).
-    assert max(served) <= 10 * limit, sorted(served)
+    # (observed: at most 56-135 with this limit of 20 on a quiet host, 302 with four test
+    # runs beside it; 1,000 and more before, when recycling stopped for good).
+    assert max(served) <= 25 * limit, sorted(served)
