@@ -10,6 +10,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -92,11 +93,12 @@ def create_app(
     api_keys = load_api_keys(settings)
     app.extensions["serving_api_keys"] = api_keys  # /healthz's detail needs one
     operations = [op for protocol in PROTOCOLS for op in protocol.operations]
-    # Open without a key: the operations documented without security (probes, health),
-    # and /metrics unless SERVING_METRICS_REQUIRE_AUTH.
+    if not settings.metrics_require_auth:  # /metrics is open: documented so, too
+        operations = [replace(op, security=False) if op.path == "/metrics" else op
+                      for op in operations]  # fmt: skip
+    # Open without a key: the operations documented without security (probes, health,
+    # and /metrics unless SERVING_METRICS_REQUIRE_AUTH).
     open_routes = {op.path for op in operations if not op.security}
-    if not settings.metrics_require_auth:
-        open_routes.add("/metrics")
 
     app.extensions["serving_openapi"] = _openapi(plane, operations, bool(api_keys))
 

@@ -126,6 +126,21 @@ def test_metrics_can_require_the_key(settings: Settings, model_handle: ModelHand
         assert client.get("/metrics").status_code == 401
         assert client.get("/metrics", headers={"X-API-Key": KEY}).status_code == 200
         assert client.get("/healthz").status_code == 200
+        document = client.get("/openapi.json").get_json()
+        assert "security" in document["paths"]["/metrics"]["get"]
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+
+def test_open_metrics_are_documented_open(settings: Settings, model_handle: ModelHandle) -> None:
+    """Found by the attack: /openapi.json said /metrics needs a key while it answered
+    without one (SERVING_METRICS_REQUIRE_AUTH off, the default)."""
+    app, client = make_client(settings, model_handle, api_keys=KEY)
+    try:
+        assert client.get("/metrics").status_code == 200
+        document = client.get("/openapi.json").get_json()
+        assert "security" not in document["paths"]["/metrics"]["get"]
+        assert "security" in document["paths"]["/predict"]["post"]
     finally:
         app.extensions["serving"].get_models().stop(timeout_s=10)
 
