@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from tests.e2e.server import GunicornServer
@@ -15,6 +16,7 @@ from tests.models import SlowLoading
 from tests.waiting import until
 
 
+@pytest.mark.usefixtures("cpu_hog")  # as production is: busy
 def test_healthz_names_the_stage_of_a_loading_worker(
     gunicorn: Callable[..., GunicornServer], pickled: Callable[[Any, str], Path]
 ) -> None:
