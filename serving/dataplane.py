@@ -11,7 +11,7 @@ A protocol's route reads its body, its codec decodes it into ``serving.instances
 4. ``serving.conform.conform``: the instances against the model's inputs, as the
    ``(n_instances, n_features)`` rows its batcher merges (422);
 5. what is left of the request's deadline (408 when receiving the request used it up);
-6. the queue-depth metric, then the model's batcher (``submit_many``): 503 overloaded
+6. the queue-depth metric, then the model's batcher (``submit``): 503 overloaded
    (counted as rejected), 504 timeout, 500 when the model fails on these rows;
 7. the request's stages for the V2 statistics (``ServingMetrics.observe_stages``) and
    its spans (``serving.observe.tracing``, when configured) and,
