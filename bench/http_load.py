@@ -1,25 +1,36 @@
-"""HTTP load, side by side in one run: this service vs the naive server vs the echo ceiling.
+"""HTTP load as users deploy: this service vs the naive server vs the echo ceiling, taking turns.
 
-    python bench/http_load.py                   # full run: ~15 minutes on 2 cores
-    python bench/http_load.py --short           # light model, 1 and 64 keep-alive: ~2 minutes
-    python bench/http_load.py --variant log-off:SERVING_ACCESS_LOG=false --servers service
-    python bench/http_load.py --interleave ...  # servers take turns run by run (noisy host)
+    python bench/http_load.py                   # full run: light and heavy, ~25 minutes on 2 cores
+    python bench/http_load.py --short           # light, 1 and 64 keep-alive, 3 rounds: ~4 min
+    python bench/http_load.py --nginx           # every server behind deploy/nginx (1 worker)
+    python bench/http_load.py --same-session    # servers in the bench's session (for comparison)
+    python bench/http_load.py --variant log-off:SERVING_ACCESS_LOG=false --servers service naive
 
-Starts, one after another on 127.0.0.1 (2 workers each):
+Servers (2 workers each, on 127.0.0.1):
   service        gunicorn wsgi:app -c gunicorn.conf.py, default settings (access log on)
   naive          bench/naive_app.py under sync workers: predict once per request, one row
-  naive-gthread  the same app under gthread workers (16 threads): the floor for any server
-                 that batches inside a gthread worker
+  naive-gthread  the same app under gthread workers (16 threads)
   echo           bench/echo_app.py on the service's Gunicorn config: parse JSON, constant answer
-plus one service per ``--variant NAME:SERVING_X=Y,SERVING_Z=W`` (tuned settings),
-for the "light" (demo LogisticRegression) and "heavy" (300-tree forest) models, and drives
-each with wrk (Debian's package, one thread pinned to CPU 1) at 1, 8 and 64 connections,
-keep-alive and new-connection-per-request, single-instance bodies of the real rows. Each
-cell runs --repeats times; tables show medians. For the service it also reads the mean
-batch size and the share of requests each worker answered from /metrics.
+plus one service per ``--variant NAME:SERVING_X=Y,SERVING_Z=W``.
 
-Then the guide's exercise: 1,000 instances sent one per request vs 8 requests of 125.
-Tables go to stdout, PNG plots and a JSON of every run to bench/results/.
+**As deployed.** A service runs in its own session (systemd, a container), beside nginx and
+other processes on its CPUs. So by default every server, and nginx with ``--nginx``, is
+started with ``setsid``: its own session, hence its own CFS autogroup where
+``kernel.sched_autogroup_enabled=1``, competing with wrk (pinned to the last CPU) for the
+CPUs as a service competes with its neighbours. ``--same-session`` starts them in the
+bench's session instead, the condition the bench used to measure (see bench/README.md).
+
+**Rounds taking turns.** Each of ``--rounds`` (3 by default) starts every server afresh,
+one after another, runs all its cells, and stops it, so a server that falls into a slow
+mode on start-up shows it in that round and a burst of load elsewhere hits the servers
+alike. Every round is printed and kept: its requests/s and latency (wrk, one thread), the
+mean batch (the service's /metrics) and the **server's CPU per request** (utime + stime of
+the server's master and workers from /proc, divided by the requests answered; nginx's CPU
+apart). Summaries give min/median/max over the rounds and the ratio to the naive server
+round by round; never the best run.
+
+The 1,000-instance exercise (one per request vs 8 x 125) runs once, in the first round,
+when not --short. Tables go to stdout; a JSON of every run to bench/results/http_load.json.
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ GUNICORN = Path(sys.executable).parent / "gunicorn"
 WORKERS = 2
 THREADS = 64  # the service's default: 2 x max_batch_size
 NAIVE_GTHREAD_THREADS = 16
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -57,11 +69,37 @@ def free_port() -> int:
         return port
 
 
+def cpu_seconds(root_pid: int) -> float:
+    """utime + stime, in seconds, of ``root_pid`` and its live children (Gunicorn's master
+    and workers; threads are counted in their process's figures)."""
+    pids = [root_pid]
+    try:
+        children = Path(f"/proc/{root_pid}/task/{root_pid}/children").read_text().split()
+        pids += [int(pid) for pid in children]
+    except OSError:
+        pass
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited between the two reads
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total * TICK_S
+
+
 class Server:
-    """One Gunicorn server of the comparison, started and stopped by the bench."""
+    """One Gunicorn server of the comparison (and its nginx with ``--nginx``)."""
 
     def __init__(
-        self, kind: str, model: str, extra_env: dict[str, str] | None = None, name: str = ""
+        self,
+        kind: str,
+        model: str,
+        extra_env: dict[str, str] | None = None,
+        name: str = "",
+        *,
+        own_session: bool = True,
+        nginx: bool = False,
     ) -> None:
         self.kind, self.model, self.name = kind, model, name or kind
         self.port = free_port()
@@ -104,28 +142,43 @@ class Server:
         RESULTS.mkdir(exist_ok=True)
         self.log_path = RESULTS / f"{self.name}-{model}.log"
         self.log = self.log_path.open("wb")
+        session = {"start_new_session": True} if own_session else {"process_group": 0}
         self.proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            process_group=0,  # same session as wrk: one CFS autogroup (see bench/README.md)
+            cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, **session
         )
+        self.nginx: Any = None
         self._wait_ready()
         if kind != "service":
             self._pin_like_the_service()
+        self.target_port = self.port
+        if nginx:
+            from tests.deploy.nginx import NginxServer  # the deploy tests' renderer
+
+            upstream = f"127.0.0.1:{self.port}"
+            self.nginx = NginxServer(
+                Path(tempfile.mkdtemp(prefix=f"bench-nginx-{kind}-")),
+                stable=upstream,
+                canary=upstream,
+                stable_version="1",
+                canary_version="2",
+            )
+            self.nginx.start()  # its own session, as a separate service
+            self.nginx.wait_ready()
+            self.target_port = self.nginx.port
 
     def _pin_like_the_service(self) -> None:
-        """Pin worker k (all its threads) to CPU k, as SERVING_CPU_AFFINITY=auto does for the
-        service, so the comparison is on the same CPU layout."""
+        """With SERVING_CPU_AFFINITY=auto the service pins worker k to CPU k: pin the other
+        servers' workers alike, so the comparison is on the same CPU layout. Nothing to do
+        when the service does not pin (SERVING_CPU_AFFINITY=none)."""
+        if os.environ.get("SERVING_CPU_AFFINITY", "auto") != "auto":
+            return
         cpus = sorted(os.sched_getaffinity(0))
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
         for slot, pid in enumerate(sorted(int(p) for p in children.split())):
             for task in Path(f"/proc/{pid}/task").iterdir():
                 os.sched_setaffinity(int(task.name), {cpus[slot % len(cpus)]})
 
-    def _wait_ready(self, timeout_s: float = 60) -> None:
+    def _wait_ready(self, timeout_s: float = 90) -> None:
         body = json.dumps({"instances": [real_rows()[0].tolist()]})
         deadline = time.monotonic() + timeout_s
         ok = 0
@@ -151,37 +204,17 @@ class Server:
         _, text = request(self.port, "GET", "/metrics")
         return batch_totals(text)
 
-    def per_worker_requests(self) -> list[float]:
-        """Requests each live worker answered so far, from its own prometheus-client file."""
-        if self.kind != "service":
-            return []
-        from prometheus_client import CollectorRegistry
-        from prometheus_client.multiprocess import MultiProcessCollector
-
-        counts = []
-        for path in sorted(self.metrics_dir.glob("counter_*.db")):
-            alone = Path(tempfile.mkdtemp())
-            shutil.copy(path, alone / path.name)
-            registry = CollectorRegistry()
-            MultiProcessCollector(registry, path=str(alone))
-            total = sum(
-                s.value
-                for m in registry.collect()
-                if m.name == "http_requests"
-                for s in m.samples
-                if s.name == "http_requests_total"
-            )
-            counts.append(total)
-            shutil.rmtree(alone)
-        return counts
-
     def stop(self) -> None:
+        if self.nginx is not None:
+            self.nginx.stop()
+            shutil.rmtree(self.nginx.directory, ignore_errors=True)
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        self.log.close()
         shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
 
@@ -199,7 +232,7 @@ def request(port: int, method: str, path: str, body: str | None = None) -> tuple
 def wrk(
     port: int, connections: int, duration_s: float, bodies: Path, close: bool
 ) -> dict[str, Any]:
-    """One wrk run, one thread pinned to CPU 1; the Lua script's JSON summary."""
+    """One wrk run, one thread pinned to the last CPU; the Lua script's JSON summary."""
     cpus = os.cpu_count() or 1
     pin = ["taskset", "-c", str(cpus - 1)] if shutil.which("taskset") and cpus > 1 else []
     cmd = [
@@ -217,6 +250,7 @@ def wrk(
         str(bodies),
         "close" if close else "keepalive",
     ]
+
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 60, check=True)
     summary: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     summary["rps"] = summary["requests"] / summary["seconds"]
@@ -230,77 +264,34 @@ def wrk(
 def run_once(
     server: Server, connections: int, mode: str, args: argparse.Namespace, bodies: Path
 ) -> dict[str, Any]:
-    """One wrk run on ``server``, with the mean batch size and each worker's share."""
+    """One wrk run on ``server``: wrk's figures, the mean batch and the CPU per request."""
     calls0, rows0 = server.batch_stats()
-    per_worker0 = server.per_worker_requests()
-    result = wrk(server.port, connections, args.duration, bodies, mode == "close")
+    cpu0 = cpu_seconds(server.proc.pid)
+    nginx0 = cpu_seconds(server.nginx.proc.pid) if server.nginx else 0.0
+    result = wrk(server.target_port, connections, args.duration, bodies, mode == "close")
+    cpu1 = cpu_seconds(server.proc.pid)
+    nginx1 = cpu_seconds(server.nginx.proc.pid) if server.nginx else 0.0
     calls1, rows1 = server.batch_stats()
-    per_worker1 = server.per_worker_requests()
     result["mean_batch"] = (rows1 - rows0) / (calls1 - calls0) if calls1 > calls0 else None
-    served = [b - a for a, b in zip(per_worker0, per_worker1, strict=False)]
-    result["worker_share"] = [round(s / sum(served), 2) for s in served] if sum(served) else []
+    answered = max(result["requests"], 1)
+    result["cpu_us_per_request"] = (cpu1 - cpu0) / answered * 1e6
+    result["nginx_cpu_us_per_request"] = (
+        (nginx1 - nginx0) / answered * 1e6 if server.nginx else None
+    )
     return result
 
 
-def summarize(
-    server: Server, connections: int, mode: str, runs: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """A cell: the median of its runs."""
-    median = {
-        key: statistics.median(r[key] for r in runs)
-        for key in ("rps", "p50_us", "p95_us", "p99_us", "errors")
-    }
-    batches = [r["mean_batch"] for r in runs if r["mean_batch"] is not None]
-    median["mean_batch"] = statistics.median(batches) if batches else None
-    median["worker_share"] = runs[len(runs) // 2]["worker_share"]
-    median["errors_total"] = sum(r["errors"] for r in runs)
-    return {
-        "server": server.name,
-        "model": server.model,
-        "connections": connections,
-        "mode": mode,
-        "median": median,
-        "runs": runs,
-    }
-
-
-def run_cell(
-    server: Server, connections: int, mode: str, args: argparse.Namespace, bodies: Path
-) -> dict[str, Any]:
-    runs = [run_once(server, connections, mode, args, bodies) for _ in range(args.repeats)]
-    return summarize(server, connections, mode, runs)
-
-
-def run_interleaved(
-    plan: list[tuple[str, str, str, dict[str, str]]], args: argparse.Namespace, bodies: Path
-) -> list[dict[str, Any]]:
-    """Every server of ``plan`` started at once; each repeat of each cell runs on all of
-    them in turn, so a burst of load from elsewhere on the host hits every server alike."""
-    cells: list[dict[str, Any]] = []
-    servers: list[Server] = []
-    try:
-        for kind, name, model, env in plan:
-            servers.append(Server(kind, model, env, name))
-        for mode in args.modes:
-            for connections in args.connections:
-                runs: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(servers))}
-                for _ in range(args.repeats):
-                    for i, server in enumerate(servers):
-                        runs[i].append(run_once(server, connections, mode, args, bodies))
-                for i, server in enumerate(servers):
-                    cells.append(summarize(server, connections, mode, runs[i]))
-                    print_row(cells[-1])
-    finally:
-        for server in servers:
-            server.stop()
-    return cells
+def spread(values: list[float], digits: int = 0) -> str:
+    """``min / median / max`` of ``values``."""
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{low:.{digits}f} / {mid:.{digits}f} / {high:.{digits}f}"
 
 
 def exercise(server: Server) -> dict[str, float]:
     """1,000 instances: one per request (sequential) vs 8 requests of 125 (sequential)."""
     rows = real_rows()
     instances = [rows[i % len(rows)].tolist() for i in range(1000)]
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", server.target_port, timeout=60)
     headers = {"Content-Type": "application/json"}
 
     def send(chunk: list[list[float]]) -> None:
@@ -326,8 +317,8 @@ def exercise(server: Server) -> dict[str, float]:
 
 
 def machine(when: str = "at start") -> str:
-    """CPU model, cores and the BLAS kernel numpy uses here (threadpoolctl): ratios from one
-    run mean something only next to the machine they were measured on."""
+    """CPU model, cores, the BLAS kernel numpy uses here (threadpoolctl), autogroup and the
+    load average: ratios from one run mean something only next to their machine."""
     from threadpoolctl import threadpool_info  # numpy is loaded: bench.models imports it
 
     cpu = "unknown CPU"
@@ -341,17 +332,20 @@ def machine(when: str = "at start") -> str:
         for i in threadpool_info()
         if i.get("user_api") == "blas"
     )
-    load = os.getloadavg()[0]
+    try:
+        autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
+    except OSError:
+        autogroup = "?"
     return (
-        f"{cpu}, {len(os.sched_getaffinity(0))} CPUs, BLAS {blas or 'none found'}; "
-        f"load average {load:.1f} {when}"
+        f"{cpu}, {len(os.sched_getaffinity(0))} CPUs, BLAS {blas or 'none found'}, "
+        f"sched_autogroup_enabled={autogroup}; load average {os.getloadavg()[0]:.1f} {when}"
     )
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds taking turns (>= 3)")
     parser.add_argument("--connections", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--modes", nargs="+", default=["keepalive", "close"])
     parser.add_argument("--models", nargs="+", default=["light", "heavy"])
@@ -366,20 +360,20 @@ def parse_args() -> argparse.Namespace:
         help="one more service with these settings (repeatable), e.g. tuned settings",
     )
     parser.add_argument("--env", nargs="*", default=[], help="extra SERVING_X=Y for every service")
+    parser.add_argument("--nginx", action="store_true", help="every server behind deploy/nginx")
+    parser.add_argument(
+        "--same-session",
+        action="store_true",
+        help="start servers in the bench's session (one CFS autogroup with wrk), for comparison",
+    )
     parser.add_argument(
         "--short",
         action="store_true",
-        help="bounded quick run: light model, 1 and 64 keep-alive connections, 2 s, 1 repeat",
-    )
-    parser.add_argument(
-        "--interleave",
-        action="store_true",
-        help="start every server at once and take turns run by run (for a noisy host); "
-        "skips the 1,000-instance exercise",
+        help="bounded quick run: light model, 1 and 64 keep-alive connections, 3 s a run",
     )
     args = parser.parse_args()
     if args.short:
-        args.duration, args.repeats, args.connections = 2.0, 1, [1, 64]
+        args.duration, args.connections = 3.0, [1, 64]
         args.modes, args.models = ["keepalive"], ["light"]
     return args
 
@@ -389,146 +383,111 @@ def main() -> None:
     if not shutil.which("wrk"):
         raise SystemExit("wrk not found: apt-get install wrk")
     extra_env = dict(item.split("=", 1) for item in args.env)
-    variants: list[tuple[str, dict[str, str]]] = []
-    for spec in args.variant:
-        name, _, settings = spec.partition(":")
-        env = dict(item.split("=", 1) for item in settings.split(",") if item)
-        variants.append((name, {**extra_env, **env}))
-    bodies = write_bodies(RESULTS / "bodies.txt")
-    print(f"machine: {machine()}", flush=True)
-
-    cells: list[dict[str, Any]] = []
-    exercises: dict[str, dict[str, float]] = {}
     plan: list[tuple[str, str, str, dict[str, str]]] = []
     for model in args.models:
         plan += [(k, k, model, extra_env) for k in args.servers if k != "echo"]
-        plan += [("service", name, model, env) for name, env in variants]
+        for spec in args.variant:
+            name, _, settings = spec.partition(":")
+            env = dict(item.split("=", 1) for item in settings.split(",") if item)
+            plan.append(("service", name, model, {**extra_env, **env}))
     if "echo" in args.servers:
         plan.append(("echo", "echo", "light", {}))
-    if args.interleave:
-        cells = run_interleaved(plan, args, bodies)
-        plan = []
-    for kind, name, model, env in plan:
-        server = Server(kind, model, env, name)
-        try:
-            for mode in args.modes:
-                for connections in args.connections:
-                    cell = run_cell(server, connections, mode, args, bodies)
-                    cells.append(cell)
-                    print_row(cell)
-            if kind != "echo" and not args.short:
-                exercises[f"{name}/{model}"] = exercise(server)
-        finally:
-            server.stop()
+    bodies = write_bodies(RESULTS / "bodies.txt")
+    where = "behind nginx" if args.nginx else "direct"
+    session = "the bench's session" if args.same_session else "its own session"
+    print(f"machine: {machine()}\neach server in {session}, {where}", flush=True)
 
-    print(f"\nmachine: {machine('at the end')}")
-    print_tables(cells, exercises, [name for name, _ in variants])
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "http_load.json").write_text(
-        json.dumps(
-            {"machine": machine("at the end"), "cells": cells, "exercise": exercises}, indent=1
+    runs: list[dict[str, Any]] = []
+    exercises: dict[str, dict[str, float]] = {}
+    for round_ in range(1, args.rounds + 1):
+        for kind, name, model, env in plan:
+            server = Server(
+                kind, model, env, name, own_session=not args.same_session, nginx=args.nginx
+            )
+            try:
+                for mode in args.modes:
+                    for connections in args.connections:
+                        run = run_once(server, connections, mode, args, bodies)
+                        run.update(
+                            round=round_,
+                            server=name,
+                            model=model,
+                            mode=mode,
+                            connections=connections,
+                        )
+                        runs.append(run)
+                        print_run(run)
+                if round_ == 1 and kind != "echo" and not args.short:
+                    exercises[f"{name}/{model}"] = exercise(server)
+            finally:
+                server.stop()
+
+    print(f"\nmachine: {machine('at the end')}\neach server in {session}, {where}")
+    print_summary(runs, ["service", *(v.partition(":")[0] for v in args.variant)])
+    for key, ex in exercises.items():
+        print(
+            f"  1,000 instances on {key}: one per request {ex['one_per_request_s']:.2f} s, "
+            f"8 x 125 {ex['eight_of_125_s']:.3f} s, speed-up {ex['speedup']:.1f}x"
         )
-    )
-    if not args.short:
-        try:
-            plot(cells, args)
-        except ImportError:
-            print("no plots: matplotlib is not installed (pip install -e '.[bench]')")
+    RESULTS.mkdir(exist_ok=True)
+    document = {
+        "machine": machine("at the end"),
+        "session": session,
+        "where": where,
+        "runs": runs,
+        "exercise": exercises,
+    }
+    (RESULTS / "http_load.json").write_text(json.dumps(document, indent=1))
 
 
-def print_row(cell: dict[str, Any]) -> None:
-    m = cell["median"]
-    batch = f"{m['mean_batch']:.1f}" if m["mean_batch"] is not None else "-"
-    share = "/".join(f"{s:.2f}" for s in m["worker_share"]) or "-"
+def print_run(run: dict[str, Any]) -> None:
+    batch = f"{run['mean_batch']:.1f}" if run["mean_batch"] is not None else "-"
+    nginx = run["nginx_cpu_us_per_request"]
     print(
-        f"{cell['server']:>13} {cell['model']:>6} {cell['mode']:>9} c={cell['connections']:<3} "
-        f"{m['rps']:>8.0f} req/s  p50 {m['p50_us'] / 1000:7.2f}  p95 {m['p95_us'] / 1000:7.2f}  "
-        f"p99 {m['p99_us'] / 1000:7.2f} ms  errors {m['errors_total']:<4} batch {batch:>5}  "
-        f"workers {share}",
+        f"round {run['round']} {run['server']:>13} {run['model']:>5} {run['mode']:>9} "
+        f"c={run['connections']:<3} {run['rps']:>7.0f} req/s  p50 {run['p50_us'] / 1000:6.2f} "
+        f"p99 {run['p99_us'] / 1000:7.2f} ms  errors {run['errors']:<3} batch {batch:>5}  "
+        f"cpu {run['cpu_us_per_request']:5.0f} us/req"
+        + (f" (+nginx {nginx:.0f})" if nginx is not None else ""),
         flush=True,
     )
 
 
-def find(
-    cells: list[dict[str, Any]], server: str, model: str, c: int, mode: str
-) -> dict[str, Any] | None:
-    for cell in cells:
-        if (cell["server"], cell["connections"], cell["mode"]) == (server, c, mode) and (
-            server == "echo" or cell["model"] == model
-        ):
-            return cell["median"]  # type: ignore[no-any-return]
-    return None
-
-
-def print_tables(
-    cells: list[dict[str, Any]], exercises: dict[str, dict[str, float]], variants: list[str]
-) -> None:
-    """Ratios of the cells measured in this run: the service (and each variant) over the
-    naive servers and the echo ceiling. Latency ratios below 1 and throughput ratios above
-    1 are the service's wins."""
-    print("\nratios (medians of this run):")
-    checks = [
-        ("light, 1 conn: {s} / naive-gthread p50", "light", 1, "p50_us", "naive-gthread", "<= 1.1"),
-        ("light, 1 conn: {s} / naive p50", "light", 1, "p50_us", "naive", "<= 1.3"),
-        ("light, 8 conn: {s} / naive throughput", "light", 8, "rps", "naive", ""),
-        ("light, 64 conn: {s} / echo throughput", "light", 64, "rps", "echo", ">= 0.7"),
-        ("light, 64 conn: {s} / naive throughput", "light", 64, "rps", "naive", ">= 1.2"),
-        ("heavy, 1 conn: {s} / naive p50", "heavy", 1, "p50_us", "naive", ""),
-        ("heavy, 64 conn: {s} / naive throughput", "heavy", 64, "rps", "naive", ">= 10"),
-        ("light, 1 conn: naive-gthread / naive p50", "light", 1, "p50_us", "naive", ""),
-    ]
-    for mode in ("keepalive", "close"):
-        for label, model, c, key, other, target in checks:
-            subjects = ["service", *variants] if "{s}" in label else ["naive-gthread"]
-            for subject in subjects:
-                ours, theirs = (
-                    find(cells, subject, model, c, mode),
-                    find(cells, other, model, c, mode),
-                )
-                if ours and theirs and theirs[key]:
-                    ratio = ours[key] / theirs[key]
-                    text = label.format(s=subject)
-                    print(f"  [{mode:>9}] {text}: {ratio:6.2f}  (target {target or '-'})")
-    for name, ex in exercises.items():
+def print_summary(runs: list[dict[str, Any]], subjects: list[str]) -> None:
+    """Per cell: min/median/max over the rounds; then each subject's ratio to the naive
+    server round by round (same round, same cell), min/median/max."""
+    cells: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}
+    for run in runs:
+        key = (run["server"], run["model"], run["mode"], run["connections"])
+        cells.setdefault(key, []).append(run)
+    print("\ncells, min / median / max over the rounds:")
+    for (server, model, mode, c), cell in cells.items():
+        batches = [r["mean_batch"] for r in cell if r["mean_batch"] is not None]
         print(
-            f"  1,000 instances on {name}: one per request {ex['one_per_request_s']:.2f} s, "
-            f"8 x 125 {ex['eight_of_125_s']:.3f} s, speed-up {ex['speedup']:.1f}x"
+            f"  {server:>13} {model:>5} {mode:>9} c={c:<3} req/s {spread([r['rps'] for r in cell])}"
+            f"  p50 ms {spread([r['p50_us'] / 1000 for r in cell], 2)}"
+            f"  cpu us/req {spread([r['cpu_us_per_request'] for r in cell])}"
+            + (
+                f"  batch {min(batches):.1f}/{statistics.median(batches):.1f}/{max(batches):.1f}"
+                if batches
+                else ""
+            )
+            + f"  errors {sum(r['errors'] for r in cell)}"
         )
-
-
-def plot(cells: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    for model in args.models:
-        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-        names = [*args.servers, *(v.partition(":")[0] for v in args.variant)]
-        for server in names:
-            for mode, style in (("keepalive", "o-"), ("close", "s:")):
-                points = [(c, find(cells, server, model, c, mode)) for c in args.connections]
-                points = [(c, m) for c, m in points if m]
-                if not points:
-                    continue
-                xs = [c for c, _ in points]
-                left.plot(xs, [m["rps"] for _, m in points], style, label=f"{server} ({mode})")
-                right.plot(
-                    xs, [m["p99_us"] / 1000 for _, m in points], style, label=f"{server} ({mode})"
-                )
-        for axis, label in ((left, "requests/s"), (right, "p99 latency (ms)")):
-            axis.set_xscale("log", base=2)
-            axis.set_xlabel("concurrent connections")
-            axis.set_ylabel(label)
-        right.set_yscale("log")
-        left.legend(fontsize=7)
-        fig.suptitle(
-            f"{model} model, {WORKERS} workers, single-instance requests (median of {args.repeats})"
-        )
-        fig.tight_layout()
-        fig.savefig(RESULTS / f"http_load_{model}.png", dpi=100)
-        plt.close(fig)
-    print(f"plots and http_load.json in {RESULTS}")
+    print("\nratios to naive, round by round (min / median / max):")
+    for (server, model, mode, c), cell in cells.items():
+        naive = {r["round"]: r for r in cells.get(("naive", model, mode, c), [])}
+        if server not in subjects or not naive:
+            continue
+        pairs = [(r, naive[r["round"]]) for r in cell if r["round"] in naive]
+        for label, key in (("req/s", "rps"), ("p50", "p50_us"), ("cpu/req", "cpu_us_per_request")):
+            values = [a[key] / b[key] for a, b in pairs]
+            rounds = " ".join(f"{v:.2f}" for v in values)
+            low, mid, high = min(values), statistics.median(values), max(values)
+            print(
+                f"  {server:>13} {model:>5} {mode:>9} c={c:<3} {label:>7}: {rounds}"
+                f"  ({low:.2f} / {mid:.2f} / {high:.2f})"
+            )
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from serving.batching.arrivals import Arrivals, process_arrivals
 from serving.batching.batcher import ThreadedBatcher
 from serving.cache import ModelCache
 from serving.conform import conform
@@ -82,9 +83,15 @@ class DataPlane:
     """
 
     def __init__(
-        self, settings: Settings, metrics: ServingMetrics, get_models: Callable[[], ModelCache]
+        self,
+        settings: Settings,
+        metrics: ServingMetrics,
+        get_models: Callable[[], ModelCache],
+        arrivals: Arrivals | None = None,
     ) -> None:
         self.settings = settings
+        #: Requests on their way to a batcher (``call(arriving=True)`` to ``infer``'s queue).
+        self.arrivals = arrivals if arrivals is not None else process_arrivals()
         self.metrics = metrics
         self.get_models = get_models
         #: ``SERVING_PAYLOAD_LOG``'s sink, or None when it is off.
@@ -100,17 +107,26 @@ class DataPlane:
         return self.get_models()
 
     def call(
-        self, request_id: str, *, protocol: str = "", route: str = "", started: float | None = None
+        self,
+        request_id: str,
+        *,
+        protocol: str = "",
+        route: str = "",
+        started: float | None = None,
+        arriving: bool = False,
     ) -> Call:
         """A ``Call`` arriving now, due ``SERVING_REQUEST_TIMEOUT_MS`` from ``started``
         (``time.monotonic()``, default now), drawn for the payload log with probability
-        ``SERVING_PAYLOAD_LOG_SAMPLE`` (never when it is off)."""
+        ``SERVING_PAYLOAD_LOG_SAMPLE`` (never when it is off). ``arriving``: a prediction
+        on its way to a batcher, counted in ``arrivals`` until ``infer`` queues it or the
+        caller's ``call.arrival.leave()`` (the app's teardown)."""
         deadline = (time.monotonic() if started is None else started) + (
             self.settings.request_timeout_ms / 1000
         )
         sample = self.settings.payload_log_sample
         sampled = self.payloads is not None and (sample >= 1 or random.random() < sample)
-        return Call(request_id, deadline, protocol, route, sampled)
+        arrival = self.arrivals.enter() if arriving else None
+        return Call(request_id, deadline, protocol, route, sampled, arrival=arrival)
 
     def ready(
         self, name: str | None = None, version: str | None = None
@@ -241,6 +257,8 @@ class DataPlane:
                 f"the request took {elapsed_ms:.0f} ms to arrive, past "
                 f"SERVING_REQUEST_TIMEOUT_MS ({limit_ms:g} ms)"
             )
+        if call.arrival is not None:  # at the batcher now: no longer on its way
+            call.arrival.leave()
         queued = batcher.queue_depth + len(rows)
         if queued <= runtime.settings.max_queue_depth:  # else refused below, never queued
             self.metrics.observe_queue(handle.name, handle.version, queued)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
+from serving.batching.arrivals import process_arrivals
 from serving.batching.batcher import ThreadedBatcher
 from serving.errors import ModelLoadError, NotReady
 from serving.model.artifacts import check_model_path
@@ -151,6 +152,7 @@ class ModelRuntime:
                 policy=settings.batch_policy,
                 max_queue_depth=settings.max_queue_depth,
                 on_flush=self.metrics.flush_observer(handle.name, handle.version),
+                arrivals=process_arrivals(),
             )
             self.handle = handle
             self.batcher = batcher.start()

@@ -388,3 +388,39 @@ def test_string_labels_and_numpy_outputs_serialize_as_json(settings: Settings) -
     assert body["predictions"] == model.predict(X[[0, 60, 120]]).tolist()
     assert all(isinstance(p, str) for p in body["predictions"])
     assert body["classes"] == ["setosa", "versicolor", "virginica"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "expected"),
+    [
+        ("post", "/predict", {"instances": [[1, 2, 3]]}, (200, [1])),
+        ("post", "/predict", {"instances": [[1, "x", 3]]}, (422, [1])),  # fails in conform
+        ("post", "/predict", {"instances": [[1, 2, 3]], "model_version": "8"}, (409, [1])),
+        ("post", "/v2/models/echo/infer", {"inputs": []}, (400, [])),  # fails in the codec
+        ("post", "/v1/models/echo:predict", {"instances": [[1, 2, 3]]}, (200, [1])),
+        ("post", "/invocations", {"instances": [[1, 2, 3]]}, (200, [1])),
+        ("get", "/healthz", None, (200, [])),
+    ],
+)
+def test_every_request_leaves_the_count_of_requests_on_their_way_to_a_batcher(
+    client: FlaskClient, method: str, path: str, body: Any, expected: tuple[int, list[int]]
+) -> None:
+    """The batcher's gate runs a request on its own thread only when no other is on its
+    way (serving.batching.arrivals): a request that left no trace in the count, answered
+    or failed, would keep every later one off that path."""
+    arrivals = client.application.extensions["serving"].arrivals
+    seen: list[int] = []
+    plane = client.application.extensions["serving"]
+    infer = plane.infer
+
+    def spy(call: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(arrivals.count)  # counted while decoded, before the batcher
+        return infer(call, *args, **kwargs)
+
+    plane.infer = spy
+    response = getattr(client, method)(path, json=body)
+    status, counted = expected
+
+    assert response.status_code == status, response.get_json()
+    assert arrivals.count == 0
+    assert seen == counted

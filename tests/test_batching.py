@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from serving.batching.arrivals import Arrivals
 from serving.batching.batcher import FlushStats, ThreadedBatcher, split_outputs
 from serving.errors import InferenceError, InferenceTimeout, NotReady, Overloaded
 from tests.models import FailsOnNegative, ReusedBuffer, RowEcho, WrongLength
@@ -525,26 +526,65 @@ def test_adaptive_policy_batches_what_arrives_while_a_caller_runs_its_own_rows(
     assert calls[2:] == [("the-batcher", 5)]  # one batch, on the batcher thread
 
 
-def test_adaptive_policy_hands_every_request_to_the_batcher_once_calls_merge(
+def test_adaptive_policy_hands_a_request_off_while_another_is_on_its_way(
     stop_after: Any,
 ) -> None:
+    arrivals = Arrivals()
     calls: list[tuple[str, int]] = []
-    batcher = ThreadedBatcher(recording(calls, delay_s=0.05), name="the-batcher")
+    batcher = ThreadedBatcher(recording(calls), name="the-batcher", arrivals=arrivals)
     stop_after(batcher.start())
-    batcher.submit_many(rows_for(0), timeout_s=WAIT_S)
-    for _ in range(3):  # three calls merging 8 requests each: load
-        with ThreadPoolExecutor(9) as pool:
-            before = len(calls)
-            first = pool.submit(batcher.submit_many, rows_for(1), WAIT_S)
-            wait_while(lambda: len(calls) == before)  # noqa: B023 (the first call is running)
-            rest = [pool.submit(batcher.submit_many, rows_for(2), WAIT_S) for _ in range(8)]
-            for future in [first, *rest]:
-                future.result(WAIT_S)
-    calls.clear()
+    batcher.submit_many(rows_for(0), timeout_s=WAIT_S)  # measures a call
+    me = threading.current_thread().name
 
-    batcher.submit_many(rows_for(3), timeout_s=WAIT_S)
+    other = arrivals.enter()  # another request routed, still being decoded
+    batcher.submit_many(rows_for(1), timeout_s=WAIT_S)
+    other.leave()
+    batcher.submit_many(rows_for(2), timeout_s=WAIT_S)
 
-    assert calls == [("the-batcher", 1)]
+    assert calls[1:] == [("the-batcher", 1), (me, 1)]
+
+
+def test_adaptive_gate_cannot_lock_in_after_a_quiet_spell(stop_after: Any) -> None:
+    """A recorded pattern (issue 19): lone requests for a while, then 30 in flight at once
+    in this worker, then lone again. The gate that averaged past batch sizes kept running
+    requests one by one on their callers' threads once batches had collapsed; this one
+    hands off whenever others are on their way, and runs lone requests inline again."""
+    arrivals = Arrivals()
+    started, release = threading.Event(), threading.Event()
+    calls: list[tuple[str, int]] = []
+    record = recording(calls)
+
+    def model(rows: np.ndarray) -> dict[str, np.ndarray]:
+        if not release.is_set() and len(calls) == 21:  # the burst's first call: hold it
+            started.set()
+            assert release.wait(WAIT_S)
+        return record(rows)
+
+    batcher = ThreadedBatcher(model, max_batch_size=32, name="the-batcher", arrivals=arrivals)
+    stop_after(batcher.start())
+    me = threading.current_thread().name
+    for c in range(21):  # quiet: one at a time
+        batcher.submit_many(rows_for(c), timeout_s=WAIT_S)
+    assert calls[1:] == [(me, 1)] * 20
+
+    on_the_way = [arrivals.enter() for _ in range(30)]  # the burst: 30 routed at once
+
+    def request(i: int) -> list[float]:
+        on_the_way[i].leave()  # as DataPlane.infer does just before it queues
+        return batcher.submit_many(rows_for(100 + i), WAIT_S)["predictions"].tolist()  # type: ignore[no-any-return]
+
+    with ThreadPoolExecutor(30) as pool:
+        first = pool.submit(request, 0)
+        assert started.wait(WAIT_S)
+        rest = [pool.submit(request, i) for i in range(1, 30)]
+        wait_while(lambda: batcher.queue_depth < 29)
+        release.set()
+        answers = [first.result(WAIT_S), *(f.result(WAIT_S) for f in rest)]
+
+    assert answers == [[(100 + i) * 1000.0] for i in range(30)]
+    assert calls[21:] == [("the-batcher", 1), ("the-batcher", 29)]
+    batcher.submit_many(rows_for(9), timeout_s=WAIT_S)  # quiet again
+    assert calls[-1] == (me, 1)
 
 
 def test_adaptive_policy_keeps_a_slow_call_off_a_caller_with_little_time(stop_after: Any) -> None:
@@ -607,38 +647,6 @@ def test_a_request_run_on_its_callers_thread_fails_alone(stop_after: Any) -> Non
     batcher.stop(timeout_s=WAIT_S)
     with pytest.raises(NotReady):
         batcher.submit_many(np.ones((1, 3)), timeout_s=WAIT_S)
-
-
-def test_adaptive_policy_runs_a_model_cheaper_than_a_handoff_on_its_callers_thread_under_load(
-    stop_after: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Pretend a hand-off costs 1 s on this host: a 50 ms call is cheaper, so merging it
-    # cannot pay back the wake-ups, load or not.
-    monkeypatch.setattr("serving.batching.batcher.handoff_s", lambda: 1.0)
-    calls: list[tuple[str, int]] = []
-    batcher = ThreadedBatcher(recording(calls, delay_s=0.05), name="the-batcher")
-    stop_after(batcher.start())
-    batcher.submit_many(rows_for(0), timeout_s=WAIT_S)
-    with ThreadPoolExecutor(9) as pool:
-        first = pool.submit(batcher.submit_many, rows_for(1), WAIT_S)
-        wait_while(lambda: len(calls) == 1)  # the second call is running
-        rest = [pool.submit(batcher.submit_many, rows_for(2), WAIT_S) for _ in range(8)]
-        for future in [first, *rest]:
-            future.result(WAIT_S)
-    assert any(t == "the-batcher" and n >= 2 for t, n in calls)  # what queued was merged
-    calls.clear()
-
-    batcher.submit_many(rows_for(3), timeout_s=WAIT_S)
-
-    assert calls == [(threading.current_thread().name, 1)]
-
-
-def test_handoff_cost_is_measured_on_this_host() -> None:
-    from serving.batching.handoff import handoff_s
-
-    cost = handoff_s()
-    assert 0 < cost < 0.05  # two thread wake-ups: microseconds, not a scheduler tick
-    assert handoff_s() == cost  # measured once per process
 
 
 def test_batcher_stop_waits_for_a_caller_running_its_own_rows(stop_after: Any) -> None:

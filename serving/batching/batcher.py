@@ -20,23 +20,23 @@ Two flush policies (``docs/batching.md`` draws both):
   "batch what arrived while busy" behaviour Clipper (Crankshaw et al., NSDI 2017) starts
   from; ``max_batch_latency_ms`` is not used for waiting.
 
-  Where the hand-off itself is the cost, there is none: a request that finds nothing
-  queued and the model idle runs its own rows on its own thread, as the naive server
-  would, when recent calls merged almost nothing (fewer than
-  ``INLINE_BELOW_REQUESTS_PER_CALL`` requests per call on average: low load) or cost less
-  than a hand-off (``handoff_s``, measured on the host: merging cannot save more than it
-  costs), and took less than half the time the caller has left: a call on the caller's
-  thread cannot be abandoned at its deadline, so one not expected to fit is not started
-  there but queued, where the caller stops waiting at its deadline. If a call on the
-  caller's thread still ends past the deadline, the caller gets ``InferenceTimeout`` as
-  a queued caller would (the outputs are dropped), never a late answer. Two thread
-  wake-ups are saved, which on an idle multi-core VM cost about as much as a light
-  model's predict call (``docs/batching.md``).
-  What arrives meanwhile queues and goes as the next batch on the batcher thread; once
-  calls merge requests (and cost more than a hand-off), every request goes through the
-  batcher thread and batches grow as above. The "leader/follower" pattern (Schmidt et
-  al., *Pattern-Oriented Software Architecture* vol. 2), gated by load so that it never
-  breaks batches up.
+  A lone request pays no hand-off: one that finds nothing queued, the model idle and
+  no other request of this worker on its way to a batcher (``Arrivals``: routed to a
+  prediction view, not yet queued) runs its own rows on its own thread, as the naive
+  server would, when recent calls took less than half the time the caller has left: a
+  call on the caller's thread cannot be abandoned at its deadline, so one not expected
+  to fit is not started there but queued, where the caller stops waiting at its
+  deadline. If a call on the caller's thread still ends past the deadline, the caller
+  gets ``InferenceTimeout`` as a queued caller would (the outputs are dropped), never a
+  late answer. Two thread wake-ups are saved, which on an idle multi-core VM cost about
+  as much as a light model's predict call (``docs/batching.md``).
+  With other requests on their way, every request goes through the batcher thread, so
+  they merge: the gate looks at what is in flight now, not at how much past calls
+  merged, and cannot lock itself into running requests one by one (issue 19: a gate on
+  the average batch size stayed at batches of one once they had collapsed). What
+  arrives while a caller runs its own rows queues and goes as the next batch on the
+  batcher thread. The "leader/follower" pattern (Schmidt et al., *Pattern-Oriented
+  Software Architecture* vol. 2), gated by load so that it never breaks batches up.
 
 A request is never split: one that does not fit in the room left opens the next batch,
 and one larger than ``max_batch_size`` runs alone in one call (its size is bounded by
@@ -48,7 +48,7 @@ bounded (``max_queue_depth``, refused at once) and a caller's deadline drops its
 instances.
 
 Boundary: this module imports only the standard library, numpy, ``serving.errors`` and its
-siblings ``handoff`` and ``pending`` (no Flask, no pydantic, no prometheus; see README.md);
+siblings ``arrivals`` and ``pending`` (no Flask, no pydantic, no prometheus; see README.md);
 observers get plain ``FlushStats`` through a callback.
 Durations are measured with ``time.perf_counter()``, deadlines with ``time.monotonic()``.
 """
@@ -66,7 +66,7 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from serving.batching.handoff import handoff_s
+from serving.batching.arrivals import Arrivals
 from serving.batching.pending import Answer, BatchOutputs, PendingRequest, split_outputs
 from serving.errors import InferenceTimeout, NotReady, Overloaded, ServingError
 
@@ -89,9 +89,7 @@ BatchPolicy = Literal["adaptive", "window"]
 
 _STOP: Final = object()
 
-#: ``adaptive``: a request runs on its caller's thread (no hand-off) only while calls
-#: merge fewer requests than this on average (an exponential moving average, weight 0.1).
-INLINE_BELOW_REQUESTS_PER_CALL: Final = 1.5
+#: Weight of the newest call in the moving average of a predict call's duration.
 _AVERAGE_WEIGHT: Final = 0.1
 
 
@@ -138,6 +136,8 @@ class ThreadedBatcher:
         once (backpressure) instead of letting latency grow without bound.
     :param on_flush: optional observer called after each predict call, on the thread
         that made it.
+    :param arrivals: this worker's requests on their way to a batcher (``adaptive``: a
+        request runs on its caller's thread only when none is); None: none ever are.
 
     Usage::
 
@@ -156,6 +156,7 @@ class ThreadedBatcher:
         max_queue_depth: int = 2048,
         on_flush: Callable[[FlushStats], None] | None = None,
         name: str = "serving-batcher",
+        arrivals: Arrivals | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -177,9 +178,8 @@ class ThreadedBatcher:
         # holding it (callers only try it), so the two cannot deadlock.
         self._model = threading.Lock()
         self._inline = policy == "adaptive"
-        self._handoff_s = 0.0  # measured by start()
-        self._requests_per_call = 1.0  # moving averages, written under _model only
-        self._call_s = float("inf")  # unknown until a call on the batcher thread ends
+        self._arrivals = arrivals if arrivals is not None else Arrivals()
+        self._call_s = float("inf")  # moving average, written under _model; unknown at first
         self._accepting = False
         self._depth = 0
         self._carry: PendingRequest | None = None
@@ -205,8 +205,6 @@ class ThreadedBatcher:
 
     def start(self) -> ThreadedBatcher:
         """Start the batcher thread; returns ``self``. Starting twice raises ``RuntimeError``."""
-        if self._inline:
-            self._handoff_s = handoff_s()
         with self._lock:
             self._thread.start()
             self._accepting = True
@@ -253,15 +251,12 @@ class ThreadedBatcher:
             if not self._accepting:
                 raise NotReady("the batcher is not running (starting up or shutting down)")
             depth = self._depth
-            # Nothing queued, no batch collected or running, and the hand-off cannot pay:
-            # run it here (module docstring).
+            # Nothing queued, no batch collected or running, and no other request on its
+            # way to merge with: run it here (module docstring).
             inline = (
                 self._inline
                 and not depth
-                and (
-                    self._requests_per_call < INLINE_BELOW_REQUESTS_PER_CALL
-                    or self._call_s < self._handoff_s
-                )
+                and not self._arrivals.count
                 and (timeout_s is None or 2 * self._call_s < timeout_s)
                 and self._model.acquire(blocking=False)
             )
@@ -389,7 +384,6 @@ class ThreadedBatcher:
     def _answer(self, batch: list[PendingRequest]) -> None:
         """Run ``batch`` (no longer counted in the queue depth; ``_model`` held) and answer
         or fail every request of it."""
-        self._requests_per_call += _AVERAGE_WEIGHT * (len(batch) - self._requests_per_call)
         try:
             self._isolate(batch)
         except BaseException as exc:  # a bug of ours: still, nobody in this batch may hang

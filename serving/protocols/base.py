@@ -101,6 +101,7 @@ def with_call(view: Callable[..., Response]) -> Callable[..., Response]:
     def wrapped(*args: Any, **kwargs: Any) -> Response:
         return view(g.call, *args, **kwargs)
 
+    wrapped.predicts = True  # type: ignore[attr-defined]  # counted as arriving (serving.app)
     return wrapped
 
 
