@@ -69,15 +69,17 @@ class Settings(ModelSettings):
         le=10_000,
         allow_inf_nan=False,
         description=(
-            "`window` policy: longest a batch's first instance waits for more, in milliseconds"
+            "`window` policy: longest a batch's first instance waits for more; `adaptive`: "
+            "longest a batch waits for requests already on their way to it (at most one "
+            "predict call's time), in milliseconds"
         ),
     )
     batch_policy: Literal["adaptive", "window"] = Field(
         "adaptive",
         description=(
-            "`adaptive`: when the model is free, what is queued goes at once (at low load"
-            " a request runs on its own thread, no hand-off); `window`: wait up to "
-            "`max_batch_latency_ms` to fill a batch"
+            "`adaptive`: when the model is free, what is queued goes at once, with the "
+            "requests the worker is decoding (a lone request runs on its own thread, no "
+            "hand-off); `window`: wait up to `max_batch_latency_ms` to fill a batch"
         ),
     )
     max_instances_per_request: int = Field(

@@ -587,6 +587,26 @@ def test_adaptive_gate_cannot_lock_in_after_a_quiet_spell(stop_after: Any) -> No
     assert calls[-1] == (me, 1)
 
 
+def test_adaptive_policy_waits_for_a_request_on_its_way(stop_after: Any) -> None:
+    arrivals = Arrivals()
+    calls: list[tuple[str, int]] = []
+    batcher = ThreadedBatcher(
+        recording(calls), max_batch_latency_ms=5000, name="the-batcher", arrivals=arrivals
+    )
+    stop_after(batcher.start())
+    other = arrivals.enter()  # a request routed, still being decoded
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(batcher.submit_many, rows_for(1), WAIT_S)
+        # taken off the queue, not answered: the batcher is waiting for the other one
+        wait_while(lambda: batcher._queue.qsize() or not batcher.queue_depth)
+        other.leave()
+        second = batcher.submit_many(rows_for(2), timeout_s=WAIT_S)
+        assert first.result(WAIT_S)["predictions"].tolist() == [1000.0]
+    assert second["predictions"].tolist() == [2000.0]
+    assert calls == [("the-batcher", 2)]  # one call for both (nobody on the way: no wait,
+    # test_adaptive_policy_sends_a_lone_request_at_once_whatever_the_window)
+
+
 def test_adaptive_policy_keeps_a_slow_call_off_a_caller_with_little_time(stop_after: Any) -> None:
     calls: list[tuple[str, int]] = []
     batcher = ThreadedBatcher(recording(calls, delay_s=0.3), name="the-batcher")

@@ -169,7 +169,7 @@ class ThreadedBatcher:
             raise ValueError(f"policy must be 'adaptive' or 'window', got {policy!r}")
         self.policy = policy
         self.max_queue_depth = max_queue_depth
-        self._latency_s = max_batch_latency_ms / 1000.0 if policy == "window" else 0.0
+        self._latency_s = max_batch_latency_ms / 1000.0
         self._on_flush = on_flush
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()  # orders submit against stop: nothing lands after _STOP
@@ -349,10 +349,17 @@ class ThreadedBatcher:
         return request
 
     def _collect(self, first: PendingRequest) -> list[PendingRequest]:
-        """Fill the batch opened by ``first`` until it is full or its time is up."""
+        """Fill the batch opened by ``first`` until it is full or its time is up: under
+        ``window``, ``max_batch_latency_ms`` from ``first``'s arrival; under ``adaptive``,
+        what is queued, and while other requests are on their way (``Arrivals``), up to a
+        predict call's time (moving average) or ``max_batch_latency_ms`` more for them."""
         request: PendingRequest | None = first
         key = _key(first.rows)
-        deadline = first.enqueued_at + self._latency_s
+        adaptive = self.policy == "adaptive"
+        if adaptive:
+            deadline = time.monotonic() + min(self._call_s, self._latency_s)
+        else:
+            deadline = first.enqueued_at + self._latency_s
         batch: list[PendingRequest] = []
         size = 0
         while request is not None:
@@ -369,7 +376,10 @@ class ThreadedBatcher:
                 size += len(request.rows)
                 if size >= self.max_batch_size:
                     break
-            request = self._next(deadline - time.monotonic())
+            wait_s = deadline - time.monotonic()
+            if adaptive and not self._arrivals.count:
+                wait_s = 0.0  # nobody on the way: what is queued goes now
+            request = self._next(wait_s)
         return batch
 
     def _discard(self, request: PendingRequest) -> None:
