@@ -3,8 +3,9 @@ the estimator's ``predict`` is the argmax of it, instead of ``predict`` and ``pr
 (each a full pass over the model: a 300-tree forest walks every tree once instead of twice).
 
 Which estimators qualify is read from their source (scikit-learn 1.9.1, SciPy 1.17.1 as
-installed; the reasons are beside each set below), recognised by the module and name of the
-final estimator's class, never imported. Whatever the sets say, a handle checks on its first
+installed; XGBoost's and LightGBM's ``sklearn.py`` as published, neither installed here; the
+reasons are beside each set below), recognised by the package and name of the final
+estimator's class, never imported. Whatever the sets say, a handle checks on its first
 batch (the warm-up's sample rows, on the worker) that labels derived so are predict's own,
 value and dtype, and keeps two passes, logging why, if any row differs (``OnePass``).
 
