@@ -8,7 +8,9 @@ warmed up and its batcher runs. ``worker_exit`` stops it, draining the batcher.
 
 Load order matters: the model is loaded first (importing the libraries it needs), then
 BLAS/OpenMP pools are pinned with threadpoolctl (pinning only reaches libraries already
-loaded), then warmup batches of 1 and ``max_batch_size`` rows run, then the batcher starts.
+loaded), then warmup batches of 1 and ``max_batch_size`` rows run (the first also decides
+whether a classifier's labels come from ``predict_proba`` alone: ``serving.model.labels``),
+then the batcher starts.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -195,46 +196,211 @@ def test_format_from_path_reads_the_extension(name: str, fmt: str) -> None:
     assert format_from_path(Path(name)) == fmt
 
 
-@pytest.mark.parametrize(
-    "estimator",
-    [
-        "RandomForestClassifier(n_estimators=25, random_state=0)",
-        "ExtraTreesClassifier(n_estimators=25, random_state=0)",
-        "DecisionTreeClassifier(random_state=0)",
-        "LogisticRegression(max_iter=2000)",
-        "HistGradientBoostingClassifier(max_iter=20)",
-        "MLPClassifier(hidden_layer_sizes=(8,), max_iter=50, random_state=0)",
-        "KNeighborsClassifier(n_neighbors=4)",  # not in ARGMAX_CLASSIFIERS: both calls
-    ],
-)
+# (estimator, whether its labels come from predict_proba alone, pipeline step before it)
+CLASSIFIERS = [
+    ("RandomForestClassifier(n_estimators=25, random_state=0)", True, "scale"),
+    ("ExtraTreesClassifier(n_estimators=25, random_state=0)", True, "scale"),
+    ("DecisionTreeClassifier(random_state=0)", True, "scale"),
+    ("LogisticRegression(max_iter=2000)", True, "scale"),
+    ("HistGradientBoostingClassifier(max_iter=20)", True, "scale"),
+    ("MLPClassifier(hidden_layer_sizes=(8,), max_iter=50, random_state=0)", True, "scale"),
+    ("GradientBoostingClassifier(n_estimators=20, random_state=0)", True, "scale"),
+    ("KNeighborsClassifier(n_neighbors=4)", True, "scale"),
+    ("KNeighborsClassifier(n_neighbors=4, algorithm='kd_tree')", True, "scale"),  # scipy mode
+    ("KNeighborsClassifier(n_neighbors=10, weights='distance')", True, "scale"),
+    ("GaussianNB()", True, "scale"),
+    ("BernoulliNB()", True, "scale"),
+    ("MultinomialNB()", True, "minmax"),
+    ("ComplementNB()", True, "minmax"),
+    ("CategoricalNB()", True, "bins"),
+    ("LinearDiscriminantAnalysis()", True, "scale"),
+    ("QuadraticDiscriminantAnalysis(reg_param=0.1)", True, "scale"),
+    pytest.param(  # Platt-scaled probabilities may disagree with predict: both calls
+        "SVC(probability=True, random_state=0)",
+        False,
+        "scale",
+        marks=pytest.mark.filterwarnings("ignore:The `probability` parameter:FutureWarning"),
+    ),
+    ("RidgeClassifierCV()", False, "scale"),  # no predict_proba: predict only
+]
+
+
+def classifier(estimator: str, before: str) -> Any:
+    """A pipeline of ``before`` (scale, minmax or bins) and ``estimator``, unfitted."""
+    from sklearn import discriminant_analysis, ensemble, naive_bayes, neighbors, svm, tree
+    from sklearn.linear_model import LogisticRegression, RidgeClassifierCV
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import KBinsDiscretizer, MinMaxScaler, StandardScaler
+
+    names: dict[str, Any] = {
+        "LogisticRegression": LogisticRegression,
+        "RidgeClassifierCV": RidgeClassifierCV,
+        "MLPClassifier": MLPClassifier,
+    }
+    for module in (discriminant_analysis, ensemble, naive_bayes, neighbors, svm, tree):
+        names.update(vars(module))
+    step = {
+        "scale": StandardScaler(),
+        "minmax": MinMaxScaler(),
+        "bins": KBinsDiscretizer(n_bins=6, encode="ordinal", strategy="uniform"),
+    }[before]
+    return make_pipeline(step, eval(estimator, names))
+
+
+def counting_predict(model: Any) -> list[int]:
+    """Patch ``model.predict`` (this instance) to record the rows of each call."""
+    calls: list[int] = []
+    own = model.predict
+
+    def predict(rows: Any) -> Any:
+        calls.append(len(rows))
+        return own(rows)
+
+    model.predict = predict
+    return calls
+
+
+@pytest.mark.parametrize(("estimator", "one_pass", "before"), CLASSIFIERS)
 @pytest.mark.parametrize("dataset", ["breast_cancer", "iris"])
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_estimator_handle_predictions_equal_the_estimators_own_predict(
-    estimator: str, dataset: str
+    estimator: str, one_pass: bool, before: str, dataset: str
 ) -> None:
     from sklearn import datasets
-    from sklearn.ensemble import (  # noqa: F401  (names used by eval)
-        ExtraTreesClassifier,
-        HistGradientBoostingClassifier,
-        RandomForestClassifier,
-    )
-    from sklearn.linear_model import LogisticRegression  # noqa: F401
-    from sklearn.neighbors import KNeighborsClassifier  # noqa: F401
-    from sklearn.neural_network import MLPClassifier  # noqa: F401
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-    from sklearn.tree import DecisionTreeClassifier  # noqa: F401
 
     X, y = getattr(datasets, f"load_{dataset}")(return_X_y=True)
     labels = np.array(["setosa", "versicolor", "virginica", "x"])[y] if dataset == "iris" else y
-    model = make_pipeline(StandardScaler(), eval(estimator)).fit(X, labels)
+    model = classifier(estimator, before).fit(X, labels)
+    expected = model.predict(X)
+    calls = counting_predict(model)
     handle = estimator_handle(model, name="m", version="1", format="joblib")
 
+    assert handle.warmup(1, 8)  # the first batch runs both and compares
+    calls.clear()
     outputs = handle.predict_batch(X)
 
-    np.testing.assert_array_equal(outputs["predictions"], model.predict(X))
-    np.testing.assert_allclose(outputs["probabilities"], model.predict_proba(X))
-    assert handle.classes == tuple(model.classes_.tolist())
+    np.testing.assert_array_equal(outputs["predictions"], expected)
+    assert outputs["predictions"].dtype == expected.dtype
+    if hasattr(model, "predict_proba"):
+        np.testing.assert_array_equal(outputs["probabilities"], model.predict_proba(X))
+        assert handle.classes == tuple(model.classes_.tolist())
+    assert calls == ([] if one_pass else [len(X)])  # predict not called per batch
+
+
+def test_estimator_handle_gives_predict_labels_on_tied_probabilities() -> None:
+    """GradientBoostingClassifier predicts the second class at raw 0 (``raw >= 0``), where
+    argmax of ``[0.5, 0.5]`` is the first; LogisticRegression's ``score > 0`` likewise for a
+    score of 1e-20 (``expit`` rounds it to 0.5). Tied rows, and only they, ask predict."""
+    from sklearn.ensemble import GradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+
+    X = np.r_[np.zeros((4, 1)), np.ones((2, 1))]
+    boosted = GradientBoostingClassifier(n_estimators=3).fit(X, ["a", "a", "b", "b", "a", "b"])
+    tiny = LogisticRegression().fit([[0.0], [1.0]], [0, 1])
+    tiny.coef_[:] = 0
+    tiny.intercept_[:] = 1e-20
+    for model in (boosted, tiny):
+        assert model.predict_proba(X[:1]).tolist() == [[0.5, 0.5]]
+        calls = counting_predict(model)
+        handle = estimator_handle(model, name="m", version="1", format="joblib")
+        handle.warmup(1)
+        calls.clear()
+
+        outputs = handle.predict_batch(X)
+
+        np.testing.assert_array_equal(outputs["predictions"], model.predict(X))
+        assert outputs["predictions"][0] == model.classes_[1]
+        assert calls[0] == int(np.count_nonzero(outputs["probabilities"][:, 0] == 0.5))
+
+
+def test_estimator_handle_gbc_pipeline_on_a_dataframe_calls_predict_proba_only() -> None:
+    from sklearn.compose import ColumnTransformer
+    from sklearn.ensemble import GradientBoostingClassifier
+    from sklearn.impute import SimpleImputer
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import OneHotEncoder
+
+    from tests.tabular import churn_module
+
+    frame, target = churn_module().churn_frame(400, seed=1)
+    columns = ColumnTransformer(
+        [("strings", OneHotEncoder(handle_unknown="ignore"), ["plan", "region"]),
+         ("numbers", SimpleImputer(), ["seats", "usage_hours"])]
+    )  # fmt: skip
+    labels = np.array(["stays", "churns"], dtype=object)[target]
+    model = Pipeline([("columns", columns), ("gbc", GradientBoostingClassifier(n_estimators=30))])
+    model.fit(frame, labels)
+    expected, expected_proba = model.predict(frame), model.predict_proba(frame)
+    calls = counting_predict(model)
+    handle = estimator_handle(model, name="m", version="1", format="joblib")
+    handle.warmup(1, 32)
+    calls.clear()
+    batch = np.zeros(len(frame), dtype=handle.batch_dtype)
+    for name in batch.dtype.names or ():
+        batch[name] = frame[name].to_numpy()
+
+    outputs = handle.predict_batch(batch)
+
+    assert outputs["predictions"].dtype == expected.dtype == object
+    np.testing.assert_array_equal(outputs["predictions"], expected)
+    np.testing.assert_array_equal(outputs["probabilities"], expected_proba)
+    assert calls == []
+
+
+def test_estimator_handle_keeps_two_passes_when_predict_disagrees_at_load(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Whatever the list says: a GaussianNB whose predict (patched on the instance) is not
+    argmax(predict_proba), and a multi-label MLPClassifier (``classes_`` one array, but
+    predict answers one column per label), answer as their own predict, both calls a batch."""
+    from sklearn.datasets import load_iris, make_multilabel_classification
+    from sklearn.naive_bayes import GaussianNB
+    from sklearn.neural_network import MLPClassifier
+
+    X, y = load_iris(return_X_y=True)
+    contrary = GaussianNB().fit(X, y)
+    own = contrary.predict
+    contrary.predict = lambda rows: (own(rows) + 1) % 3
+    Xm, Ym = make_multilabel_classification(n_samples=60, n_classes=3, random_state=0)
+    with pytest.warns(Warning, match="Maximum iterations"):
+        multilabel = MLPClassifier(max_iter=20, random_state=0).fit(Xm, Ym)
+
+    for model, rows, why in [
+        (contrary, X, "150 of 150 sample rows differ|1 of 1 sample rows differ"),
+        (multilabel, Xm, r"predict gave shape \(1, 3\)"),
+    ]:
+        calls = counting_predict(model)
+        handle = estimator_handle(model, name="odd", version="1", format="joblib")
+        with caplog.at_level("WARNING", logger="serving.model.labels"):
+            handle.warmup(1, 8)
+        assert "model 'odd': predict and predict_proba both run per batch" in caplog.text
+        assert re.search(why, caplog.text)
+        caplog.clear()
+        calls.clear()
+
+        outputs = handle.predict_batch(rows)
+
+        np.testing.assert_array_equal(outputs["predictions"], model.predict(rows))
+        assert calls == [len(rows), len(rows)]  # the handle's call and the line above
+
+
+def test_label_rule_reads_the_module_and_class_name_without_importing() -> None:
+    from sklearn.neighbors import KNeighborsClassifier
+    from sklearn.tree import DecisionTreeClassifier
+
+    from serving.model.labels import label_rule
+
+    def named(module: str, name: str) -> object:
+        return type(name, (), {"__module__": module})()
+
+    classes = np.array([0, 1])
+    assert label_rule(named("xgboost.sklearn", "XGBClassifier"), classes) == "untied"
+    assert label_rule(named("lightgbm.sklearn", "LGBMClassifier"), classes) == "argmax"
+    assert label_rule(named("mypackage.models", "GaussianNB"), classes) is None  # own subclass
+    assert label_rule(KNeighborsClassifier(), classes) == "argmax"
+    assert label_rule(KNeighborsClassifier(weights="distance"), classes) == "untied"
+    assert label_rule(DecisionTreeClassifier(), [classes, classes]) is None  # multi-output
 
 
 def test_check_artifact_refuses_a_world_writable_file(tmp_path: Path) -> None:

@@ -187,8 +187,10 @@ class ModelHandle:
         """Run one batch of ``sample`` rows (zeros, or a known category where a feature
         refuses unknown ones) for each size in ``n_instances``, so the first real
         request does not pay for lazy initialisation (on CUDA: context creation and kernel
-        selection, which are per input shape). Returns False (and does nothing) when
-        ``n_features`` is unknown. Exceptions from the model propagate."""
+        selection, which are per input shape). For an estimator handle the first batch also
+        checks whether labels may come from ``predict_proba`` alone (``serving.model.labels``).
+        Returns False (and does nothing) when ``n_features`` is unknown. Exceptions from the
+        model propagate."""
         if self.features is None:
             return False
         for size in sorted(set(n_instances)):

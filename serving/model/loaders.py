@@ -34,6 +34,7 @@ from serving.model.artifacts import (
     model_name,
 )
 from serving.model.handle import ModelHandle, ModelLoader, Outputs, Predictor
+from serving.model.labels import OnePass, label_rule
 from serving.model.onnx_loader import OnnxLoader
 from serving.model.schema import (
     Feature,
@@ -64,24 +65,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: scikit-learn classifiers whose ``predict`` is the argmax of ``predict_proba`` (ties
-#: included), checked against their source and by tests/test_loaders.py. For these one
-#: ``predict_proba`` call gives both outputs, halving the per-batch cost (a 300-tree
-#: forest walks every tree once instead of twice). Others (SVC with probability=True,
-#: whose Platt-scaled probabilities can disagree with predict) get both calls.
-ARGMAX_CLASSIFIERS = frozenset(
-    {
-        "DecisionTreeClassifier",
-        "ExtraTreeClassifier",
-        "ExtraTreesClassifier",
-        "HistGradientBoostingClassifier",
-        "LogisticRegression",
-        "MLPClassifier",
-        "RandomForestClassifier",
-    }
-)
-
-
 #: scikit-learn's finiteness check (sklearn.utils.validation._assert_all_finite) on the
 #: input of a pipeline step: finite request values that overflowed in an earlier step.
 _OVERFLOW = re.compile(r"Input \w* ?contains (infinity|NaN|a value too large)")
@@ -110,6 +93,12 @@ def estimator_handle(
     (``feature_names_in_``) is called with a pandas DataFrame of its training column
     names, each column of its feature's type; others get the batch array.
 
+    A classifier whose final estimator ``serving.model.labels.label_rule`` knows runs both
+    ``predict`` and ``predict_proba`` on its first batch (the warm-up's sample rows, on the
+    worker) and, when every label derived from the probabilities is predict's own (value and
+    dtype), only ``predict_proba`` from then on; otherwise both per batch, as every other
+    model, with a warning saying what differed.
+
     :raises ModelLoadError: when the object has no ``predict``, or ``declared`` names
         features the model was not fitted on.
     """
@@ -132,14 +121,9 @@ def estimator_handle(
     named = getattr(model, "feature_names_in_", None) is not None
     feature_names = tuple(f.name for f in features) if features and (named or declared) else None
     to_input = frame_builder(features) if named and features else _array_input
-    final = _final_estimator(model)
-    from_proba = (
-        predict_proba is not None
-        and classes is not None
-        and type(final).__module__.startswith("sklearn.")
-        and type(final).__name__ in ARGMAX_CLASSIFIERS
-    )
     label_array = np.asarray(classes) if classes is not None else None
+    rule = label_rule(_final_estimator(model), classes) if predict_proba is not None else None
+    one_pass = OnePass(label_array, rule, name=name) if rule and label_array is not None else None
 
     # scikit-learn's own finiteness check stays on: finite input can still overflow inside
     # a pipeline (1e308 through a StandardScaler), and its error beats NaN probabilities.
@@ -160,16 +144,18 @@ def estimator_handle(
 
     def predict_outputs(batch: npt.NDArray[Any]) -> Outputs:
         rows = to_input(batch)
-        if from_proba:
-            assert predict_proba is not None and label_array is not None
+        if one_pass is not None and one_pass.holds:
+            assert predict_proba is not None
             probabilities = np.asarray(predict_proba(rows))
-            return {
-                "predictions": label_array.take(probabilities.argmax(axis=1)),
-                "probabilities": probabilities,
-            }
+            labels = one_pass.labels(
+                probabilities, lambda tied: np.asarray(predict(to_input(batch[tied])))
+            )
+            return {"predictions": labels, "probabilities": probabilities}
         outputs = {"predictions": np.asarray(predict(rows))}
         if predict_proba is not None:
             outputs["probabilities"] = np.asarray(predict_proba(rows))
+        if one_pass is not None and one_pass.holds is None:  # the first batch: the warm-up's
+            one_pass.check(outputs["predictions"], outputs["probabilities"])
         return outputs
 
     return ModelHandle(
