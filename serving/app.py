@@ -136,7 +136,8 @@ def _install_request_hooks(
         request_id = incoming if _REQUEST_ID.fullmatch(incoming) else secrets.token_hex(16)
         url_rule = req.url_rule
         rule = _template(url_rule.rule) if url_rule is not None else "<unmatched>"
-        # A prediction view's request is on its way to a batcher: the gate counts it.
+        # A prediction view's request is on its way to a batcher: the gate counts it (under
+        # Gunicorn it is counted already, from the moment a thread took it up).
         view = app.view_functions.get(url_rule.endpoint) if url_rule is not None else None
         arriving = getattr(view, "predicts", False)
         state.call = plane.call(
@@ -152,8 +153,8 @@ def _install_request_hooks(
         call: Call | None = getattr(state, "call", None)
         if call is None:  # before_request never ran (Flask answered on its own)
             return response
-        if call.arrival is not None:  # failed before a batcher (every error is answered,
-            call.arrival.leave()  # by the handlers create_app registers, so this runs)
+        plane.arrivals.leave()  # when it failed before a batcher (every error is answered,
+        # by the handlers create_app registers, so this hook runs)
         timing = call.timing
         trace = getattr(state, "trace", None)
         status = response.status_code

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from serving.batching.arrivals import Arrival
+from typing import Any
 
 __all__ = ["REQUEST_STAGES", "Call", "Timing"]
 
@@ -80,8 +77,6 @@ class Call:
         ``mlflow``), as the payload log names it.
     :param route: its route template (``/v2/models/{model_name}/infer``).
     :param sampled: its request and response go to the payload log.
-    :param arrival: its place in the worker's count of requests on their way to a batcher
-        (``serving.batching.arrivals``), left when it is queued or ends; None: uncounted.
 
     Usage::
 
@@ -96,7 +91,6 @@ class Call:
     route: str = ""
     sampled: bool = False
     timing: Timing = field(default_factory=lambda: Timing(time.perf_counter()))
-    arrival: Arrival | None = None
 
     @classmethod
     def start(

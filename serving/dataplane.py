@@ -90,7 +90,7 @@ class DataPlane:
         arrivals: Arrivals | None = None,
     ) -> None:
         self.settings = settings
-        #: Requests on their way to a batcher (``call(arriving=True)`` to ``infer``'s queue).
+        #: Requests on their way to a batcher (``serving.batching.arrivals``).
         self.arrivals = arrivals if arrivals is not None else process_arrivals()
         self.metrics = metrics
         self.get_models = get_models
@@ -118,15 +118,16 @@ class DataPlane:
         """A ``Call`` arriving now, due ``SERVING_REQUEST_TIMEOUT_MS`` from ``started``
         (``time.monotonic()``, default now), drawn for the payload log with probability
         ``SERVING_PAYLOAD_LOG_SAMPLE`` (never when it is off). ``arriving``: a prediction
-        on its way to a batcher, counted in ``arrivals`` until ``infer`` queues it or the
-        caller's ``call.arrival.leave()`` (the app's teardown)."""
+        on its way to a batcher, counted in ``arrivals`` (for this thread) until ``infer``
+        queues it or the caller's ``arrivals.leave()`` (the app's after-request hook)."""
         deadline = (time.monotonic() if started is None else started) + (
             self.settings.request_timeout_ms / 1000
         )
         sample = self.settings.payload_log_sample
         sampled = self.payloads is not None and (sample >= 1 or random.random() < sample)
-        arrival = self.arrivals.enter() if arriving else None
-        return Call(request_id, deadline, protocol, route, sampled, arrival=arrival)
+        if arriving:
+            self.arrivals.enter()
+        return Call(request_id, deadline, protocol, route, sampled)
 
     def ready(
         self, name: str | None = None, version: str | None = None
@@ -257,8 +258,7 @@ class DataPlane:
                 f"the request took {elapsed_ms:.0f} ms to arrive, past "
                 f"SERVING_REQUEST_TIMEOUT_MS ({limit_ms:g} ms)"
             )
-        if call.arrival is not None:  # at the batcher now: no longer on its way
-            call.arrival.leave()
+        self.arrivals.leave()  # at the batcher now: no longer on its way
         queued = batcher.queue_depth + len(rows)
         if queued <= runtime.settings.max_queue_depth:  # else refused below, never queued
             self.metrics.observe_queue(handle.name, handle.version, queued)

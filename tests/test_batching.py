@@ -50,6 +50,31 @@ def run_callers(batcher: ThreadedBatcher, n_callers: int, n_rows: int = 1) -> li
         return list(pool.map(call, range(n_callers)))
 
 
+class on_another_thread:
+    """A request counted in ``arrivals`` by a thread of its own, until ``leave()``."""
+
+    def __init__(self, arrivals: Arrivals) -> None:
+        self._leave = threading.Event()
+        entered = threading.Event()
+
+        def carry() -> None:
+            arrivals.enter()
+            entered.set()
+            self._leave.wait(WAIT_S)
+            arrivals.leave()
+
+        self._thread = threading.Thread(target=carry, daemon=True)
+        self._thread.start()
+        assert entered.wait(WAIT_S)
+        self._arrivals = arrivals
+
+    def leave(self) -> None:
+        count = self._arrivals.count
+        self._leave.set()
+        self._thread.join(WAIT_S)
+        assert self._arrivals.count == count - 1
+
+
 @pytest.fixture
 def stop_after() -> Any:
     batchers: list[ThreadedBatcher] = []
@@ -536,7 +561,7 @@ def test_adaptive_policy_hands_a_request_off_while_another_is_on_its_way(
     batcher.submit_many(rows_for(0), timeout_s=WAIT_S)  # measures a call
     me = threading.current_thread().name
 
-    other = arrivals.enter()  # another request routed, still being decoded
+    other = on_another_thread(arrivals)  # another request taken up, still being decoded
     batcher.submit_many(rows_for(1), timeout_s=WAIT_S)
     other.leave()
     batcher.submit_many(rows_for(2), timeout_s=WAIT_S)
@@ -567,16 +592,21 @@ def test_adaptive_gate_cannot_lock_in_after_a_quiet_spell(stop_after: Any) -> No
         batcher.submit_many(rows_for(c), timeout_s=WAIT_S)
     assert calls[1:] == [(me, 1)] * 20
 
-    on_the_way = [arrivals.enter() for _ in range(30)]  # the burst: 30 routed at once
+    entered = threading.Barrier(31)
 
     def request(i: int) -> list[float]:
-        on_the_way[i].leave()  # as DataPlane.infer does just before it queues
+        arrivals.enter()  # the burst: 30 requests taken up at once
+        entered.wait(WAIT_S)
+        if i:
+            assert started.wait(WAIT_S)  # after the first one's call has begun
+        arrivals.leave()  # as DataPlane.infer does just before it queues
         return batcher.submit_many(rows_for(100 + i), WAIT_S)["predictions"].tolist()  # type: ignore[no-any-return]
 
     with ThreadPoolExecutor(30) as pool:
         first = pool.submit(request, 0)
-        assert started.wait(WAIT_S)
         rest = [pool.submit(request, i) for i in range(1, 30)]
+        entered.wait(WAIT_S)
+        assert started.wait(WAIT_S)
         wait_while(lambda: batcher.queue_depth < 29)
         release.set()
         answers = [first.result(WAIT_S), *(f.result(WAIT_S) for f in rest)]
@@ -594,7 +624,7 @@ def test_adaptive_policy_waits_for_a_request_on_its_way(stop_after: Any) -> None
         recording(calls), max_batch_latency_ms=5000, name="the-batcher", arrivals=arrivals
     )
     stop_after(batcher.start())
-    other = arrivals.enter()  # a request routed, still being decoded
+    other = on_another_thread(arrivals)  # a request taken up, still being decoded
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(batcher.submit_many, rows_for(1), WAIT_S)
         # taken off the queue, not answered: the batcher is waiting for the other one

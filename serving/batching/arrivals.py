@@ -1,14 +1,19 @@
-"""Prediction requests on their way to a batcher: read by this worker, not yet queued.
+"""Requests on their way to a batcher: taken up by a worker thread, not yet queued.
 
-The ``adaptive`` batcher's gate (``serving.batching.batcher``) reads the count: a request
-that finds the model idle and nothing queued runs its rows on its own thread only when no
-other request is on its way; with others coming it goes to the batcher thread, so that
-they merge. The decision rests on what is in flight now, not on what past calls merged,
-so it cannot lock itself into either mode.
+The ``adaptive`` batcher (``serving.batching.batcher``) reads the count: a request that
+finds the model idle and nothing queued runs its rows on its own thread only when no other
+request is on its way, and a batch waits a little for those that are. With others coming
+it goes to the batcher thread, so that they merge. The decision rests on what is in flight
+now, not on what past calls merged, so it cannot lock itself into either mode.
 
-A request enters when the app has routed it to a prediction view (``serving.app``) and
-leaves when it is handed to a batcher (``DataPlane.infer``) or, failing earlier, when it
-ends; leaving twice counts once. The count is per worker process, over all its models.
+A request enters when a thread takes it up: under Gunicorn as soon as the gthread worker
+hands its connection to a thread, before the request line is parsed
+(``serving.server.hooks``), since a request waiting for the GIL in Gunicorn's parser is as
+much on its way as one being decoded; else when the app routes it to a prediction view
+(``serving.app``). It leaves when the data plane queues it (``DataPlane.infer``) or when
+its thread is done with it. Each thread carries one request at a time, so the state is
+per thread: entering twice counts once, and so does leaving. The count is per worker
+process, over all its models.
 
 Boundary: standard library only.
 """
@@ -18,53 +23,45 @@ from __future__ import annotations
 import functools
 import threading
 
-__all__ = ["Arrival", "Arrivals", "process_arrivals"]
+__all__ = ["Arrivals", "process_arrivals"]
 
 
 class Arrivals:
-    """How many requests of this worker are between their routing and a batcher.
+    """How many requests of this process are between a thread taking them up and a batcher.
 
     Usage::
 
         arrivals = Arrivals()
-        arrival = arrivals.enter()   # arrivals.count == 1
-        arrival.leave()              # 0; a second leave() changes nothing
+        arrivals.enter()   # this thread's request: arrivals.count == 1 (again: still 1)
+        arrivals.leave()   # 0; a second leave() changes nothing
     """
 
-    __slots__ = ("_lock", "count")
+    __slots__ = ("_lock", "_thread", "count")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._thread = threading.local()  # .on_the_way: this thread's request is counted
         #: Requests entered and not left; read without the lock (an int read is atomic).
         self.count = 0
 
-    def enter(self) -> Arrival:
-        """Count one more request on its way; its ``leave()`` uncounts it."""
-        with self._lock:
-            self.count += 1
-        return Arrival(self)
-
-    def _leave(self) -> None:
-        with self._lock:
-            self.count -= 1
-
-
-class Arrival:
-    """One counted request of ``Arrivals``."""
-
-    __slots__ = ("_arrivals",)
-
-    def __init__(self, arrivals: Arrivals) -> None:
-        self._arrivals: Arrivals | None = arrivals
+    def enter(self) -> None:
+        """Count the request this thread carries, unless it is counted already."""
+        state = self._thread
+        if not getattr(state, "on_the_way", False):
+            state.on_the_way = True
+            with self._lock:
+                self.count += 1
 
     def leave(self) -> None:
-        """Uncount this request, once (later calls do nothing)."""
-        arrivals, self._arrivals = self._arrivals, None
-        if arrivals is not None:
-            arrivals._leave()
+        """Uncount the request this thread carries, if it is counted."""
+        state = self._thread
+        if getattr(state, "on_the_way", False):
+            state.on_the_way = False
+            with self._lock:
+                self.count -= 1
 
 
 @functools.cache
 def process_arrivals() -> Arrivals:
-    """This process's count, shared by its app and its models' batchers."""
+    """This process's count, shared by its server hooks, its app and its models' batchers."""
     return Arrivals()

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.auth import load_api_keys
+from serving.batching.arrivals import Arrivals, process_arrivals
 from serving.errors import SettingsError
 from serving.observe import access_log
 from serving.observe.payload_sinks import check_sink
@@ -239,10 +240,29 @@ def _guard_connections(server: Any, worker: Any, settings: Settings) -> None:
             worker, settings.request_timeout_ms / 1000, settings.header_timeout_s
         )
         slow_clients.close_gracefully_off_the_main_loop()
+        count_arrivals(worker, process_arrivals())
     from serving.server.one_write import join_headers_and_body
 
     if not join_headers_and_body():
         server.log.info("worker %s: this Gunicorn writes headers and body apart", os.getpid())
+
+
+def count_arrivals(worker: Any, arrivals: Arrivals) -> None:
+    """Count each request of ``worker`` (a gthread worker) in ``arrivals`` from the moment
+    one of its threads takes the connection up, before Gunicorn parses the request line:
+    the batcher's gate then sees requests still waiting for the GIL in the parser, not only
+    those the app has routed. The data plane uncounts a request when it queues it; the
+    thread's end uncounts the rest (probes, errors)."""
+    handle = worker.handle
+
+    def counted(conn: Any) -> Any:
+        arrivals.enter()
+        try:
+            return handle(conn)
+        finally:
+            arrivals.leave()
+
+    worker.handle = counted
 
 
 def _start_access_log(settings: Settings, dropped: Any) -> None:
