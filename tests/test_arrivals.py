@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from serving.batching.arrivals import Arrivals
 from serving.server.hooks import count_arrivals
+from tests.waiting import until
 
 
 def test_a_thread_counts_once_however_often_it_enters_or_leaves() -> None:
@@ -50,7 +53,7 @@ def test_a_gthread_worker_counts_each_request_from_its_thread_taking_it_up() -> 
     class Worker:  # the one attribute count_arrivals wraps
         def handle(self, conn: Any) -> Any:
             seen.append(arrivals.count)
-            if conn == "probe":
+            if conn.kind == "probe":
                 return True  # never reached a batcher: uncounted when the thread is done
             arrivals.leave()  # queued by the data plane
             seen.append(arrivals.count)
@@ -58,8 +61,67 @@ def test_a_gthread_worker_counts_each_request_from_its_thread_taking_it_up() -> 
 
     worker = Worker()
     count_arrivals(worker, arrivals)
-    assert worker.handle("probe") is True
-    with contextlib.suppress(ConnectionResetError):
-        worker.handle("predict")
+    with _connection(b"GET /livez HTTP/1.1\r\n\r\n", "probe") as probe:
+        assert worker.handle(probe) is True
+    with (
+        _connection(b"POST /predict HTTP/1.1\r\n", "predict") as predict,
+        contextlib.suppress(ConnectionResetError),
+    ):
+        worker.handle(predict)
     assert seen == [1, 1, 0]
     assert arrivals.count == 0
+
+
+def test_a_thread_waiting_for_its_clients_bytes_is_not_counted() -> None:
+    """Found by the attack: an idle connection, a request line without its headers or a
+    trickling body was counted while its thread only waited for the client, and every
+    batch of the worker waited SERVING_MAX_BATCH_LATENCY_MS for it."""
+    from gunicorn.http.unreader import SocketUnreader  # type: ignore[import-untyped]
+
+    arrivals = Arrivals()
+    seen: list[tuple[str, int]] = []
+    reads: list[tuple[bytes, int]] = []
+
+    class Worker:
+        def handle(self, conn: Any) -> Any:
+            seen.append(("taken up", arrivals.count))
+            reader = SocketUnreader(conn.sock)
+            for _ in range(2):  # each read waits for the client
+                reads.append((reader.chunk(), arrivals.count))
+            return True
+
+    worker = Worker()
+    count_arrivals(worker, arrivals)
+    with _connection(b"", "idle") as idle:
+        client = idle.client
+
+        def send_slowly() -> None:
+            until(lambda: seen, 5, what="the connection taken up")
+            client.sendall(b"POST")
+            until(lambda: reads, 5, what="the first read")
+            try:
+                until(lambda: arrivals.count == 0, 2, what="the second read uncounted")
+            finally:
+                client.sendall(b" /predict")
+
+        sender = threading.Thread(target=send_slowly)
+        sender.start()
+        assert worker.handle(idle) is True
+        sender.join(5)
+    assert seen == [("taken up", 0)]  # nothing to read yet: not counted
+    assert reads == [(b"POST", 1), (b" /predict", 1)]  # counted again once bytes came
+    assert arrivals.count == 0
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket, client: socket.socket, kind: str) -> None:
+        self.sock, self.client, self.kind = sock, client, kind
+
+
+@contextlib.contextmanager
+def _connection(sent: bytes, kind: str) -> Iterator[_Conn]:
+    """A gthread connection's server end, the client having sent ``sent``."""
+    server, client = socket.socketpair()
+    with server, client:
+        client.sendall(sent)
+        yield _Conn(server, client, kind)

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from tests.e2e.server import GunicornServer
-from tests.models import RowOffset
+from tests.models import RowEcho, RowOffset
 from tests.waiting import until
 
 Start = Callable[..., GunicornServer]
@@ -173,3 +173,48 @@ def test_clients_that_never_read_their_responses_free_their_threads(
     finally:
         for sock in stalled:
             sock.close()
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"",  # connected, nothing sent yet (a browser's preconnect)
+        b"POST /predict HTTP/1.1\r\nHost: x\r\n",  # headers still coming
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n" + b'{"instances": [',  # a slow upload
+    ],
+    ids=["idle", "headers", "body"],
+)
+def test_a_client_still_sending_does_not_make_other_requests_wait_for_it(
+    gunicorn: Start, pickled: Pickled, sent: bytes
+) -> None:
+    """Found by the attack: a worker counted a connection as a request on its way to the
+    batcher from the moment a thread took it up, also while that thread only waited for
+    the client's bytes. One idle TCP connection (5 s per connect), a request line without
+    its headers (SERVING_HEADER_TIMEOUT_S) or a trickling body (the request deadline) made
+    every other request of the worker wait SERVING_MAX_BATCH_LATENCY_MS more: lone
+    requests of a 100 ms model took 200 ms. A thread waiting for its client's bytes is
+    not counted; it is again once they come."""
+    model = pickled(RowEcho(n_features=3, delay_s=0.1), "echo.pkl")
+    server = gunicorn(model_path=model, workers=1, max_batch_latency_ms=100)
+    server.wait_ready(workers=1)
+
+    def lone_ms() -> float:
+        """The median server-side latency of 5 lone requests, one after another."""
+        with requests.Session() as session:
+            answers = [
+                session.post(
+                    f"{server.url}/predict", json={"instances": [[1.0, 2.0, 3.0]]}, timeout=10
+                )
+                for _ in range(5)
+            ]
+        assert all(answer.status_code == 200 for answer in answers), answers[0].text
+        return sorted(answer.json()["latency_ms"] for answer in answers)[2]
+
+    assert lone_ms() < 150  # alone: 100 ms, no wait
+    stalled = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    try:
+        stalled.sendall(sent)
+        assert lone_ms() < 150  # was 200: 100 ms more waiting for the stalled client
+    finally:
+        stalled.close()
