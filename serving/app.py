@@ -137,12 +137,15 @@ def _install_request_hooks(
         url_rule = req.url_rule
         rule = _template(url_rule.rule) if url_rule is not None else "<unmatched>"
         # A prediction view's request is on its way to a batcher: the gate counts it (under
-        # Gunicorn it is counted already, from the moment a thread took it up).
+        # Gunicorn it is counted already, from the moment a thread took it up); any other
+        # is not, and a batch must not wait for it.
         view = app.view_functions.get(url_rule.endpoint) if url_rule is not None else None
         arriving = getattr(view, "predicts", False)
         state.call = plane.call(
             request_id, protocol=req.blueprint or "", route=rule, arriving=arriving
         )
+        if not arriving:  # a probe, /metrics, the docs, a 404: on its way to no batcher
+            plane.arrivals.leave()
         state.trace = tracing.start_request(headers, req.method[:16], rule)
         if api_keys and rule not in open_routes:  # by route template: /docs/{asset}
             check_api_key(headers, api_keys)

@@ -424,3 +424,45 @@ def test_every_request_leaves_the_count_of_requests_on_their_way_to_a_batcher(
     assert response.status_code == status, response.get_json()
     assert arrivals.count == 0
     assert seen == counted
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("get", "/metrics"),
+        ("get", "/livez"),
+        ("get", "/healthz"),
+        ("get", "/openapi.json"),
+        ("get", "/docs"),
+        ("get", "/v2/models/echo"),
+    ],
+)
+def test_a_request_routed_to_a_view_that_does_not_predict_leaves_the_count(
+    client: FlaskClient, method: str, path: str
+) -> None:
+    """Found by the attack: under Gunicorn every request is counted on its way to a
+    batcher from its thread taking it up, and one routed to a probe, /metrics or the docs
+    stayed counted until its answer: while one ran, a batch waited for it (up to
+    SERVING_MAX_BATCH_LATENCY_MS), and two clients polling /metrics raised the mean
+    latency of lone requests of a 20 ms model by a quarter. Once routed elsewhere, a
+    request is on its way to no batcher."""
+    app = client.application
+    arrivals = app.extensions["serving"].arrivals
+    endpoint, _ = app.url_map.bind("localhost").match(path, method=method.upper())
+    seen: list[int] = []
+    view = app.view_functions[endpoint]
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(arrivals.count)
+        return view(*args, **kwargs)
+
+    app.view_functions[endpoint] = spy
+    arrivals.enter()  # as Gunicorn's thread taking it up does (serving.server.hooks)
+    try:
+        response = getattr(client, method)(path)
+    finally:
+        arrivals.leave()
+        app.view_functions[endpoint] = view
+    assert response.status_code < 400, response.get_data()
+    assert seen == [0]
+    assert arrivals.count == 0
