@@ -483,3 +483,41 @@ def test_models_with_n_jobs_are_loaded_single_threaded(
 
     kept = JoblibLoader(keep_n_jobs=True).load(path, path.read_bytes(), name="m", version="1")
     assert kept.predict_batch(np.zeros((1, 1)))["predictions"].shape == (1,)
+
+
+def test_estimator_handle_gives_predict_labels_where_the_probabilities_are_not_numbers() -> None:
+    """Found by the attack: finite inputs large enough to make a score infinite (iris,
+    ``[1e154, 1e308, 1e308, 1e308]``) give NaN probabilities (``inf - inf`` in the
+    softmax), whose argmax is the first class, while predict, the argmax of the scores,
+    says the class whose score is infinite: the server answered 0 where the model says 2
+    (LogisticRegression, LDA, QDA). Such rows ask predict, as tied rows do."""
+    from sklearn.datasets import load_iris
+    from sklearn.discriminant_analysis import (
+        LinearDiscriminantAnalysis,
+        QuadraticDiscriminantAnalysis,
+    )
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = load_iris(return_X_y=True)
+    rows = np.array(
+        [[1e154, 1e308, 1e308, 1e308], [1e154, 1e200, 0.0, 1e308], [0.0, -1e308, 1e200, 1e308]]
+    )
+    rows = np.r_[X[:5], rows]
+    for model in (
+        LogisticRegression(max_iter=1000).fit(X, y),
+        LinearDiscriminantAnalysis().fit(X, y),
+        QuadraticDiscriminantAnalysis().fit(X, y),
+    ):
+        with np.errstate(all="ignore"):
+            expected = model.predict(rows)
+            not_numbers = np.count_nonzero(np.isnan(model.predict_proba(rows)).any(axis=1))
+        assert not_numbers, type(model).__name__
+        calls = counting_predict(model)
+        handle = estimator_handle(model, name="m", version="1", format="joblib")
+        handle.warmup(1)
+        calls.clear()
+
+        outputs = handle.predict_batch(rows)
+
+        np.testing.assert_array_equal(outputs["predictions"], expected, type(model).__name__)
+        assert calls == [not_numbers]  # only those rows ask predict

@@ -126,15 +126,20 @@ class OnePass:
         predict_rows: Callable[[npt.NDArray[np.bool_]], Any],
     ) -> npt.NDArray[Any]:
         """``(n_instances,)`` labels of ``classes``' dtype from ``(n_instances, n_classes)``
-        probabilities; under ``untied``, rows whose top two are tied get
-        ``predict_rows(mask)`` (predict on the rows where ``mask`` is true)."""
+        probabilities; rows with a NaN among them and, under ``untied``, rows whose top
+        two are tied get ``predict_rows(mask)`` (predict on the rows where ``mask`` is
+        true). A NaN's argmax is its own column, and a score overflowing to infinity makes
+        every probability of its row NaN (``inf - inf`` in a softmax): predict, the argmax
+        of the scores, names the infinite one's class (found by the attack on this branch:
+        LogisticRegression answered its first class where predict said the third)."""
         labels: npt.NDArray[Any] = self.classes.take(probabilities.argmax(axis=1))
+        ask = np.isnan(probabilities).any(axis=1)
         if self.rule == "untied":
             top = probabilities.max(axis=1, keepdims=True)
             rtol = _TIE_EPS * np.finfo(probabilities.dtype).eps
-            tied = np.count_nonzero(probabilities >= top - rtol * np.abs(top), axis=1) > 1
-            if tied.any():
-                labels[tied] = predict_rows(tied)
+            ask |= np.count_nonzero(probabilities >= top - rtol * np.abs(top), axis=1) > 1
+        if ask.any():
+            labels[ask] = predict_rows(ask)
         return labels
 
     def check(self, predictions: npt.NDArray[Any], probabilities: npt.NDArray[Any]) -> bool:
