@@ -521,3 +521,31 @@ def test_estimator_handle_gives_predict_labels_where_the_probabilities_are_not_n
 
         np.testing.assert_array_equal(outputs["predictions"], expected, type(model).__name__)
         assert calls == [not_numbers]  # only those rows ask predict
+
+
+@pytest.mark.parametrize("outputs", ["two binary", "three and two classes"])
+def test_estimator_handle_of_a_multi_output_classifier_answers_each_instance(
+    outputs: str,
+) -> None:
+    """Found by the attack: a RandomForestClassifier fitted on two target columns keeps
+    ``classes_`` and ``predict_proba`` per output (a list of ``(n_instances, n_classes)``
+    arrays). The handle made one array of them, output first: a batch of one or three
+    instances failed (500, 'probabilities has 2 rows for a batch of 1'), a batch of two
+    gave each instance one output's probabilities for both instances (another client's
+    row, once merged), and with outputs of different class counts the model failed to
+    load ('inhomogeneous shape'). Such a model answers its predictions, one row of labels
+    per instance, without probabilities."""
+    from sklearn.datasets import load_iris
+    from sklearn.ensemble import RandomForestClassifier
+
+    X, y = load_iris(return_X_y=True)
+    Y = np.c_[y % 2, (y + 1) % 2] if outputs == "two binary" else np.c_[y, y % 2]
+    model = RandomForestClassifier(10, random_state=0).fit(X, Y)
+    handle = estimator_handle(model, name="m", version="1", format="joblib")
+    handle.warmup(1)
+
+    assert handle.output_names == ("predictions",)
+    for rows in (X[:1], X[48:50], X[98:101]):
+        answer = handle.predict_batch(rows)
+        assert set(answer) == {"predictions"}
+        np.testing.assert_array_equal(answer["predictions"], model.predict(rows))

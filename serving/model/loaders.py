@@ -75,6 +75,12 @@ def _final_estimator(model: object) -> object:
     return _final_estimator(steps[-1][1]) if steps else model
 
 
+def _per_output(classes: object) -> bool:
+    """Whether ``classes_`` holds one array per output (multi-output scikit-learn
+    classifiers), not one label per class."""
+    return isinstance(classes, list | tuple) and any(np.ndim(c) for c in classes)
+
+
 def estimator_handle(
     model: Predictor,
     *,
@@ -108,6 +114,11 @@ def estimator_handle(
     # absent (AttributeError) on pipelines ending in a regressor
     predict_proba = getattr(model, "predict_proba", None)
     classes = getattr(model, "classes_", None)
+    if _per_output(classes):
+        # A multi-output classifier: classes_ and predict_proba's arrays per output, not
+        # per instance (merged into one array they gave each instance another's rows).
+        log.info("model %r: multi-output classifier, answered without probabilities", name)
+        predict_proba = classes = None
     n_features = getattr(model, "n_features_in_", None)
     inferred = estimator_features(model)
     if inferred is None and n_features is not None:
