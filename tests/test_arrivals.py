@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
+
 from serving.batching.arrivals import Arrivals
 from serving.server.hooks import count_arrivals
 from tests.waiting import until
@@ -125,3 +127,32 @@ def _connection(sent: bytes, kind: str) -> Iterator[_Conn]:
     with server, client:
         client.sendall(sent)
         yield _Conn(server, client, kind)
+
+
+def test_a_keep_alive_request_is_counted_without_a_poll_per_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The poller hands a keep-alive connection over readable: its thread counts it at
+    once and its first read returns at once, so neither needs a system call to look."""
+    from gunicorn.http.unreader import SocketUnreader  # type: ignore[import-untyped]
+
+    from serving.server import hooks
+
+    looked: list[Any] = []
+    has_bytes = hooks._has_bytes
+    monkeypatch.setattr(hooks, "_has_bytes", lambda sock: looked.append(sock) or has_bytes(sock))
+    arrivals = Arrivals()
+    reads: list[tuple[bytes, int]] = []
+
+    class Worker:
+        def handle(self, conn: Any) -> Any:
+            reads.append((SocketUnreader(conn.sock).chunk(), arrivals.count))
+            return True
+
+    worker = Worker()
+    count_arrivals(worker, arrivals)
+    with _connection(b"GET /livez HTTP/1.1\r\n\r\n", "keep-alive") as conn:
+        conn.initialized = True  # type: ignore[attr-defined]  # a request answered before
+        assert worker.handle(conn) is True
+    assert reads == [(b"GET /livez HTTP/1.1\r\n\r\n", 1)]
+    assert looked == []

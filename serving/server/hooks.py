@@ -266,7 +266,10 @@ def count_arrivals(worker: Any, arrivals: Arrivals) -> None:
 
     def counted(conn: Any) -> Any:
         _reading.arrivals = arrivals
-        if _has_bytes(conn.sock) or _buffered(conn):
+        # A keep-alive connection comes from the poller, readable; a new one may not be.
+        ready = getattr(conn, "initialized", False) or _buffered(conn) or _has_bytes(conn.sock)
+        _reading.ready = ready  # then the first read returns at once: no need to look
+        if ready:
             arrivals.enter()
         try:
             return handle(conn)
@@ -278,7 +281,10 @@ def count_arrivals(worker: Any, arrivals: Arrivals) -> None:
     _count_only_while_bytes_come()
 
 
-#: ``.arrivals``: the count of the request this thread carries in a counted ``handle``.
+#: ``.arrivals``: the count of the request this thread carries in a counted ``handle``;
+#: ``.ready``: its next read returns at once (one poll per request at most, none for a
+#: keep-alive connection the poller handed over: with a poll per read, one run at load
+#: average 13 was slower in 4 rounds of 4, by 5 % of requests/s at the median).
 _reading = threading.local()
 
 
@@ -294,6 +300,9 @@ def _count_only_while_bytes_come() -> None:
     def counted_chunk(self: Any, *args: Any, **kwargs: Any) -> Any:
         arrivals: Arrivals | None = getattr(_reading, "arrivals", None)
         if arrivals is None:
+            return chunk(self, *args, **kwargs)
+        if _reading.ready:  # the read the poller woke the thread for: bytes are there
+            _reading.ready = False
             return chunk(self, *args, **kwargs)
         if not _has_bytes(self.sock):
             arrivals.leave()  # waiting for the client
