@@ -141,3 +141,16 @@ def test_under_off_the_master_loads_nothing(settings: Settings, tmp_path: Path) 
     sharing.load_in_master(configured, log.info, log.error)
     assert sharing.inherited(configured) is None
     assert list(tickets.iterdir()) == []  # never unpickled
+
+
+def test_a_model_file_gone_before_a_reload_does_not_stop_the_master(
+    settings: Settings, tmp_path: Path
+) -> None:
+    path = _pickle(UnevenLoading(), tmp_path / "m.pkl")
+    configured = _settings(settings, model_path=path)
+    path.unlink()  # the settings were read (a HUP), then the file vanished
+    errors: list[str] = []
+
+    sharing.load_in_master(configured, log.info, lambda msg, *a: errors.append(msg % a))
+    assert sharing.inherited(configured) is None
+    assert errors and errors[0].startswith("model sharing: none (")

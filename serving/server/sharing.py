@@ -123,7 +123,11 @@ def load_in_master(
     _handles = {}  # the old workers keep their copy; the master keeps none (two at most)
     gc.unfreeze()
     gc.collect()
-    choices = choose(settings)
+    try:
+        choices = choose(settings)
+    except Exception as exc:  # a path gone since the settings were read: not the master's end
+        error("model sharing: none (%s); each worker loads its own", exc)
+        return
     log(describe(choices))
     wanted = [c for c in choices if c.shared]
     if not wanted:
