@@ -39,7 +39,7 @@ def _answer(server: GunicornServer, value: float) -> float:
     return prediction
 
 
-def test_workers_share_one_load_a_replacement_loads_nothing_and_hup_swaps_the_model(
+def test_workers_share_one_load_respawns_and_ttin_load_nothing_and_hup_swaps_the_model(
     gunicorn: Start, tmp_path: Path
 ) -> None:
     v1_tickets, v2_tickets, broken_tickets = (tmp_path / n for n in ("t1", "t2", "t3"))
@@ -68,12 +68,17 @@ def test_workers_share_one_load_a_replacement_loads_nothing_and_hup_swaps_the_mo
     assert f"[{replacement}] [INFO] model 'm': inherited from the master" in log, log
     assert f"[{replacement}] [INFO] model {current}: read and checked" not in log, log
     assert _loads(v1_tickets) == 1
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGTTIN)  # one more worker: it inherits the model too
+    server.wait_for_log("ready to serve", 4, timeout_s=30)
+    assert _loads(v1_tickets) == 1
+    server.proc.send_signal(signal.SIGTTOU)
+    until(lambda: len(server.worker_pids()) == 2, 30, interval_s=0.1, what="back to 2")
 
     # HUP onto a new file: the master loads it once, the new workers answer with it.
     new = tmp_path / "m.pkl.new"
     new.write_bytes(pickle.dumps(UnevenLoading((0.0,), str(v2_tickets), offset=1000.0)))
     new.rename(current)
-    assert server.proc is not None
     server.proc.send_signal(signal.SIGHUP)
     until(lambda: _answer(server, 1.0) == 1001.0, 60, interval_s=0.1,
           what=lambda: f"the new model's answers:\n{server.output()}")  # fmt: skip
