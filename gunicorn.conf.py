@@ -19,8 +19,11 @@ max_requests = settings.max_requests
 max_requests_jitter = settings.max_requests_jitter
 keepalive = 5
 loglevel = settings.log_level
-# Never preload: the model is loaded in each worker after fork (see serving/server/hooks.py),
-# because ONNX Runtime and BLAS thread pools do not survive fork().
+# Never preload the app (Flask, the metrics, the batcher threads). The model is another
+# matter: with SERVING_SHARE_MODEL=auto the when_ready and on_reload hooks load pickle,
+# joblib and skops models in the master, without predicting, so workers share one copy;
+# ONNX sessions and your own classes load in each worker after fork, because ONNX Runtime
+# and BLAS thread pools do not survive fork() (see serving/server/sharing.py).
 preload_app = False
 # Gunicorn 25+ opens a control socket at one per-user path (~/.gunicorn/gunicorn.ctl): a
 # second server on the host would take it over, and it can resize or stop the server.
@@ -33,6 +36,14 @@ hooks.prepare_metrics_dir(settings)
 
 def on_starting(server):
     hooks.on_starting(server)
+
+
+def when_ready(server):
+    hooks.when_ready(server, settings)
+
+
+def on_reload(server):
+    hooks.on_reload(server, settings)
 
 
 def pre_fork(server, worker):

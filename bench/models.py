@@ -6,6 +6,9 @@
   call whatever the batch size: the case where batching pays most.
 - ``mlp``: StandardScaler + MLPClassifier(512, 512) from ``examples/build_demo_model.py``,
   as joblib (``mlp``) and ONNX (``mlp-onnx``): the ONNX and GPU path.
+- ``big``: RandomForestClassifier(300 trees, unlimited depth) on ``BIG_ROWS`` synthetic
+  rows of 20 features (20 % of labels flipped, so the trees grow deep): a file of well over
+  100 MB, the model whose memory per worker matters (``bench/share_memory.py``).
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ def model_path(name: str) -> Path:
             command = [sys.executable, str(script), "--model", "mlp", "--out-dir", str(MODELS)]
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         return path.with_suffix(".onnx") if name == "mlp-onnx" else path
+    if name == "big":
+        return _big_forest()
     if name != "heavy":
-        raise ValueError(f"unknown model {name!r}: light, heavy, mlp or mlp-onnx")
+        raise ValueError(f"unknown model {name!r}: light, heavy, big, mlp or mlp-onnx")
     path = MODELS / "heavy_forest.joblib"
     if not path.exists():
         from sklearn.ensemble import RandomForestClassifier
@@ -48,6 +53,34 @@ def model_path(name: str) -> Path:
         forest = RandomForestClassifier(n_estimators=300, n_jobs=1, random_state=0)
         MODELS.mkdir(parents=True, exist_ok=True)
         joblib.dump(make_pipeline(StandardScaler(), forest).fit(X, y), path)
+    return path
+
+
+#: Training rows of the ``big`` forest.
+BIG_ROWS = 20_000
+
+
+def big_rows(n: int = BIG_ROWS) -> np.ndarray:
+    """The ``big`` forest's training rows, (n, 20) float64 (seeded)."""
+    from sklearn.datasets import make_classification
+
+    X, _ = make_classification(n_samples=n, n_features=20, n_informative=10, flip_y=0.2,
+                               random_state=0)  # fmt: skip
+    rows: np.ndarray = X
+    return rows
+
+
+def _big_forest() -> Path:
+    path = MODELS / "big_forest.joblib"
+    if not path.exists():
+        from sklearn.datasets import make_classification
+        from sklearn.ensemble import RandomForestClassifier
+
+        X, y = make_classification(n_samples=BIG_ROWS, n_features=20, n_informative=10,
+                                   flip_y=0.2, random_state=0)  # fmt: skip
+        forest = RandomForestClassifier(n_estimators=300, n_jobs=1, random_state=0).fit(X, y)
+        MODELS.mkdir(parents=True, exist_ok=True)
+        joblib.dump(forest, path)
     return path
 
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from serving.errors import ModelNotFound, VersionConflict
+from serving.model.handle import ModelHandle
 from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime, State
 from serving.settings import Settings
@@ -26,7 +27,9 @@ __all__ = ["ModelCache", "current_cache", "installed_cache", "install_cache"]
 
 
 class ModelCache:
-    """The model runtimes of one worker, loaded in ``settings.model_specs`` order.
+    """The model runtimes of one worker, loaded in ``settings.model_specs`` order;
+    ``inherit(model_settings)`` gives a model the master loaded before fork, if any
+    (``serving.server.sharing.inherited``).
 
     Usage::
 
@@ -41,11 +44,12 @@ class ModelCache:
         metrics: ServingMetrics,
         worker_slot: int = 0,
         runtimes: list[ModelRuntime] | None = None,
+        inherit: Callable[[Settings], ModelHandle | None] = lambda settings: None,
     ) -> None:
         self.settings = settings
         self.runtimes = runtimes or [
-            ModelRuntime(settings.for_model(spec), metrics, worker_slot)
-            for spec in settings.model_specs
+            ModelRuntime(narrowed, metrics, worker_slot, inherited=inherit(narrowed))
+            for narrowed in map(settings.for_model, settings.model_specs)
         ]
         self.default = self.runtimes[0]
 

@@ -1,12 +1,15 @@
 """One worker's model and batcher, and the readiness they imply.
 
 Under Gunicorn, ``serving.server.hooks.post_fork`` builds the process's ``ModelCache`` (one
-``ModelRuntime`` per model version, ``serving.cache``) and starts loading in a background
+``ModelRuntime`` per model version, ``serving.cache``), hands each runtime the model the
+master loaded before fork where there is one (``serving.server.sharing``: pickle, joblib
+and skops models under ``SERVING_SHARE_MODEL=auto``), and starts loading in a background
 thread, so the worker answers ``/livez`` (200) and
 ``/healthz`` (503, ``loading``) while the model loads, then ``ready`` once it is loaded,
 warmed up and its batcher runs. ``worker_exit`` stops it, draining the batcher.
 
-Load order matters: the model is loaded first (importing the libraries it needs), then
+Load order matters: the model is loaded (``serving.loading``) or inherited first (importing
+the libraries it needs), then
 BLAS/OpenMP pools are pinned with threadpoolctl (pinning only reaches libraries already
 loaded), then warmup batches of 1 and ``max_batch_size`` rows run (the first also decides
 whether a classifier's labels come from ``predict_proba`` alone: ``serving.model.labels``),
@@ -24,41 +27,16 @@ from typing import Literal
 from serving.batching.arrivals import process_arrivals
 from serving.batching.batcher import ThreadedBatcher
 from serving.errors import ModelLoadError, NotReady
-from serving.model.artifacts import check_model_path
-from serving.model.custom import PythonLoader
-from serving.model.handle import ModelLoader, TensorSpec
-from serving.model.loaders import ModelHandle, check_artifact, default_loaders, load_model
-from serving.model.onnx_loader import OnnxLoader
+from serving.loading import Stage, describe_features, load_artifact, model_loaders
+from serving.model.handle import ModelHandle, ModelLoader, TensorSpec
 from serving.observe.metrics import ServingMetrics
 from serving.settings import Settings
 
-__all__ = ["ModelRuntime", "State", "model_loaders"]
+__all__ = ["ModelRuntime", "State"]
 
 log = logging.getLogger(__name__)
 
 State = Literal["loading", "ready", "failed", "stopping"]
-
-
-def model_loaders(settings: Settings, worker_slot: int = 0) -> dict[str, ModelLoader]:
-    """The loaders one model's settings configure: ``SERVING_KEEP_MODEL_N_JOBS`` for pickle,
-    joblib and skops, ``SERVING_SKOPS_TRUSTED_TYPES`` for skops, ``SERVING_ONNX_*`` and
-    ``SERVING_CUDA_DEVICE`` (with ``worker_slot``) for ONNX, ``SERVING_MODEL_CLASS`` for
-    ``python``."""
-    onnx = OnnxLoader(
-        settings.onnx_providers,
-        cuda_device=settings.cuda_device,
-        worker_slot=worker_slot,
-        optimized_model_path=settings.onnx_optimized_model_path,
-    )
-    python = PythonLoader(settings.model_class) if settings.model_class is not None else None
-    return default_loaders(
-        keep_n_jobs=settings.keep_model_n_jobs,
-        skops_trusted_types=[
-            t.strip() for t in settings.skops_trusted_types.split(",") if t.strip()
-        ],
-        onnx=onnx,
-        python=python,
-    )
 
 
 class ModelRuntime:
@@ -77,6 +55,7 @@ class ModelRuntime:
         metrics: ServingMetrics,
         worker_slot: int = 0,
         loaders: Mapping[str, ModelLoader] | None = None,
+        inherited: ModelHandle | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -84,6 +63,9 @@ class ModelRuntime:
         self.worker_slot = worker_slot
         #: Format -> loader, configured from this model's settings (``model_loaders``).
         self.loaders = model_loaders(settings, worker_slot) if loaders is None else loaders
+        #: The model as the Gunicorn master loaded it before fork
+        #: (``serving.server.sharing``): ``load()`` warms it up instead of loading the file.
+        self.inherited = inherited
         self.handle: ModelHandle | None = None
         #: The model's outputs (name, dtype, shape), from one instance at load time.
         self.outputs: tuple[TensorSpec, ...] = ()
@@ -91,7 +73,7 @@ class ModelRuntime:
         self.error: BaseException | None = None
         #: What a load is doing now: ``reading`` (and checking) the artifact, ``loading``
         #: it, ``warming up``; None before a load and once ready.
-        self.stage: Literal["reading", "loading", "warming up"] | None = None
+        self.stage: Stage | None = None
         #: Called with each stage a load enters (``model 'churn': warming up``).
         self.on_stage: Callable[[str], None] | None = None
         self._stopping = False
@@ -131,7 +113,8 @@ class ModelRuntime:
         return self.batcher.queue_depth if self.batcher else 0
 
     def load(self, handle: ModelHandle | None = None) -> None:
-        """Load the configured model (or take ``handle``), pin threads, warm up, start batching.
+        """Load the configured model (or take ``handle``, else the ``inherited`` one), pin
+        BLAS/OpenMP threads to ``blas_threads``, warm up, start batching.
 
         :raises ModelLoadError: when the artifact cannot be loaded.
         :raises Exception: whatever the warmup predict raises.
@@ -139,8 +122,17 @@ class ModelRuntime:
         settings = self.settings
         started = time.perf_counter()
         try:
+            if handle is None and self.inherited is not None:
+                handle = self.inherited
+                log.info(
+                    "model %r: inherited from the master (loaded once before fork, not read "
+                    "again)", handle.name,
+                )  # fmt: skip
             if handle is None:
-                handle = self._load_artifact()
+                handle = load_artifact(settings, self.loaders, self._enter)
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(limits=settings.blas_threads)
             self._enter("warming up")
             warm_started = time.perf_counter()
             self.outputs = self._warm_up(handle)
@@ -169,60 +161,14 @@ class ModelRuntime:
             handle.version,
             handle.format,
             handle.execution_provider,
-            _describe_features(handle),
+            describe_features(handle),
             time.perf_counter() - started,
         )
 
-    def _enter(self, stage: Literal["reading", "loading", "warming up"]) -> None:
+    def _enter(self, stage: Stage) -> None:
         self.stage = stage
         if self.on_stage is not None:
             self.on_stage(f"model {self.model_name!r}: {stage}")
-
-    def _load_artifact(self) -> ModelHandle:
-        """Read and check the configured artifact once, then load those bytes (the bytes
-        checked are the bytes loaded, never the path again); pin BLAS threads. Each stage
-        is logged with its size and time, and named in ``stage`` while it runs.
-
-        :raises ModelLoadError: naming the path and the cause.
-        """
-        settings = self.settings
-        path = settings.resolved_model_path
-        fmt = settings.resolved_model_format
-        loader = self.loaders.get(fmt)
-        allow = settings.allow_world_writable_model
-        self._enter("reading")
-        started = time.perf_counter()
-        if loader is not None and loader.reads_path:
-            # A model class reads its own path (a file or a directory): nothing to read,
-            # but who may replace it is checked all the same.
-            check_model_path(path, allow)
-            data = None
-        else:
-            data = check_artifact(path, settings.model_sha256, allow)
-            log.info(
-                "model %s: read and checked %.1f MiB (%.2f s)",
-                path, len(data) / 2**20, time.perf_counter() - started,
-            )  # fmt: skip
-        self._enter("loading")
-        started = time.perf_counter()
-        handle = load_model(
-            path,
-            fmt,
-            name=settings.resolved_model_name,
-            version=settings.model_version,
-            threads=settings.blas_threads,
-            loaders=self.loaders,
-            data=data,
-            pinned=settings.model_sha256 is not None,
-        )
-        log.info(
-            "model %r: loaded as %s, %s (%.2f s)",
-            handle.name, handle.format, _describe_features(handle), time.perf_counter() - started,
-        )  # fmt: skip
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(limits=settings.blas_threads)
-        return handle
 
     def _warm_up(self, handle: ModelHandle) -> tuple[TensorSpec, ...]:
         """Run the model on sample instances (1 and ``max_batch_size`` of them: the shapes
@@ -244,7 +190,7 @@ class ModelRuntime:
             raise ModelLoadError(
                 handle.source,
                 f"warm-up failed: {what} raised {type(exc).__name__}: {exc}, "
-                f"called on sample instances of its input schema ({_describe_features(handle)}: "
+                f"called on sample instances of its input schema ({describe_features(handle)}: "
                 "zeros, false or a known category); declare the schema your model takes "
                 "(input_schema or a schema file) if it needs other values",
             ) from exc
@@ -314,16 +260,3 @@ class ModelRuntime:
         self._stopping = True
         if self.batcher is not None:
             self.batcher.stop(0 if broken else timeout_s)
-
-
-def _describe_features(handle: ModelHandle) -> str:
-    """``30 features``, ``4 features (2 string, 2 float)`` or ``features not known``."""
-    if not handle.features:
-        return "features not known (each request's own width)"
-    kinds: dict[str, int] = {}
-    for f in handle.features:
-        kinds[f.kind] = kinds.get(f.kind, 0) + 1
-    if len(kinds) == 1:
-        return f"{len(handle.features)} {next(iter(kinds))} features"
-    parts = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
-    return f"{len(handle.features)} features ({parts})"

@@ -187,6 +187,15 @@ class Settings(ModelSettings):
     blas_threads: int = Field(
         1, ge=1, description="BLAS/OpenMP (and ONNX Runtime intra-op) threads per worker"
     )
+    share_model: Literal["auto", "off"] = Field(
+        "auto",
+        description=(
+            "`auto`: the master loads pickle, joblib and skops models once, before it forks,"
+            " and every worker (respawns, recycles and reloads too) shares its memory; ONNX"
+            " models and your own classes are still loaded in each worker (see README, "
+            '"One copy of the model per host"); `off`: every worker loads its own copy'
+        ),
+    )
     cpu_affinity: Literal["auto", "none"] = Field(
         "auto",
         description=(

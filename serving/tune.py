@@ -338,7 +338,7 @@ def load_as_served(
     from pydantic import ValidationError
 
     from serving.errors import SettingsError
-    from serving.runtime import model_loaders
+    from serving.loading import model_loaders
     from serving.settings import Settings
 
     where = {"model_dir": path} if path.is_dir() else {"model_path": path}

@@ -104,15 +104,17 @@ class UnevenLoading(RowOffset):
     """A RowOffset whose unpickling takes ``load_s[i]`` seconds in the i-th process to load
     it (i counted with lock files in ``tickets``): workers that load at different speeds.
     ``exit_on`` makes predict end the process with ``os._exit(3)`` when a row's first
-    feature equals it (a model that kills its worker at run time)."""
+    feature equals it (a model that kills its worker at run time). The number of files in
+    ``tickets`` is the number of times it was loaded."""
 
     def __init__(
         self,
         load_s: tuple[float, ...] = (1.0,),
         tickets: str = "",
         exit_on: float | None = None,
+        offset: float = 0.0,
     ) -> None:
-        super().__init__(1, 0.0)
+        super().__init__(1, offset)
         self.load_s, self.tickets, self.exit_on = load_s, tickets, exit_on
 
     def predict(self, X: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -123,7 +125,12 @@ class UnevenLoading(RowOffset):
         return super().predict(X)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"load_s": self.load_s, "tickets": self.tickets, "exit_on": self.exit_on}
+        return {
+            "load_s": self.load_s,
+            "tickets": self.tickets,
+            "exit_on": self.exit_on,
+            "offset": self.offset,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         import os
@@ -136,7 +143,9 @@ class UnevenLoading(RowOffset):
             except FileExistsError:
                 ticket += 1
         time.sleep(state["load_s"][min(ticket, len(state["load_s"]) - 1)])
-        self.__init__(state["load_s"], state["tickets"], state["exit_on"])  # type: ignore[misc]
+        self.__init__(  # type: ignore[misc]
+            state["load_s"], state["tickets"], state["exit_on"], state.get("offset", 0.0)
+        )
 
 
 class ReusedBuffer:

@@ -82,7 +82,7 @@ def test_a_file_swapped_after_the_sha256_check_is_not_what_gets_loaded(
 ) -> None:
     import hashlib
 
-    from serving import runtime as runtime_module
+    from serving import loading as runtime_module  # where the artifact is read and loaded
 
     path = tmp_path / "m.pkl"
     good = pickle.dumps(SlowLoading(n_features=1, load_s=0.0))
@@ -123,7 +123,7 @@ def test_load_logs_each_stage_with_its_size_and_names_the_stage_while_it_runs(
     ready = threading.Event()
     seen: set[str | None] = set()
 
-    with caplog.at_level("INFO", logger="serving.runtime"):
+    with caplog.at_level("INFO"):  # serving.loading reads and loads, serving.runtime warms up
         runtime.start_loading(on_failure=lambda exc: None, on_ready=ready.set)
         while not ready.wait(0.01):  # the unpickling sleeps 0.5 s: "loading" is seen
             seen.add(runtime.stage)

@@ -1,17 +1,21 @@
 """What ``gunicorn.conf.py``'s hooks do, kept here so the config file stays settings only.
 
 Runs in two roles: ``settings_or_exit``, ``prepare_metrics_dir``, ``on_starting``,
-``child_exit`` and ``on_exit`` in the master; ``post_fork`` and ``worker_exit`` in each
-worker. How workers know each other's state and how the master rolls them over is in
-``serving.server.workers``; the metrics directory (``prepare_metrics_dir``, re-exported
-for the config file) in ``serving.server.metrics_dir``. Nothing here imports
-prometheus-client or the Flask app at module level: the master must set
+``when_ready``, ``on_reload``, ``child_exit`` and ``on_exit`` in the master; ``post_fork``
+and ``worker_exit`` in each worker. How workers know each other's state and how the master
+rolls them over is in ``serving.server.workers``; the metrics directory
+(``prepare_metrics_dir``, re-exported for the config file) in
+``serving.server.metrics_dir``. Nothing here imports prometheus-client or the Flask app
+at module level: the master must set
 ``PROMETHEUS_MULTIPROC_DIR`` before prometheus-client is first imported.
 
-Why the model is loaded after fork, not preloaded in the master: ONNX Runtime and
-OpenMP/BLAS create thread pools when a model is loaded or first run, and threads do not
-survive ``fork()`` (a forked pool can deadlock on a lock held by a thread that no longer
-exists). Each worker loads its own copy, pins its own pools, and warms up.
+Where the model is loaded: pickle, joblib and skops models once, in the master, before it
+forks (``when_ready``, and ``on_reload`` for a ``SIGHUP``), so every worker shares one copy
+(``serving.server.sharing``; never predict in the master). ONNX models, your own classes
+and everything under ``SERVING_SHARE_MODEL=off`` in each worker after fork: ONNX Runtime
+and OpenMP/BLAS create thread pools when a model is loaded or first run, and threads do
+not survive ``fork()`` (a forked pool can deadlock on a lock held by a thread that no
+longer exists). Either way each worker pins its own pools, warms up and batches.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from serving.batching.arrivals import Arrivals, process_arrivals
 from serving.errors import SettingsError
 from serving.observe import access_log
 from serving.observe.payload_sinks import check_sink
+from serving.server import sharing
 from serving.server.children import forget_server_in_children, stop_children
 from serving.server.metrics_dir import prepare_metrics_dir, remove_at_exit, run_at_exit, set_master
 from serving.server.workers import Board, RecycleGate, install_board, roll_over
@@ -43,11 +48,13 @@ __all__ = [
     "child_exit",
     "on_exit",
     "cpus_for_slot",
+    "on_reload",
     "on_starting",
     "post_fork",
     "pre_fork",
     "prepare_metrics_dir",
     "settings_or_exit",
+    "when_ready",
     "worker_exit",
 ]
 
@@ -117,6 +124,29 @@ def on_starting(server: Any) -> None:
     roll_over(server, _board, booted, _gate)
 
 
+def _log_to_gunicorn(server: Any) -> logging.Logger:
+    """Send the ``serving`` loggers' records to Gunicorn's error log, at its level."""
+    service_log = logging.getLogger("serving")
+    service_log.handlers = list(server.log.error_log.handlers)
+    service_log.setLevel(server.log.error_log.level)
+    service_log.propagate = False
+    return service_log
+
+
+def when_ready(server: Any, settings: Settings) -> None:
+    """Master, once, before the first fork: load the models the workers will share
+    (``serving.server.sharing``), saying which and why in one line."""
+    _log_to_gunicorn(server)  # the loader's own lines (read and checked, loaded as)
+    sharing.load_in_master(settings, server.log.info, server.log.error)
+
+
+def on_reload(server: Any, settings: Settings) -> None:
+    """Master, on ``SIGHUP``, after re-reading the configuration and before forking the new
+    workers: load the new artifacts to share (a failure keeps nothing shared: the new
+    workers load for themselves, fail and retry, the old ones serve on)."""
+    sharing.load_in_master(settings, server.log.info, server.log.error)
+
+
 def pre_fork(server: Any, worker: Any) -> None:
     """Master: give the new worker the lowest CPU slot no live worker holds."""
     taken = {getattr(w, "serving_slot", None) for w in server.WORKERS.values()}
@@ -148,8 +178,9 @@ def _pin(server: Any, worker: Any, per_worker: int) -> None:
 
 
 def post_fork(server: Any, worker: Any, settings: Settings) -> None:
-    """Worker: pin its CPUs, load the model and start a watchdog that recycles the worker if
-    its batcher gets stuck. The first workers load in the background while accepting (a
+    """Worker: pin its CPUs, load the model (or take the one the master loaded before fork:
+    ``serving.server.sharing``) and start a watchdog that recycles the worker if its
+    batcher gets stuck. The first workers load in the background while accepting (a
     load failure halts the server: exit status 3, one line saying why); a worker forked
     after every first one was ready loads before accepting and retries a failed load
     (``_load_before_accepting``). Each publishes its state on the board (``/healthz``)."""
@@ -163,10 +194,7 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
 
     tracing.setup()  # OpenTelemetry's exporter thread does not survive fork: one per worker
 
-    service_log = logging.getLogger("serving")
-    service_log.handlers = list(server.log.error_log.handlers)
-    service_log.setLevel(server.log.error_log.level)
-    service_log.propagate = False
+    service_log = _log_to_gunicorn(server)
     _start_access_log(settings, default_metrics().access_log_dropped)
 
     def on_failure(exc: BaseException) -> None:
@@ -205,7 +233,7 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         if _board is not None:
             _board.write(pid, "ready")
     else:
-        cache = ModelCache(settings, metrics, slot)
+        cache = ModelCache(settings, metrics, slot, inherit=sharing.inherited)
         install_cache(cache)
         _load_while_accepting(cache, on_failure)
     _recycle_one_at_a_time(server, worker)
@@ -381,7 +409,7 @@ def _load_before_accepting(server: Any, worker: Any, settings: Settings, slot: i
         done = threading.Event()
         failures: list[BaseException] = []
         try:
-            cache = ModelCache(settings, metrics, slot)
+            cache = ModelCache(settings, metrics, slot, inherit=sharing.inherited)
         except ValueError as exc:  # SERVING_MODELS paths are checked when read: vanished
             reason = "; ".join(e["msg"] for e in getattr(exc, "errors", lambda: [])())
             failures.append(ModelLoadError(settings.resolved_model_path, reason or str(exc)))

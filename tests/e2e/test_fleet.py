@@ -47,7 +47,9 @@ def test_healthz_is_ready_only_when_every_worker_is_then_no_predict_fails(
     tickets = tmp_path / "tickets"
     tickets.mkdir()
     model = pickled(UnevenLoading((1.0, 4.0), str(tickets)), "m.pkl")
-    server = gunicorn(model_path=model, threads=8)
+    # Each worker loads its own copy, one slower than the other (a shared model is loaded
+    # once, by the master, before any worker exists: tests/e2e/test_sharing.py).
+    server = gunicorn(model_path=model, threads=8, share_model="off")
     started = time.monotonic()
 
     seen_503 = False

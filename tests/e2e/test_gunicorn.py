@@ -130,7 +130,9 @@ def test_healthz_is_503_while_the_model_loads_and_200_after(
     gunicorn: Start, pickled: Pickled
 ) -> None:
     model = pickled(SlowLoading(n_features=3, load_s=3.0), "slow.pkl")
-    server = gunicorn(model_path=model, workers=1)  # one worker: every answer is its state
+    # One worker: every answer is its state. It loads the model itself (a shared model is
+    # loaded by the master before any worker exists: connections wait in the backlog).
+    server = gunicorn(model_path=model, workers=1, share_model="off")
 
     deadline = time.monotonic() + 30
     statuses: list[str] = []

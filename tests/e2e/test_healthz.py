@@ -22,7 +22,9 @@ def test_healthz_shows_a_failed_workers_load_error_only_with_a_key(
     gunicorn: Callable[..., GunicornServer], pickled: Callable[[Any, str], Path]
 ) -> None:
     model = pickled(RowEcho(n_features=1), "m.pkl")
-    server = gunicorn(model_path=model, api_keys=KEY)
+    # Each worker loads its own copy: a respawn reads the (corrupted) file. A shared model's
+    # respawn reads none (tests/e2e/test_sharing.py).
+    server = gunicorn(model_path=model, api_keys=KEY, share_model="off")
     server.wait_ready()
     server.wait_for_log("every worker is ready", 1)  # the first boot is over
     model.write_bytes(b"corrupt model bytes")  # the next worker to load it fails

@@ -21,7 +21,9 @@ def test_healthz_names_the_stage_of_a_loading_worker(
     gunicorn: Callable[..., GunicornServer], pickled: Callable[[Any, str], Path]
 ) -> None:
     model = pickled(SlowLoading(n_features=2, load_s=4.0), "slow.pkl")
-    server = gunicorn(model_path=model, workers=1)
+    # The worker loads the model itself (a shared model is loaded by the master before any
+    # worker exists, so no /healthz answers with its stage).
+    server = gunicorn(model_path=model, workers=1, share_model="off")
 
     def stages() -> list[dict[str, Any]]:
         try:

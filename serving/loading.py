@@ -1,0 +1,117 @@
+"""Reading, checking and loading one model's artifact: what a worker and the master share.
+
+``load_artifact(settings, loaders)`` is the one way the server turns a model's settings into
+a ``ModelHandle``: the file's owner and mode and its SHA-256 checked (``check_artifact``),
+then those bytes loaded by the loader ``model_loaders`` configures for its format. A worker
+calls it through ``ModelRuntime`` (``serving.runtime``); the Gunicorn master calls it to
+load a model once for every worker (``serving.server.sharing``). It never calls predict:
+the master must not start a BLAS/OpenMP thread pool that its children would inherit
+without the threads.
+
+Boundary: no Flask, werkzeug or Gunicorn, and no prometheus-client (the master imports this
+module and must not create metric files).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+from serving.model.artifacts import check_model_path
+from serving.model.custom import PythonLoader
+from serving.model.handle import ModelHandle, ModelLoader
+from serving.model.loaders import check_artifact, default_loaders, load_model
+from serving.model.onnx_loader import OnnxLoader
+from serving.settings import Settings
+
+__all__ = ["Stage", "describe_features", "load_artifact", "model_loaders"]
+
+log = logging.getLogger(__name__)
+
+Stage = Literal["reading", "loading", "warming up"]
+
+
+def model_loaders(settings: Settings, worker_slot: int = 0) -> dict[str, ModelLoader]:
+    """The loaders one model's settings configure: ``SERVING_KEEP_MODEL_N_JOBS`` for pickle,
+    joblib and skops, ``SERVING_SKOPS_TRUSTED_TYPES`` for skops, ``SERVING_ONNX_*`` and
+    ``SERVING_CUDA_DEVICE`` (with ``worker_slot``) for ONNX, ``SERVING_MODEL_CLASS`` for
+    ``python``."""
+    onnx = OnnxLoader(
+        settings.onnx_providers,
+        cuda_device=settings.cuda_device,
+        worker_slot=worker_slot,
+        optimized_model_path=settings.onnx_optimized_model_path,
+    )
+    python = PythonLoader(settings.model_class) if settings.model_class is not None else None
+    return default_loaders(
+        keep_n_jobs=settings.keep_model_n_jobs,
+        skops_trusted_types=[
+            t.strip() for t in settings.skops_trusted_types.split(",") if t.strip()
+        ],
+        onnx=onnx,
+        python=python,
+    )
+
+
+def load_artifact(
+    settings: Settings,
+    loaders: Mapping[str, ModelLoader],
+    enter: Callable[[Stage], None] = lambda stage: None,
+) -> ModelHandle:
+    """Read and check the configured artifact once, then load those bytes (the bytes
+    checked are the bytes loaded, never the path again). Each stage is logged with its
+    size and time; ``enter(stage)`` is called as it starts (``reading``, ``loading``).
+    BLAS/OpenMP threads are not pinned here: the caller does (after loading, since pinning
+    reaches only the libraries already loaded).
+
+    :raises ModelLoadError: naming the path and the cause.
+    """
+    path = settings.resolved_model_path
+    fmt = settings.resolved_model_format
+    loader = loaders.get(fmt)
+    allow = settings.allow_world_writable_model
+    enter("reading")
+    started = time.perf_counter()
+    if loader is not None and loader.reads_path:
+        # A model class reads its own path (a file or a directory): nothing to read,
+        # but who may replace it is checked all the same.
+        check_model_path(path, allow)
+        data = None
+    else:
+        data = check_artifact(path, settings.model_sha256, allow)
+        log.info(
+            "model %s: read and checked %.1f MiB (%.2f s)",
+            path, len(data) / 2**20, time.perf_counter() - started,
+        )  # fmt: skip
+    enter("loading")
+    started = time.perf_counter()
+    handle = load_model(
+        path,
+        fmt,
+        name=settings.resolved_model_name,
+        version=settings.model_version,
+        threads=settings.blas_threads,
+        loaders=loaders,
+        data=data,
+        pinned=settings.model_sha256 is not None,
+    )
+    log.info(
+        "model %r: loaded as %s, %s (%.2f s)",
+        handle.name, handle.format, describe_features(handle), time.perf_counter() - started,
+    )  # fmt: skip
+    return handle
+
+
+def describe_features(handle: ModelHandle) -> str:
+    """``30 features``, ``4 features (2 string, 2 float)`` or ``features not known``."""
+    if not handle.features:
+        return "features not known (each request's own width)"
+    kinds: dict[str, int] = {}
+    for f in handle.features:
+        kinds[f.kind] = kinds.get(f.kind, 0) + 1
+    if len(kinds) == 1:
+        return f"{len(handle.features)} {next(iter(kinds))} features"
+    parts = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+    return f"{len(handle.features)} features ({parts})"

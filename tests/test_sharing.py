@@ -1,0 +1,156 @@
+"""Load once, fork many (serving/server/sharing.py): which models the master loads for every
+worker, and what a worker does with the model it inherits."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+from sklearn.ensemble import RandomForestClassifier
+
+from serving.observe.metrics import ServingMetrics
+from serving.runtime import ModelRuntime
+from serving.server import sharing
+from serving.settings import Settings
+from tests.models import UnevenLoading
+
+log = logging.getLogger("test")
+
+
+@pytest.fixture(autouse=True)
+def _forget_shared(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(sharing, "_handles", {})
+    yield
+    gc.unfreeze()
+
+
+def _settings(settings: Settings, **update: object) -> Settings:
+    return Settings(**{**settings.model_dump(), **update})
+
+
+def _pickle(model: object, path: Path) -> Path:
+    path.write_bytes(pickle.dumps(model))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("suffix", "shared"),
+    [(".pkl", True), (".joblib", True), (".skops", True), (".onnx", False)],
+)
+def test_choose_shares_pickle_joblib_and_skops_not_onnx(
+    settings: Settings, tmp_path: Path, suffix: str, shared: bool
+) -> None:
+    path = tmp_path / f"m{suffix}"
+    path.write_bytes(b"")
+    (choice,) = sharing.choose(_settings(settings, model_path=path))
+    assert choice.shared is shared
+    assert choice.why.startswith(suffix.lstrip(".").replace("pkl", "pickle"))
+
+
+def test_choose_keeps_your_own_class_and_everything_under_off_per_worker(
+    settings: Settings, tmp_path: Path
+) -> None:
+    path = _pickle(UnevenLoading(), tmp_path / "m.pkl")
+    (custom,) = sharing.choose(
+        _settings(settings, model_path=path, model_class="tests.models:TypedChurn")
+    )
+    assert not custom.shared and "your class" in custom.why
+    (off,) = sharing.choose(_settings(settings, model_path=path, share_model="off"))
+    assert not off.shared and off.why == "SERVING_SHARE_MODEL=off"
+
+
+def test_describe_names_each_model_and_why_in_one_line(settings: Settings, tmp_path: Path) -> None:
+    pkl = _pickle(UnevenLoading(), tmp_path / "a.pkl")
+    onnx = tmp_path / "b.onnx"
+    onnx.write_bytes(b"")
+    models = json.dumps(
+        [{"name": "a", "version": "1", "path": str(pkl)}, {"name": "b", "path": str(onnx)}]
+    )
+    line = sharing.describe(sharing.choose(_settings(settings, models=models)))
+    assert "\n" not in line
+    assert line.startswith("model sharing: 'a' version '1' shared (pickle: loaded once")
+    assert "'b' version '1' per worker (onnx: an ONNX Runtime session is built" in line
+
+
+def test_the_master_loads_once_and_a_worker_warms_up_the_inherited_model_without_the_file(
+    settings: Settings, tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, y = breast_cancer
+    forest = RandomForestClassifier(n_estimators=5, random_state=0).fit(X, y)
+    path = _pickle(forest, tmp_path / "forest.pkl")
+    configured = _settings(settings, model_path=path)
+    lines: list[str] = []
+
+    sharing.load_in_master(configured, lambda msg, *a: lines.append(msg % a), log.error)
+    assert gc.get_freeze_count() > 0
+    assert "shared" in lines[0] and "loaded 1 model(s) in the master" in lines[1]
+
+    path.unlink()  # a worker that read the file now would fail
+    inherited = sharing.inherited(configured)
+    assert inherited is not None
+    runtime = ModelRuntime(configured, ServingMetrics(CollectorRegistry()), inherited=inherited)
+    runtime.load()
+    handle, batcher = runtime.require_ready()
+    try:
+        assert handle is inherited
+        answer = batcher.submit(X[:20]).outputs
+        np.testing.assert_array_equal(answer["probabilities"], forest.predict_proba(X[:20]))
+    finally:
+        runtime.stop(timeout_s=5)
+
+
+def test_inherited_is_only_for_the_same_file_name_version_and_sha256(
+    settings: Settings, tmp_path: Path
+) -> None:
+    path = _pickle(UnevenLoading(), tmp_path / "m.pkl")
+    configured = _settings(settings, model_path=path)
+    sharing.load_in_master(configured, log.info, log.error)
+    assert sharing.inherited(configured) is not None
+    assert sharing.inherited(_settings(configured, model_version="2")) is None
+    other = _pickle(UnevenLoading(), tmp_path / "other.pkl")
+    assert sharing.inherited(_settings(configured, model_path=other, model_name="m")) is None
+
+
+def test_a_failed_load_in_the_master_shares_nothing_and_says_why(
+    settings: Settings, tmp_path: Path
+) -> None:
+    path = _pickle(UnevenLoading(), tmp_path / "m.pkl")
+    configured = _settings(settings, model_path=path)
+    sharing.load_in_master(configured, log.info, log.error)
+    assert sharing.inherited(configured) is not None
+    path.write_bytes(b"not a pickle")  # the reload's new file is broken
+    errors: list[str] = []
+
+    sharing.load_in_master(configured, log.info, lambda msg, *a: errors.append(msg % a))
+    assert sharing.inherited(configured) is None  # workers load for themselves (and fail)
+    assert f"the master cannot load 'm' version '1': cannot load model {path}" in errors[0]
+
+
+def test_under_off_the_master_loads_nothing(settings: Settings, tmp_path: Path) -> None:
+    tickets = tmp_path / "tickets"
+    tickets.mkdir()
+    path = _pickle(UnevenLoading((0.0,), str(tickets)), tmp_path / "m.pkl")
+    configured = _settings(settings, model_path=path, share_model="off")
+    sharing.load_in_master(configured, log.info, log.error)
+    assert sharing.inherited(configured) is None
+    assert list(tickets.iterdir()) == []  # never unpickled
+
+
+def test_a_model_file_gone_before_a_reload_does_not_stop_the_master(
+    settings: Settings, tmp_path: Path
+) -> None:
+    path = _pickle(UnevenLoading(), tmp_path / "m.pkl")
+    configured = _settings(settings, model_path=path)
+    path.unlink()  # the settings were read (a HUP), then the file vanished
+    errors: list[str] = []
+
+    sharing.load_in_master(configured, log.info, lambda msg, *a: errors.append(msg % a))
+    assert sharing.inherited(configured) is None
+    assert errors and errors[0].startswith("model sharing: none (")
