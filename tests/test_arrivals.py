@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from serving.batching.arrivals import Arrivals
-from serving.server.hooks import count_arrivals
+from serving.server.arrivals import count_arrivals
 from tests.waiting import until
 
 
@@ -136,7 +136,7 @@ def test_a_keep_alive_request_is_counted_without_a_poll_per_read(
     once and its first read returns at once, so neither needs a system call to look."""
     from gunicorn.http.unreader import SocketUnreader  # type: ignore[import-untyped]
 
-    from serving.server import hooks
+    from serving.server import arrivals as hooks
 
     looked: list[Any] = []
     has_bytes = hooks._has_bytes
