@@ -57,3 +57,48 @@ def test_predict_objects_for_a_model_without_feature_names_are_422(client: Flask
 
     assert response.status_code == 422
     assert "does not know its feature names" in response.get_json()["error"]["message"]
+
+
+def test_a_missing_category_is_answered_alike_alone_or_in_a_batch(
+    settings: Any, metrics: Any
+) -> None:
+    """Found by the new-user trial: a null in a string column was None in a column of its
+    own (a lone request: object dtype) but NaN in a column holding strings (a batch:
+    pandas 3's str dtype), and scikit-learn takes None for an unknown category, NaN for
+    a missing value. The same request got 0.6985 alone and 0.9994 beside another."""
+    import numpy as np
+    from sklearn.compose import make_column_transformer
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder
+
+    from serving.app import create_app
+    from serving.model.loaders import estimator_handle
+
+    rng = np.random.default_rng(5)
+    home = rng.choice(["own", "rent", "mortgage"], 400).astype(object)
+    home[rng.random(400) < 0.15] = np.nan  # missing, learned as a category of its own
+    frame = pd.DataFrame({"income": rng.normal(50, 15, 400), "home": home})
+    target = np.where(frame["home"].isna(), 1, (frame["income"] > 50).astype(int))
+    encode = make_column_transformer(
+        ("passthrough", ["income"]),
+        (OneHotEncoder(handle_unknown="ignore", sparse_output=False), ["home"]),
+    )
+    model = make_pipeline(encode, HistGradientBoostingClassifier(random_state=0))
+    model.fit(frame, target)
+    handle = estimator_handle(model, name="credit", version="1", format="pickle")
+    app = create_app(settings, models=[handle], metrics=metrics)
+    try:
+        client = app.test_client()
+        lone = {"income": 41.5, "home": None}
+        other = {"income": 60.0, "home": "rent"}
+        alone = client.post("/predict", json={"instances": [lone]}).get_json()
+        beside = client.post("/predict", json={"instances": [lone, other]}).get_json()
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    # in-process, missing is NaN, as pandas reads it (and as the model was fitted)
+    row = pd.DataFrame({"income": [41.5], "home": [np.nan]}).astype(frame.dtypes.to_dict())
+    expected = model.predict_proba(row)
+    assert alone["probabilities"][0] == beside["probabilities"][0] == expected[0].tolist()
+    assert alone["predictions"][0] == beside["predictions"][0] == 1

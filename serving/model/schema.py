@@ -148,15 +148,39 @@ def features_from_specs(specs: Any, where: str) -> tuple[Feature, ...] | None:
 
 def frame_builder(features: Sequence[Feature]) -> Callable[[npt.NDArray[Any]], Any]:
     """``batch -> pandas DataFrame`` with the features' names as columns, one column per
-    feature of its type (float64, int64, bool, or object holding ``str``)."""
+    feature of its type (float64, int64, bool, or strings).
+
+    A missing string is NaN, as pandas reads a missing cell, in every batch: in a column of
+    pandas' own string dtype where pandas infers one (pandas 3), else in an object column.
+    Left to inference, a column of missing values only stayed object ``None`` while one
+    holding a string became NaN: scikit-learn takes ``None`` for an unknown category and
+    NaN for a missing value, so a request with a null category was answered one way alone
+    and another way batched with others (found by a new user's trial)."""
     import pandas as pd
 
     columns = [f.name for f in features]
+    strings = [f.name for f in features if f.dtype.kind == "O" and f.kind == "string"]
+    # pandas 3 infers its str dtype (NaN for missing) from strings; pandas 2 keeps object
+    inferred = pd.Series(np.array(["a"], dtype=object)).dtype
+    string_dtype = inferred if inferred != np.dtype(object) else None
+
+    def missing_as_nan(values: npt.NDArray[Any]) -> Any:
+        if string_dtype is not None:
+            return pd.array(values, dtype=string_dtype)  # None -> NaN
+        nan = values == None  # noqa: E711 (elementwise, on an object array)
+        if not nan.any():
+            return values
+        values = values.copy()
+        values[nan] = np.nan
+        return values
 
     def to_frame(batch: npt.NDArray[Any]) -> Any:
         if batch.dtype.names is None:
             return pd.DataFrame(batch, columns=columns, copy=False)
-        return pd.DataFrame({name: batch[name] for name in columns})
+        data = {name: batch[name] for name in columns}
+        for name in strings:
+            data[name] = missing_as_nan(data[name])
+        return pd.DataFrame(data)
 
     return to_frame
 
