@@ -40,8 +40,18 @@ def refuse(loc: str, msg: str, kind: str) -> InvalidInput:
     return InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": kind}])
 
 
+#: How JSON writes the values whose Python repr differs (what the client sent).
+_JSON_TERMS: dict[Any, str] = {True: "true", False: "false", None: "null"}
+
+
 def show(value: Any) -> str:
-    """``value``'s repr, cut to 40 characters with ``...`` (a 5 MB string stays short)."""
+    """``value`` as the client wrote it: JSON's ``true``, ``false``, ``null``, ``NaN``,
+    ``Infinity``, else its repr, cut to 40 characters with ``...`` (a 5 MB string stays
+    short)."""
+    if value is None or type(value) is bool:
+        return _JSON_TERMS[value]
+    if type(value) is float and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     shown = repr(value)
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
@@ -82,7 +92,7 @@ def _number_error(value: float, f: Feature) -> tuple[str, str] | None:
         except OverflowError:
             return f"{show(value)} is outside the float64 range", "out_of_range"
         if not math.isfinite(number):
-            return f"{number} is not a finite number", "finite_number"
+            return f"{show(number)} is not a finite number", "finite_number"
         if f.dtype.itemsize < 8 and abs(number) > float(np.finfo(cast(Any, f.dtype)).max):
             limit = float(np.finfo(cast(Any, f.dtype)).max)
             why = f"outside the model's {f.dtype.name} range (|x| <= {limit:.4g})"

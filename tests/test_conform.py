@@ -85,7 +85,9 @@ def test_conform_onnx_string_inputs_answer_as_onnxruntime(churn: Any) -> None:
         ({"plan": None}, "instances[0].plan", "missing_value", "this feature may not be missing"),
         ({"plan": 3}, "instances[0].plan", "string_type", "3 is not a string"),
         ({"usage_hours": "12"}, "instances[0].usage_hours", "float_type", "'12' is not a number"),
-        ({"seats": 1e999}, "instances[0].seats", "finite_number", "inf is not a finite number"),
+        ({"seats": 1e999}, "instances[0].seats", "finite_number", "Infinity is not a finite"),
+        ({"usage_hours": True}, "instances[0].usage_hours", "float_type", "true is not a number"),
+        ({"plan": False}, "instances[0].plan", "string_type", "false is not a string"),
     ],
 )
 def test_conform_refuses_a_bad_value_naming_instance_and_feature(

@@ -198,7 +198,7 @@ def test_v2_infer_takes_integral_float_shapes_as_json_schema_integers(client: Fl
         ),
         (
             [tensor([1, True, 3], [1, 3])],
-            "data[1] (instance 0, column 1) = True is not a finite number",
+            "data[1] (instance 0, column 1) = true is not a finite number",
         ),
         (
             [tensor([1, 300, 3], [1, 3], datatype="INT8")],
@@ -239,7 +239,7 @@ ONE = b'{"name": "input-0", "shape": [1, 3], "datatype": "FP64", "data": '
         (b'{"inputs": [' + ONE + b"[1, 2, NaN]}]}", "inputs[0].data[0][2]: missing value"),
         (
             b'{"inputs": [' + ONE + b"[1, 2, 1e999]}]}",
-            "data[2] (instance 0, column 2) = inf is not a finite number",
+            "data[2] (instance 0, column 2) = Infinity is not a finite number",
         ),
         (b'{"inputs": [' + ONE.replace(b"FP64", b"FP99") + b"[1]}]}", "inputs[0].datatype"),
         (

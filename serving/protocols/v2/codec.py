@@ -45,6 +45,7 @@ from serving.protocols.v2.schemas import (
     V2RequestInput,
     V2RequestOutput,
 )
+from serving.values import show
 
 __all__ = ["HEADER_LENGTH", "datatype_of", "decode", "encode_outputs", "split_body"]
 
@@ -153,7 +154,7 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
         where = f"data[{index}]"
         if len(tensor.shape) == 2 and tensor.shape[1] > 1:  # data is row-major, maybe flat
             where += " (instance {}, column {})".format(*divmod(index, tensor.shape[1]))
-        msg = f"input {tensor.name!r}: {where} = {repr(flat[index])[:32]} is not {want}"
+        msg = f"input {tensor.name!r}: {where} = {show(flat[index])} is not {want}"
         raise _invalid(loc, msg, "datatype")
     if kind.kind == "O":
         values = np.empty(len(flat), dtype=object)
