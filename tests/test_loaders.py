@@ -118,6 +118,9 @@ def test_joblib_regressor_has_no_probabilities(tmp_path: Path) -> None:
         ("corrupt.pkl", b"not a pickle", None, "UnpicklingError"),
         ("corrupt.onnx", b"not a graph", None, "onnx"),
         ("no_predict.pkl", pickle.dumps({"a": 1}), None, "has no predict()"),
+        # found by the new-user trial: a truncated file said "EOFError: " and no more
+        ("empty.joblib", b"", None, "file ends early"),
+        ("cut.pkl", pickle.dumps({"a": list(range(100))})[:40], None, "truncated"),
     ],
 )
 def test_load_model_failures_name_the_path_and_the_cause(

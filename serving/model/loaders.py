@@ -65,6 +65,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: What a loader's error with no message of its own means (pickle's EOFError has none).
+_SILENT: dict[type[BaseException], str] = {
+    EOFError: "the file ends early (truncated, or still being written?)",
+}
+
+
 #: scikit-learn's finiteness check (sklearn.utils.validation._assert_all_finite) on the
 #: input of a pipeline step: finite request values that overflowed in an earlier step.
 _OVERFLOW = re.compile(r"Input \w* ?contains (infinity|NaN|a value too large)")
@@ -398,4 +404,5 @@ def load_model(
             if implied is not None and implied != fmt
             else ""
         )
-        raise ModelLoadError(path, f"{type(exc).__name__}: {exc}{hint}") from exc
+        cause = str(exc) or _SILENT.get(type(exc), "")
+        raise ModelLoadError(path, f"{type(exc).__name__}: {cause}{hint}") from exc
