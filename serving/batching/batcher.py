@@ -18,11 +18,14 @@ Two flush policies (``docs/batching.md`` draws both):
   (up to ``max_batch_size``). Batches grow with load by themselves: size 1 when idle, full
   when saturated. This is Triton's dynamic batcher with ``max_queue_delay`` 0 and the
   "batch what arrived while busy" behaviour Clipper (Crankshaw et al., NSDI 2017) starts
-  from; ``max_batch_latency_ms`` is not used for waiting.
+  from. One wait remains: while other requests of the worker are on their way to a
+  batcher (``Arrivals``), a batch waits for them, at most one predict call's time (a
+  moving average) or ``max_batch_latency_ms``, whichever is shorter.
 
   A lone request pays no hand-off: one that finds nothing queued, the model idle and
-  no other request of this worker on its way to a batcher (``Arrivals``: routed to a
-  prediction view, not yet queued) runs its own rows on its own thread, as the naive
+  no other request of this worker on its way to a batcher (``Arrivals``: taken up by a
+  worker thread with bytes to read, not yet queued) runs its own rows on its own
+  thread, as the naive
   server would, when recent calls took less than half the time the caller has left: a
   call on the caller's thread cannot be abandoned at its deadline, so one not expected
   to fit is not started there but queued, where the caller stops waiting at its
