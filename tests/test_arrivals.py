@@ -156,3 +156,64 @@ def test_a_keep_alive_request_is_counted_without_a_poll_per_read(
         assert worker.handle(conn) is True
     assert reads == [(b"GET /livez HTTP/1.1\r\n\r\n", 1)]
     assert looked == []
+
+
+def test_a_request_is_coming_while_handed_to_a_thread_or_ready_in_the_poller() -> None:
+    arrivals = Arrivals()
+    assert not arrivals.coming()
+    arrivals.hand()  # the main loop gave a connection to the pool; no thread runs it yet
+    assert arrivals.coming() and arrivals.count == 0
+    arrivals.taken()
+    waiting = [True]
+    arrivals.waiting = lambda: waiting[0]  # a client's next request ready in the poller
+    assert arrivals.coming()
+    waiting[0] = False
+    assert not arrivals.coming()
+
+
+def test_the_poller_probe_sees_a_ready_connection_and_takes_nothing_from_the_main_loop() -> None:
+    import selectors
+
+    from serving.server.arrivals import ready_in_poller
+
+    class Worker:
+        poller: selectors.BaseSelector | None = None
+
+    worker = Worker()
+    ready = ready_in_poller(worker)
+    assert ready() is False  # before init_process: no poller yet
+    worker.poller = selectors.DefaultSelector()
+    server, client = socket.socketpair()
+    with server, client:
+        worker.poller.register(server, selectors.EVENT_READ)
+        assert ready() is False  # an idle keep-alive connection
+        client.sendall(b"GET /predict HTTP/1.1\r\n\r\n")
+        assert ready() is True
+        assert ready() is True
+        assert [key.fileobj for key, _ in worker.poller.select(0)] == [server]  # still there
+        worker.poller.close()
+
+
+def test_a_gthread_worker_counts_a_connection_from_its_hand_over_to_the_pool() -> None:
+    arrivals = Arrivals()
+    seen: list[tuple[int, int]] = []
+
+    class Worker:
+        def __init__(self) -> None:
+            self.pool: list[Any] = []
+
+        def enqueue_req(self, conn: Any) -> None:  # the main loop hands it over
+            self.pool.append(conn)
+
+        def handle(self, conn: Any) -> Any:
+            seen.append((arrivals.handed, arrivals.count))
+            return True
+
+    worker = Worker()
+    count_arrivals(worker, arrivals)
+    with _connection(b"GET /livez HTTP/1.1\r\n\r\n", "probe") as conn:
+        worker.enqueue_req(conn)
+        assert (arrivals.handed, arrivals.count) == (1, 0)  # handed, not taken up yet
+        worker.handle(worker.pool.pop())
+    assert seen == [(0, 1)]  # taken up: counted on its thread instead
+    assert (arrivals.handed, arrivals.count) == (0, 0)

@@ -569,6 +569,31 @@ def test_adaptive_policy_hands_a_request_off_while_another_is_on_its_way(
     assert calls[1:] == [("the-batcher", 1), (me, 1)]
 
 
+def test_adaptive_policy_hands_a_request_off_while_others_wait_to_be_taken_up(
+    stop_after: Any,
+) -> None:
+    """Requests ready in the server's poller, or handed to its thread pool, are on their way
+    too: counted only from a thread taking them up, a request finding none counted ran
+    alone, one after the other (batches of 1.3 in 4 rounds of 5 at 64 connections)."""
+    arrivals = Arrivals()
+    waiting = [True]
+    arrivals.waiting = lambda: waiting[0]
+    calls: list[tuple[str, int]] = []
+    batcher = ThreadedBatcher(recording(calls), name="the-batcher", arrivals=arrivals)
+    stop_after(batcher.start())
+    batcher.submit_many(rows_for(0), timeout_s=WAIT_S)  # measures a call
+
+    batcher.submit_many(rows_for(1), timeout_s=WAIT_S)
+    waiting[0] = False
+    arrivals.hand()
+    batcher.submit_many(rows_for(2), timeout_s=WAIT_S)
+    arrivals.taken()
+    batcher.submit_many(rows_for(3), timeout_s=WAIT_S)
+
+    me = threading.current_thread().name
+    assert calls[1:] == [("the-batcher", 1), ("the-batcher", 1), (me, 1)]
+
+
 def test_adaptive_gate_cannot_lock_in_after_a_quiet_spell(stop_after: Any) -> None:
     """A recorded pattern (issue 19): lone requests for a while, then 30 in flight at once
     in this worker, then lone again. The gate that averaged past batch sizes kept running

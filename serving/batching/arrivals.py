@@ -6,11 +6,13 @@ request is on its way, and a batch waits a little for those that are. With other
 it goes to the batcher thread, so that they merge. The decision rests on what is in flight
 now, not on what past calls merged, so it cannot lock itself into either mode.
 
-A request enters when a thread takes it up: under Gunicorn as soon as the gthread worker
-hands its connection to a thread, before the request line is parsed
-(``serving.server.hooks``), since a request waiting for the GIL in Gunicorn's parser is as
-much on its way as one being decoded; else when the app routes it to a prediction view
-(``serving.app``). It leaves when the data plane queues it (``DataPlane.infer``) or when
+A request enters when a thread takes it up: under Gunicorn as soon as a gthread worker
+thread starts on its connection with bytes to read, before the request line is parsed
+(``serving.server.arrivals``), since a request waiting for the GIL in Gunicorn's parser is
+as much on its way as one being decoded; else when the app routes it to a prediction view
+(``serving.app``). Before that, under Gunicorn, it is ``handed`` (the main loop gave it
+to the thread pool, no thread runs it yet) or ``waiting`` (ready in the worker's poller,
+which the main loop has not handed on yet); ``coming()`` asks all three. It leaves when the data plane queues it (``DataPlane.infer``) or when
 its thread is done with it. Each thread carries one request at a time, so the state is
 per thread: entering twice counts once, and so does leaving. The count is per worker
 process, over all its models.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 
 __all__ = ["Arrivals", "process_arrivals"]
 
@@ -36,13 +39,33 @@ class Arrivals:
         arrivals.leave()   # 0; a second leave() changes nothing
     """
 
-    __slots__ = ("_lock", "_thread", "count")
+    __slots__ = ("_lock", "_thread", "count", "handed", "waiting")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._thread = threading.local()  # .on_the_way: this thread's request is counted
         #: Requests entered and not left; read without the lock (an int read is atomic).
         self.count = 0
+        #: Requests handed to a thread that has not taken them up yet (``hand``, ``taken``).
+        self.handed = 0
+        #: Whether requests wait where no thread has taken them up yet (under Gunicorn: a
+        #: connection ready in the worker's poller), asked only when ``count`` is 0.
+        self.waiting: Callable[[], bool] | None = None
+
+    def coming(self) -> bool:
+        """Whether another request is on its way: counted, handed to a thread, or waiting
+        to be taken up."""
+        return self.count > 0 or self.handed > 0 or (self.waiting is not None and self.waiting())
+
+    def hand(self) -> None:
+        """One more request handed to a thread (by the server's main loop)."""
+        with self._lock:
+            self.handed += 1
+
+    def taken(self) -> None:
+        """A thread took up a request handed to it."""
+        with self._lock:
+            self.handed -= 1
 
     def enter(self) -> None:
         """Count the request this thread carries, unless it is counted already."""

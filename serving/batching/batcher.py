@@ -259,7 +259,7 @@ class ThreadedBatcher:
             inline = (
                 self._inline
                 and not depth
-                and not self._arrivals.count
+                and not self._arrivals.coming()
                 and (timeout_s is None or 2 * self._call_s < timeout_s)
                 and self._model.acquire(blocking=False)
             )

@@ -13,8 +13,10 @@ Gunicorn's HTTP reader.
 from __future__ import annotations
 
 import functools
+import os
 import select
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from serving.batching.arrivals import Arrivals
@@ -38,7 +40,11 @@ def count_arrivals(worker: Any, arrivals: Arrivals) -> None:
     ``SERVING_MAX_BATCH_LATENCY_MS`` (found by the attack on this branch)."""
     handle = worker.handle
 
+    enqueue = getattr(worker, "enqueue_req", None)  # gthread's main loop -> thread pool
+
     def counted(conn: Any) -> Any:
+        if enqueue is not None:
+            arrivals.taken()
         _reading.arrivals = arrivals
         # A keep-alive connection comes from the poller, readable; a new one may not be.
         ready = getattr(conn, "initialized", False) or _buffered(conn) or _has_bytes(conn.sock)
@@ -52,7 +58,38 @@ def count_arrivals(worker: Any, arrivals: Arrivals) -> None:
             _reading.arrivals = None
 
     worker.handle = counted
+    if enqueue is not None:
+
+        def handed(conn: Any) -> Any:  # on the main loop, before a thread takes it up
+            arrivals.hand()
+            return enqueue(conn)
+
+        worker.enqueue_req = handed
+    arrivals.waiting = ready_in_poller(worker)
     _count_only_while_bytes_come()
+
+
+def ready_in_poller(worker: Any) -> Callable[[], bool]:
+    """Whether ``worker``'s poller holds a connection ready to be taken up (a keep-alive
+    client's next request, a new connection): one ``epoll_wait`` with no timeout on a
+    duplicate of the poller's descriptor, which takes nothing from the main loop (level
+    triggered). Under load the main loop may not have run yet to hand such requests to
+    threads, and a request finding none counted ran alone on its thread, one after the
+    other: batches of 1.4 in one round of three at 64 connections on a quiet host."""
+    lock = threading.Lock()
+    epoll: list[Any] = []
+
+    def ready() -> bool:
+        if not epoll:
+            poller = getattr(worker, "poller", None)
+            if poller is None:
+                return False
+            with lock:
+                if not epoll:
+                    epoll.append(select.epoll.fromfd(os.dup(poller.fileno())))
+        return bool(epoll[0].poll(0, 1))
+
+    return ready
 
 
 #: ``.arrivals``: the count of the request this thread carries in a counted ``handle``;
