@@ -8,14 +8,15 @@ now, not on what past calls merged, so it cannot lock itself into either mode.
 
 A request enters when a thread takes it up: under Gunicorn as soon as a gthread worker
 thread starts on its connection with bytes to read, before the request line is parsed
-(``serving.server.arrivals``), since a request waiting for the GIL in Gunicorn's parser is
-as much on its way as one being decoded; else when the app routes it to a prediction view
-(``serving.app``). Before that, under Gunicorn, it is ``handed`` (the main loop gave it
-to the thread pool, no thread runs it yet) or ``waiting`` (ready in the worker's poller,
-which the main loop has not handed on yet); ``coming()`` asks all three. It leaves when the data plane queues it (``DataPlane.infer``) or when
-its thread is done with it. Each thread carries one request at a time, so the state is
-per thread: entering twice counts once, and so does leaving. The count is per worker
-process, over all its models.
+(``serving.server.arrivals``), since a request waiting for the GIL in Gunicorn's parser
+is as much on its way as one being decoded; else when the app routes it to a prediction
+view (``serving.app``). Before that, under Gunicorn, it is ``handed`` (the main loop gave
+it to the thread pool, no thread runs it yet) or ``waiting`` (ready in the worker's
+poller, which the main loop has not handed on yet); ``coming()`` asks all three. It
+leaves when the data plane queues it (``DataPlane.infer``) or when its thread is done
+with it. Each thread carries one request at a time, so the state is per thread: entering
+twice counts once, and so does leaving. The count is per worker process, over all its
+models.
 
 Boundary: standard library only.
 """
