@@ -136,15 +136,14 @@ def _install_request_hooks(
         request_id = incoming if _REQUEST_ID.fullmatch(incoming) else secrets.token_hex(16)
         url_rule = req.url_rule
         rule = _template(url_rule.rule) if url_rule is not None else "<unmatched>"
-        # A prediction view's request is on its way to a batcher: the gate counts it (under
-        # Gunicorn it is counted already, from the moment a thread took it up); any other
-        # is not, and a batch must not wait for it.
+        state.call = plane.call(request_id, protocol=req.blueprint or "", route=rule)
+        # A prediction view's request is on its way to a batcher until the data plane
+        # queues it (under Gunicorn counted already, from its thread taking it up); any
+        # other (a probe, /metrics, the docs, a 404) is not, and no batch may wait for it.
         view = app.view_functions.get(url_rule.endpoint) if url_rule is not None else None
-        arriving = getattr(view, "predicts", False)
-        state.call = plane.call(
-            request_id, protocol=req.blueprint or "", route=rule, arriving=arriving
-        )
-        if not arriving:  # a probe, /metrics, the docs, a 404: on its way to no batcher
+        if getattr(view, "predicts", False):
+            plane.arrivals.enter()
+        else:
             plane.arrivals.leave()
         state.trace = tracing.start_request(headers, req.method[:16], rule)
         if api_keys and rule not in open_routes:  # by route template: /docs/{asset}

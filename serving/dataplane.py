@@ -113,20 +113,15 @@ class DataPlane:
         protocol: str = "",
         route: str = "",
         started: float | None = None,
-        arriving: bool = False,
     ) -> Call:
         """A ``Call`` arriving now, due ``SERVING_REQUEST_TIMEOUT_MS`` from ``started``
         (``time.monotonic()``, default now), drawn for the payload log with probability
-        ``SERVING_PAYLOAD_LOG_SAMPLE`` (never when it is off). ``arriving``: a prediction
-        on its way to a batcher, counted in ``arrivals`` (for this thread) until ``infer``
-        queues it or the caller's ``arrivals.leave()`` (the app's after-request hook)."""
+        ``SERVING_PAYLOAD_LOG_SAMPLE`` (never when it is off)."""
         deadline = (time.monotonic() if started is None else started) + (
             self.settings.request_timeout_ms / 1000
         )
         sample = self.settings.payload_log_sample
         sampled = self.payloads is not None and (sample >= 1 or random.random() < sample)
-        if arriving:
-            self.arrivals.enter()
         return Call(request_id, deadline, protocol, route, sampled)
 
     def ready(
