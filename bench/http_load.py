@@ -11,7 +11,9 @@ Servers (2 workers each, on 127.0.0.1):
   naive          bench/naive_app.py under sync workers: predict once per request, one row
   naive-gthread  the same app under gthread workers (16 threads)
   echo           bench/echo_app.py on the service's Gunicorn config: parse JSON, constant answer
-plus one service per ``--variant NAME:SERVING_X=Y,SERVING_Z=W``.
+plus one service per ``--variant NAME:SERVING_X=Y,SERVING_Z=W`` (tuned settings; also
+``--variant before:PYTHONPATH=/path/to/worktree`` to run another commit's code beside this
+one, taking turns: how the gate changes of issue 19 were compared).
 
 **As deployed.** A service runs in its own session (systemd, a container), beside nginx and
 other processes on its CPUs. So by default every server, and nginx with ``--nginx``, is
