@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import select
+import selectors
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -77,17 +78,17 @@ def ready_in_poller(worker: Any) -> Callable[[], bool]:
     threads, and a request finding none counted ran alone on its thread, one after the
     other: batches of 1.4 in one round of three at 64 connections on a quiet host."""
     lock = threading.Lock()
-    epoll: list[Any] = []
+    epoll: list[Any] = []  # [the duplicate], or [None] where there is no epoll poller
 
     def ready() -> bool:
         if not epoll:
             poller = getattr(worker, "poller", None)
             if poller is None:
-                return False
+                return False  # before init_process
             with lock:
                 if not epoll:
-                    epoll.append(select.epoll.fromfd(os.dup(poller.fileno())))
-        return bool(epoll[0].poll(0, 1))
+                    epoll.append(_duplicate(poller))
+        return epoll[0] is not None and bool(epoll[0].poll(0, 1))
 
     return ready
 
@@ -123,6 +124,15 @@ def _count_only_while_bytes_come() -> None:
         return data
 
     unreader.SocketUnreader.chunk = counted_chunk
+
+
+def _duplicate(poller: Any) -> Any:
+    """An epoll object on a duplicate of ``poller``'s descriptor; None where the poller is
+    not epoll (macOS's kqueue, a select fallback): the gate then sees the count alone."""
+    epoll_selector: Any = getattr(selectors, "EpollSelector", None)
+    if epoll_selector is None or not isinstance(poller, epoll_selector):
+        return None
+    return select.epoll.fromfd(os.dup(poller.fileno()))
 
 
 def _buffered(conn: Any) -> bool:
