@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["REQUEST_STAGES", "Call", "Timing"]
+__all__ = ["REQUEST_STAGES", "Call", "Timing", "stage_seconds"]
 
 #: The stages of a request as Triton's statistics extension names them, in its order.
 REQUEST_STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
@@ -30,7 +30,12 @@ class Timing:
     :param answered: its batch's predict call returned.
     :param infer_s: that call's wall time, in seconds.
     :param batch_size: instances in that call; ``instances``: this request's.
-    :param merged: the trace tags of the requests merged into that call.
+    :param merged: the ``Timing`` of every request merged into that call, this one's too.
+    :param span: the request's trace span context (None when not traced), linked from
+        the predict span of every request merged with it.
+    :param counted: the batcher's observer counted it answered in the V2 statistics (once
+        per batch, ``serving.observe.metrics``); a request failing after that is not
+        counted again.
     """
 
     started: float
@@ -42,6 +47,8 @@ class Timing:
     infer_s: float = 0.0
     batch_size: int = 0
     merged: tuple[Any, ...] = ()
+    span: Any = None
+    counted: bool = False
 
     @property
     def computed(self) -> float | None:
@@ -58,13 +65,18 @@ class Timing:
         now = time.perf_counter() if now is None else now
         conformed = self.conformed if self.conformed is not None else now
         answered = self.answered if self.answered is not None else conformed
-        seconds = (
-            max(answered - conformed - self.infer_s, 0.0),
-            conformed - self.started,
-            self.infer_s,
-            now - answered,
-        )
+        seconds = stage_seconds(self.started, conformed, answered, self.infer_s, now)
         return dict(zip(REQUEST_STAGES, seconds, strict=True))
+
+
+def stage_seconds(
+    started: float, conformed: float, answered: float, infer_s: float, now: float
+) -> tuple[float, float, float, float]:
+    """A request's seconds in each of ``REQUEST_STAGES``, in its order, from its
+    ``perf_counter()`` marks: arrived (``started``), instances checked (``conformed``), its
+    predict call of ``infer_s`` seconds returned (``answered``), and ``now``. The queue
+    wait never counts the part of the call that ran before the request was queued."""
+    return (max(answered - conformed - infer_s, 0.0), conformed - started, infer_s, now - answered)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,12 @@ A protocol's route reads its body, its codec decodes it into ``serving.instances
 4. ``serving.conform.conform``: the instances against the model's inputs, as the
    ``(n_instances, n_features)`` rows its batcher merges (422);
 5. what is left of the request's deadline (408 when receiving the request used it up);
-6. the queue-depth metric, then the model's batcher (``submit``): 503 overloaded
-   (counted as rejected), 504 timeout, 500 when the model fails on these rows;
-7. the request's stages for the V2 statistics (``ServingMetrics.observe_stages``) and
-   its spans (``serving.observe.tracing``, when configured) and,
+6. the queue-depth metric, then the model's batcher (``submit``, tagged with the
+   request's ``Timing``): 503 overloaded (counted as rejected), 504 timeout, 500 when the
+   model fails on these rows; the batcher's flush observer counts the stages of the
+   requests a predict call answered for the V2 statistics, once per call;
+7. a failed request's stages (``ServingMetrics.observe_stages``), the request's spans
+   (``serving.observe.tracing``, when configured) and,
    when ``SERVING_PAYLOAD_LOG`` is on, its rows (copied before the model ran: a model
    may write into its input) and outputs to the payload log.
 
@@ -258,7 +260,8 @@ class DataPlane:
         if queued <= runtime.settings.max_queue_depth:  # else refused below, never queued
             self.metrics.observe_queue(handle.name, handle.version, queued)
         try:
-            answer = batcher.submit(rows, timeout_s, tag=tracing.current_span_context())
+            timing.span = tracing.current_span_context()
+            answer = batcher.submit(rows, timeout_s, tag=timing)
         except Overloaded:
             self.metrics.rejected.labels(handle.name, handle.version).inc()
             raise
@@ -273,10 +276,13 @@ class DataPlane:
         return answer.outputs
 
     def _observe(self, handle: ModelHandle, timing: Timing, *, ok: bool) -> None:
-        """Record a request's stages for the V2 statistics extension (seconds; stages it
-        did not reach count 0) and its spans, when OpenTelemetry is configured."""
+        """Record a request's spans, when OpenTelemetry is configured, and a failed one's
+        stages for the V2 statistics extension (seconds; stages it did not reach count 0).
+        A batcher's flush observer counted the answered ones, per predict call; one that
+        fails after its answer (an unknown output name) stays counted so."""
         tracing.record_stages(timing)
-        self.metrics.observe_stages(handle.name, handle.version, ok, **timing.stages())
+        if not ok and not timing.counted:
+            self.metrics.observe_stages(handle.name, handle.version, ok, **timing.stages())
 
 
 def _count(instances: Instances) -> int:

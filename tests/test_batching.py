@@ -747,3 +747,25 @@ def test_batcher_stop_waits_for_a_caller_running_its_own_rows(stop_after: Any) -
         stopping.result(WAIT_S)
         assert running.result(WAIT_S)["predictions"].tolist() == [1000.0]
     assert calls[1][0] != "the-batcher"
+
+
+def test_batcher_observes_a_predict_call_before_answering_its_requests(stop_after: Any) -> None:
+    # The metrics' flush observer counts the requests a call answered (the V2
+    # statistics): a caller holding its answer must find itself counted, even when the
+    # observer is slow and the call ran on the batcher thread.
+    seen: list[tuple[Any, ...]] = []
+
+    def slow_observer(stats: FlushStats) -> None:
+        time.sleep(0.2)  # stands for a slow metrics write, not for an event
+        seen.append(stats.tags)
+
+    batcher = ThreadedBatcher(
+        outputs_of(RowEcho()), max_batch_size=8, max_batch_latency_ms=0, policy="window",
+        on_flush=slow_observer,
+    )  # fmt: skip
+    stop_after(batcher.start())
+
+    answer = batcher.submit(rows_for(1), timeout_s=WAIT_S, tag="first")
+
+    assert answer.merged == ("first",)
+    assert seen == [("first",)]

@@ -62,9 +62,48 @@ def test_each_request_stage_is_recorded_under_its_own_label() -> None:
 
     def total(stage: str) -> float | None:
         labels = {"model": "m", "version": "1", "stage": stage}
-        return metrics.registry.get_sample_value("inference_request_stage_seconds_sum", labels)
+        return metrics.registry.get_sample_value("inference_request_stage_seconds_total", labels)
+
+    def requests(outcome: str) -> float | None:
+        labels = {"model": "m", "version": "1", "outcome": outcome}
+        return metrics.registry.get_sample_value("inference_requests_total", labels)
 
     assert [total(s) for s in ("success", "fail")] == [10.0, 0.5]
+    assert [requests(s) for s in ("success", "fail")] == [1.0, 1.0]
     assert [total(s) for s in ("compute_input", "queue", "compute_infer", "compute_output")] == [
         1.5, 2.0, 3.0, 4.0,
     ]  # fmt: skip
+
+
+def test_a_predict_call_counts_the_stages_of_every_request_it_answered_at_once() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from serving.batching.batcher import FlushStats
+    from serving.context import Timing
+    from serving.observe.metrics import ServingMetrics
+
+    metrics = ServingMetrics(CollectorRegistry())
+    observe = metrics.flush_observer("m", "1")
+    # Arrived at 10 and 11, checked by 12 and 13.5; the call ran from 13 to 15 (the second
+    # request joined while it ran: no queue wait counts before its check ended).
+    first, second = Timing(10.0, conformed=12.0), Timing(11.0, conformed=13.5)
+    tags = (first, "not a data plane request", second)
+    observe(FlushStats(4, 3, 2.0, 0, None, called_at=13.0, tags=tags))
+
+    def total(stage: str) -> float:
+        labels = {"model": "m", "version": "1", "stage": stage}
+        value = metrics.registry.get_sample_value("inference_request_stage_seconds_total", labels)
+        assert value is not None, stage
+        return value
+
+    labels = {"model": "m", "version": "1", "outcome": "success"}
+    assert metrics.registry.get_sample_value("inference_requests_total", labels) == 2.0
+    assert total("compute_input") == (12.0 - 10.0) + (13.5 - 11.0)
+    assert total("queue") == (13.0 - 12.0) + 0.0
+    assert total("compute_infer") == 2 * 2.0
+    assert total("compute_output") >= 0.0
+    parts = sum(total(s) for s in ("compute_input", "queue", "compute_infer", "compute_output"))
+    assert abs(total("success") - parts) < 1e-9
+    assert first.counted and second.counted
+    observe(FlushStats(1, 1, 0.5, 0, RuntimeError("failed"), called_at=20.0, tags=(first,)))
+    assert metrics.registry.get_sample_value("inference_requests_total", labels) == 2.0

@@ -98,10 +98,13 @@ _AVERAGE_WEIGHT: Final = 0.1
 
 @dataclass(frozen=True)
 class FlushStats:
-    """What one flush did, handed to the ``on_flush`` observer after the predict call.
+    """What one flush did, handed to the ``on_flush`` observer after the predict call and
+    before its requests are answered (so an answer's caller finds it counted).
 
-    ``duration_s`` is the predict call's wall time in seconds; ``queue_depth`` the
-    instances still queued when it returned; ``error`` is set when the batch failed.
+    ``duration_s`` is the predict call's wall time in seconds, from ``called_at``
+    (``perf_counter()``); ``queue_depth`` the instances still queued when it returned;
+    ``error`` is set when the batch failed; ``tags`` are the ``submit`` tags of its
+    requests, in order.
     """
 
     batch_size: int
@@ -109,6 +112,8 @@ class FlushStats:
     duration_s: float
     queue_depth: int
     error: BaseException | None
+    called_at: float = 0.0
+    tags: tuple[Any, ...] = ()
 
 
 def _key(rows: npt.NDArray[Any]) -> tuple[Any, ...]:
@@ -138,7 +143,7 @@ class ThreadedBatcher:
     :param max_queue_depth: most instances waiting; beyond it ``submit_many`` refuses at
         once (backpressure) instead of letting latency grow without bound.
     :param on_flush: optional observer called after each predict call, on the thread
-        that made it.
+        that made it, before that call's requests are answered.
     :param arrivals: this worker's requests on their way to a batcher (``adaptive``: a
         request runs on its caller's thread only when none is); None: none ever are.
 
@@ -441,16 +446,16 @@ class ThreadedBatcher:
             self._call_s = duration_s
         else:
             self._call_s += _AVERAGE_WEIGHT * (duration_s - self._call_s)
-        if error is None:
-            tags = tuple(request.tag for request in batch)
-            for request, outputs in zip(batch, parts, strict=True):
-                request.answer(outputs, len(rows), duration_s, tags)
+        tags = tuple(request.tag for request in batch)
         if self._on_flush is not None:
-            stats = FlushStats(len(rows), len(batch), duration_s, self._depth, error)
+            stats = FlushStats(len(rows), len(batch), duration_s, self._depth, error, started, tags)
             try:
                 self._on_flush(stats)
             except Exception:
                 log.exception("on_flush observer failed")
+        if error is None:
+            for request, outputs in zip(batch, parts, strict=True):
+                request.answer(outputs, len(rows), duration_s, tags)
         return error
 
     def _fail_all(self, message: str, cause: BaseException) -> None:

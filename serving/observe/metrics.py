@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -32,7 +33,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from serving.batching.batcher import FlushStats
-from serving.context import REQUEST_STAGES
+from serving.context import REQUEST_STAGES, Timing, stage_seconds
 from serving.model.handle import ModelHandle
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics", "default_metrics"]
@@ -164,11 +165,21 @@ class ServingMetrics:
             registry=registry,
         )
         self._stages: dict[tuple[str, str, bool], tuple[Any, ...]] = {}
-        #: Per request, as Triton's statistics extension counts them (serving.protocols.v2.stats).
-        self.request_stage = Summary(
+        #: Per request, as Triton counts them (nv_inference_request_success and _failure,
+        #: nv_inference_queue_duration_us, ...), for its statistics extension
+        #: (serving.protocols.v2.stats). Counters: one write per stage, and answered
+        #: requests are counted once per predict call, not once each.
+        self.request_outcomes = Counter(
+            "inference_requests",
+            "Requests that reached a model's inputs check, by outcome (success, fail).",
+            [*MODEL_LABELS, "outcome"],
+            registry=registry,
+        )
+        self.request_stage = Counter(
             "inference_request_stage_seconds",
-            "Time requests spent per stage (success, fail, compute_input, queue, "
-            "compute_infer, compute_output), in seconds; _count counts requests.",
+            "Time requests spent per stage, in seconds: success and fail (the whole of "
+            "those requests), compute_input, queue, compute_infer, compute_output (every "
+            "request counted in inference_requests_total).",
             [*MODEL_LABELS, "stage"],
             registry=registry,
         )
@@ -226,6 +237,7 @@ class ServingMetrics:
         errors = self.inference_errors.labels(model, version)
         last = self.last_inference.labels(model, version)
         by_size: dict[int, Any] = {}  # labels() takes a lock and builds keys: once per size
+        answered = self._stage_children(model, version, True)
         self.rejected.labels(model, version)  # exposed at 0 from the start, so rate() works
         depth.set(0)
 
@@ -243,12 +255,48 @@ class ServingMetrics:
                 )
             compute.observe(stats.duration_s)
             last.set_to_current_time()
+            self._count_answered(answered, stats)
 
         return observe
+
+    def _count_answered(self, children: tuple[Any, ...], stats: FlushStats) -> None:
+        """Count the requests a predict call answered, in six writes for the whole batch
+        (a request's ``Timing`` is its ``submit`` tag, from the data plane): each one's
+        queue wait and input check, the call's time, and ``compute_output`` from the call's
+        return to now (splitting the outputs per request)."""
+        now = time.perf_counter()
+        answered = stats.called_at + stats.duration_s
+        totals = [0.0, 0.0, 0.0, 0.0]
+        requests = 0
+        for timing in stats.tags:
+            if not isinstance(timing, Timing) or timing.conformed is None:
+                continue  # not submitted by the data plane (a test's, the warm-up's)
+            seconds = stage_seconds(
+                timing.started, timing.conformed, answered, stats.duration_s, now
+            )
+            for index, value in enumerate(seconds):
+                totals[index] += value
+            timing.counted = True
+            requests += 1
+        if requests:
+            self._write_stages(children, requests, totals)
 
     def model_load_failed(self, model: str, version: str) -> None:
         """Count one failed load of ``model`` at ``version`` (a worker retries it)."""
         self.load_failures.labels(model, version).inc()
+
+    def _stage_children(self, model: str, version: str, ok: bool) -> tuple[Any, ...]:
+        """The outcome's counter, then the seconds of the outcome and of each of
+        ``REQUEST_STAGES``, in its order."""
+        children = self._stages.get((model, version, ok))
+        if children is None:  # labels() takes a lock and builds keys: once per model and outcome
+            outcome = "success" if ok else "fail"
+            children = (
+                self.request_outcomes.labels(model, version, outcome),
+                *(self.request_stage.labels(model, version, s) for s in (outcome, *REQUEST_STAGES)),
+            )
+            self._stages[(model, version, ok)] = children
+        return children
 
     def observe_stages(
         self,
@@ -261,19 +309,23 @@ class ServingMetrics:
         compute_infer: float,
         compute_output: float,
     ) -> None:
-        """Count one request that reached the model's batcher: ``success`` (or ``fail``)
-        gets its whole time in the data plane, each stage (``compute_input``, ``queue``,
-        ``compute_infer``, ``compute_output``, in seconds) its share."""
-        children = self._stages.get((model, version, ok))
-        if children is None:  # labels() takes a lock and builds keys: once per model and outcome
-            stages = ("success" if ok else "fail", *REQUEST_STAGES)
-            children = tuple(self.request_stage.labels(model, version, s) for s in stages)
-            self._stages[(model, version, ok)] = children
-        children[0].observe(compute_input + queue + compute_infer + compute_output)
-        children[1].observe(queue)  # REQUEST_STAGES' order (stage names: serving.context)
-        children[2].observe(compute_input)
-        children[3].observe(compute_infer)
-        children[4].observe(compute_output)
+        """Count one request that reached the model's inputs check: ``success`` (or
+        ``fail``) gets its whole time in the data plane, each stage (``compute_input``,
+        ``queue``, ``compute_infer``, ``compute_output``, in seconds) its share. Requests a
+        batcher answered are counted by its flush observer instead, per predict call."""
+        self._write_stages(
+            self._stage_children(model, version, ok), 1, (queue, compute_input, compute_infer,
+            compute_output),
+        )  # fmt: skip
+
+    @staticmethod
+    def _write_stages(children: tuple[Any, ...], requests: int, seconds: Sequence[float]) -> None:
+        """Six writes for any number of requests: their count, their whole time, and
+        ``seconds`` per stage of ``REQUEST_STAGES``."""
+        children[0].inc(requests)
+        children[1].inc(sum(seconds))
+        for child, value in zip(children[2:], seconds, strict=True):
+            child.inc(value)
 
     def collect(self) -> list[Metric]:
         """The metric families of all workers (multiprocess mode) or of ``registry``."""

@@ -245,7 +245,7 @@ def record_stages(timing: Timing) -> None:
             "serving.batch_size": timing.batch_size,
             "serving.batch_requests": len(timing.merged),
         }
-        links = [trace.Link(tag) for tag in timing.merged if tag is not None]
+        links = [trace.Link(t.span) for t in timing.merged if getattr(t, "span", None)]
         _span(ctx, "predict", wall(computed), wall(answered), attributes=attributes, links=links)
 
 

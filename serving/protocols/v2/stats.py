@@ -4,10 +4,12 @@ The numbers come from the Prometheus metrics the data plane already records
 (``ServingMetrics.collect``), so under Gunicorn they are summed over every worker, live or
 dead since start-up, exactly as ``/metrics`` is:
 
-- ``inference_request_stage_seconds{stage=...}``: per request, ``success``/``fail`` (its
-  whole time in the data plane), ``compute_input`` (checking and conforming the
-  instances), ``queue`` (waiting in the batcher), ``compute_infer`` (the predict call that
-  answered it) and ``compute_output`` (checking the outputs);
+- ``inference_requests_total{outcome=...}``: the count of ``success`` and ``fail``;
+  every request counted there counts once in each of the other stages;
+- ``inference_request_stage_seconds_total{stage=...}``: ``success``/``fail`` (the whole
+  time of those requests in the data plane), ``compute_input`` (checking and conforming
+  the instances), ``queue`` (waiting in the batcher), ``compute_infer`` (the predict call
+  that answered it) and ``compute_output`` (splitting the outputs per request);
 - ``inference_batch_size``: ``inference_count`` (instances) and ``execution_count``
   (predict calls);
 - ``inference_batch_compute_seconds{batch_size=...}``: ``batch_stats``;
@@ -84,26 +86,11 @@ def model_statistics(
 ) -> list[dict[str, Any]]:
     """Triton's ``model_stats`` entry for each ``(name, version)`` in ``models``, in order,
     from the collected metric ``families`` (models without samples yet count zero)."""
-    stages: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    batches: dict[tuple[str, str, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    calls: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    last: dict[tuple[str, str], float] = defaultdict(float)
-    for family in families:
-        for sample in family.samples:
-            labels = sample.labels
-            key = (labels.get("model", ""), labels.get("version", ""))
-            slot = 0 if sample.name.endswith("_count") else 1
-            if not _is_count_or_sum(sample) and not family.name.endswith("_timestamp_seconds"):
-                continue  # histogram buckets, _created
-            if family.name == "inference_request_stage_seconds":
-                stages[(*key, labels["stage"])][slot] += sample.value
-            elif family.name == "inference_batch_compute_seconds":
-                batches[(*key, int(labels["batch_size"]))][slot] += sample.value
-            elif family.name == "inference_batch_size":
-                calls[key][slot] += sample.value
-            elif family.name == "inference_last_timestamp_seconds":
-                last[key] = max(last[key], sample.value)
+    stages, batches, calls, last = _totals(families)
     answer = []
+    for (name, version, stage), totals in list(stages.items()):
+        if stage in REQUEST_STAGES:  # every request counted succeeded or failed
+            totals[0] = stages[(name, version, "success")][0] + stages[(name, version, "fail")][0]
     for name, version in models:
         infer = {
             stage: _duration(*stages.get((name, version, stage), (0.0, 0.0))) for stage in STAGES
@@ -134,6 +121,45 @@ def model_statistics(
             }
         )
     return answer
+
+
+_Key = tuple[str, str]
+
+
+def _totals(
+    families: Iterable[Metric],
+) -> tuple[
+    dict[tuple[str, str, str], list[float]],
+    dict[tuple[str, str, int], list[float]],
+    dict[_Key, list[float]],
+    dict[_Key, float],
+]:
+    """``[count, seconds]`` per model, version and stage; per model, version and batch
+    size; ``[predict calls, instances]`` per model and version; the last answer's time."""
+    stages: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    batches: dict[tuple[str, str, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    calls: dict[_Key, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    last: dict[_Key, float] = defaultdict(float)
+    for family in families:
+        for sample in family.samples:
+            labels = sample.labels
+            key = (labels.get("model", ""), labels.get("version", ""))
+            if sample.name.endswith("_total"):  # counters (their family drops _total)
+                if family.name == "inference_requests":
+                    stages[(*key, labels["outcome"])][0] += sample.value
+                elif family.name == "inference_request_stage_seconds":
+                    stages[(*key, labels["stage"])][1] += sample.value
+                continue
+            slot = 0 if sample.name.endswith("_count") else 1
+            if not _is_count_or_sum(sample) and not family.name.endswith("_timestamp_seconds"):
+                continue  # histogram buckets, _created
+            if family.name == "inference_batch_compute_seconds":
+                batches[(*key, int(labels["batch_size"]))][slot] += sample.value
+            elif family.name == "inference_batch_size":
+                calls[key][slot] += sample.value
+            elif family.name == "inference_last_timestamp_seconds":
+                last[key] = max(last[key], sample.value)
+    return stages, batches, calls, last
 
 
 def _is_count_or_sum(sample: Any) -> bool:
