@@ -6,6 +6,10 @@ Gunicorn or batching thread is in the figure.
     python bench/request_path.py                        # this tree
     python bench/request_path.py --before 2f4a608       # and a commit, taking turns
 
+Ours writes its metrics as under Gunicorn, in prometheus-client's multiprocess mode
+(``PROMETHEUS_MULTIPROC_DIR``: every write goes to an mmap file), unless ``--metrics
+local`` (in-memory values, cheaper: the figure before 2026-12-02 was taken so).
+
 Each round runs every target in its own fresh interpreter (``--requests`` calls after a
 warm-up) and reports CPU microseconds per request (``time.process_time``: the process's
 CPU, so a busy neighbour moves it less than wall time would) and wall microseconds.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -81,11 +86,16 @@ print(json.dumps({"cpu_us": cpu / n * 1e6, "wall_us": wall / n * 1e6}))
 """
 
 
-def measure(tree: Path, kind: str, requests: int) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, "-c", _RUN, str(tree), kind, str(requests)],
-        check=True, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+def measure(tree: Path, kind: str, requests: int, metrics: str) -> dict[str, float]:
+    env = dict(os.environ)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    with tempfile.TemporaryDirectory() as values:
+        if metrics == "multiprocess":
+            env["PROMETHEUS_MULTIPROC_DIR"] = values
+        out = subprocess.run(
+            [sys.executable, "-c", _RUN, str(tree), kind, str(requests)],
+            check=True, capture_output=True, text=True, timeout=600, env=env,
+        )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -94,12 +104,13 @@ def main() -> None:
     parser.add_argument("--before", help="a commit to measure beside this tree")
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--metrics", choices=("multiprocess", "local"), default="multiprocess")
     args = parser.parse_args()
     cpu = next(
         (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
          if line.startswith("model name")), "unknown",
     )  # fmt: skip
-    print(f"CPU: {cpu}")
+    print(f"CPU: {cpu}; metrics: {args.metrics}")
     targets: dict[str, tuple[Path, str]] = {"echo": (ROOT, "echo"), "ours": (ROOT, "ours")}
     with tempfile.TemporaryDirectory() as scratch:
         if args.before:
@@ -113,7 +124,7 @@ def main() -> None:
             results: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
             for round_ in range(args.rounds):
                 for name, (tree, kind) in targets.items():
-                    results[name].append(measure(tree, kind, args.requests))
+                    results[name].append(measure(tree, kind, args.requests, args.metrics))
                     cell = results[name][-1]
                     print(f"round {round_ + 1} {name:>16}: {cell['cpu_us']:7.1f} us CPU "
                           f"{cell['wall_us']:7.1f} us wall per request")  # fmt: skip
