@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import logging
 import re
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -21,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 from serving import __version__
 from serving.auth import check_api_key, load_api_keys
 from serving.cache import ModelCache, current_cache
-from serving.context import Call
+from serving.context import Call, new_request_id
 from serving.dataplane import DataPlane
 from serving.errors import ServingError
 from serving.model.loaders import ModelHandle
@@ -131,9 +130,8 @@ def _install_request_hooks(
     def _start() -> None:
         # The objects behind Flask's proxies, looked up once: each proxy access costs ~1 us.
         state, req = _current(g), _current(request)
-        headers = req.headers
-        incoming = headers.get("X-Request-ID", "")
-        request_id = incoming if _REQUEST_ID.fullmatch(incoming) else secrets.token_hex(16)
+        incoming = req.environ.get("HTTP_X_REQUEST_ID", "")  # req.headers costs ~3 us
+        request_id = incoming if _REQUEST_ID.fullmatch(incoming) else new_request_id()
         url_rule = req.url_rule
         rule = _template(url_rule.rule) if url_rule is not None else "<unmatched>"
         state.call = plane.call(request_id, protocol=req.blueprint or "", route=rule)
@@ -145,9 +143,11 @@ def _install_request_hooks(
             plane.arrivals.enter()
         else:
             plane.arrivals.leave()
-        state.trace = tracing.start_request(headers, req.method[:16], rule)
+        state.trace = tracing.start_request(req.headers, req.method[:16], rule) if (
+            tracing.active()
+        ) else None  # fmt: skip
         if api_keys and rule not in open_routes:  # by route template: /docs/{asset}
-            check_api_key(headers, api_keys)
+            check_api_key(req.headers, api_keys)
 
     @app.after_request
     def _finish(response: Response) -> Response:
@@ -162,7 +162,7 @@ def _install_request_hooks(
         status = response.status_code
         if trace is not None:
             tracing.end_request(trace, status, timing)
-        response.headers["X-Request-ID"] = call.request_id
+        response.headers.add("X-Request-ID", call.request_id)  # no view sets it: no set()
         duration_s = time.perf_counter() - timing.started
         metrics.observe_request(req.method, call.route, status, duration_s)
         if settings.access_log:

@@ -10,14 +10,29 @@ Boundary: standard library only. Clocks: ``time.monotonic()`` for the deadline,
 
 from __future__ import annotations
 
+import itertools
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["REQUEST_STAGES", "Call", "Timing", "stage_seconds"]
+__all__ = ["REQUEST_STAGES", "Call", "Timing", "new_request_id", "stage_seconds"]
 
 #: The stages of a request as Triton's statistics extension names them, in its order.
 REQUEST_STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+# A request id: this process's random prefix (drawn again in each forked child) and a
+# count. Unique across workers and restarts as a random id is, without a getrandom
+# system call per request (secrets.token_hex made one).
+_prefix = [os.urandom(8).hex()]
+_count = itertools.count()
+os.register_at_fork(after_in_child=lambda: _prefix.__setitem__(0, os.urandom(8).hex()))
+
+
+def new_request_id() -> str:
+    """A request id for a request that came without one: 32 lowercase hex digits, never
+    the same twice in this process or in another (a fork draws a new prefix)."""
+    return f"{_prefix[0]}{next(_count) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 @dataclass(slots=True)

@@ -35,18 +35,16 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from serving.batching.batcher import FlushStats
 from serving.context import REQUEST_STAGES, Timing, stage_seconds
 from serving.model.handle import ModelHandle
+from serving.observe import process
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics", "default_metrics"]
 
 # Multiprocess mode checks the process id on every write (a fork resets the values), with
-# os.getpid(): a system call, ~0.4 us, about 20 times per request at batch size 1. The
-# same check against a pid kept up to date by an at-fork hook (prometheus-client's
-# documented process_identifier argument) costs nothing; every fork of this process
-# (Gunicorn's, multiprocessing's) runs the hook.
-_pid = [os.getpid()]
-os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+# os.getpid(), a system call; the same check against serving.observe.process's id (kept
+# by an at-fork hook; prometheus-client's documented process_identifier argument) costs
+# nothing.
 if values.ValueClass.__name__ == "MmapedValue":  # PROMETHEUS_MULTIPROC_DIR was set at import
-    values.ValueClass = values.MultiProcessValue(process_identifier=lambda: _pid[0])  # type: ignore[no-untyped-call]
+    values.ValueClass = values.MultiProcessValue(process_identifier=process.pid)  # type: ignore[no-untyped-call]
 
 #: Request durations: 0.5 ms to 10 s (a model server's answers span that range).
 DURATION_BUCKETS_S = (

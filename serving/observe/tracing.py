@@ -45,8 +45,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from serving.context import Timing
+from serving.observe import process
 
 __all__ = [
+    "active",
     "current_span_context",
     "enabled",
     "end_request",
@@ -160,9 +162,15 @@ def _counting(exporter: Any, dropped: Any) -> Any:
 
 
 def _current_tracer() -> Any:
-    if _pid != os.getpid():
+    if _pid != process.pid():  # per request: no system call (serving.observe.process)
         setup()
     return _tracer
+
+
+def active() -> bool:
+    """Whether this process traces requests (OTLP configured): a test per request that
+    costs no system call."""
+    return _current_tracer() is not None
 
 
 def start_request(headers: Any, method: str, route: str) -> tuple[Any, Any, str] | None:

@@ -119,7 +119,9 @@ def read_json_body(max_body_bytes: int) -> bytes:
     :raises UnreadableBody: (400) as ``read_body``.
     :raises RequestTimeout: (408) as ``read_body``.
     """
-    mimetype = request.mimetype
+    # request.mimetype, without building the request's headers (~4 us): the media type is
+    # what comes before any parameter, trimmed and lowercased (RFC 9110, 8.3.1).
+    mimetype = request.environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
     if mimetype != "application/json" and not mimetype.endswith("+json"):
         raise UnsupportedMediaType(request.content_type)
     return read_body(max_body_bytes)
