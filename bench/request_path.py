@@ -5,6 +5,13 @@ Gunicorn or batching thread is in the figure.
 
     python bench/request_path.py                        # this tree
     python bench/request_path.py --before 2f4a608       # and a commit, taking turns
+    python bench/request_path.py --body v2-binary --rows 64 --width 30 --dtype float32
+
+``--body`` picks the request: ``predict`` (``{"instances": [[...]]}``), ``v2-json`` (one
+KServe V2 tensor of ``--dtype`` as JSON data) or ``v2-binary`` (the same tensor as
+Triton's binary tensor data); ``--rows`` instances of ``--width`` values each, for a
+no-op model whose features are ``--dtype`` (a float32 ONNX graph's, or scikit-learn's
+float64). The echo view echoes the same body.
 
 Ours writes its metrics as under Gunicorn, in prometheus-client's multiprocess mode
 (``PROMETHEUS_MULTIPROC_DIR``: every write goes to an mmap file), unless ``--metrics
@@ -38,11 +45,26 @@ from flask import Flask, request
 from prometheus_client import CollectorRegistry
 
 kind, n = sys.argv[2], int(sys.argv[3])
-body = json.dumps({"instances": [[0.5, 1.5, 2.5]]}).encode()
+form, n_rows, width, dtype = sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
+rows = (np.arange(n_rows * width).reshape(n_rows, width) % 7 + 0.5).astype(dtype)
+path, headers = "/predict", {}
+if form == "predict":
+    body = json.dumps({"instances": rows.tolist()}).encode()
+else:
+    path = "/v2/models/noop/infer"
+    datatype = {"float32": "FP32", "float64": "FP64"}[dtype]
+    tensor = {"name": "input-0", "shape": [n_rows, width], "datatype": datatype}
+    if form == "v2-json":
+        body = json.dumps({"inputs": [{**tensor, "data": rows.ravel().tolist()}]}).encode()
+    else:
+        tensor["parameters"] = {"binary_data_size": rows.nbytes}
+        header = json.dumps({"inputs": [tensor]}).encode()
+        body = header + rows.astype(rows.dtype.newbyteorder("<")).tobytes()
+        headers = {"HTTP_INFERENCE_HEADER_CONTENT_LENGTH": str(len(header))}
 if kind == "echo":
     app = Flask("echo")
 
-    @app.post("/predict")
+    @app.post(path)
     def predict():
         return request.get_data(), 200, {"Content-Type": "application/json"}
 else:
@@ -51,20 +73,20 @@ else:
     from serving.observe import access_log
     from serving.observe.metrics import ServingMetrics
     from serving.settings import Settings
-    handle = ModelHandle.from_callable(
-        lambda rows: np.zeros(len(rows)), name="noop", version="1", n_features=3
-    )
+    handle = ModelHandle("noop", "1", "callable",
+                         lambda rows: {"predictions": np.zeros(len(rows))},
+                         n_features=width, input_dtype=np.dtype(dtype))
     app = create_app(Settings(workers=1), models=[handle],
                      metrics=ServingMetrics(CollectorRegistry()))
     access_log.record = lambda fields: None  # the line's formatting runs off the request thread
 
 def environ():
     return {
-        "REQUEST_METHOD": "POST", "PATH_INFO": "/predict", "SERVER_NAME": "127.0.0.1",
+        "REQUEST_METHOD": "POST", "PATH_INFO": path, "SERVER_NAME": "127.0.0.1",
         "SERVER_PORT": "8000", "wsgi.url_scheme": "http", "SERVER_PROTOCOL": "HTTP/1.1",
         "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
         "wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.multithread": True,
-        "wsgi.multiprocess": False, "wsgi.run_once": False,
+        "wsgi.multiprocess": False, "wsgi.run_once": False, **headers,
     }
 
 statuses = []
@@ -86,14 +108,15 @@ print(json.dumps({"cpu_us": cpu / n * 1e6, "wall_us": wall / n * 1e6}))
 """
 
 
-def measure(tree: Path, kind: str, requests: int, metrics: str) -> dict[str, float]:
+def measure(tree: Path, kind: str, args: argparse.Namespace) -> dict[str, float]:
+    shape = [args.body, str(args.rows), str(args.width), args.dtype]
     env = dict(os.environ)
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     with tempfile.TemporaryDirectory() as values:
-        if metrics == "multiprocess":
+        if args.metrics == "multiprocess":
             env["PROMETHEUS_MULTIPROC_DIR"] = values
         out = subprocess.run(
-            [sys.executable, "-c", _RUN, str(tree), kind, str(requests)],
+            [sys.executable, "-c", _RUN, str(tree), kind, str(args.requests), *shape],
             check=True, capture_output=True, text=True, timeout=600, env=env,
         )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -105,12 +128,18 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--metrics", choices=("multiprocess", "local"), default="multiprocess")
+    parser.add_argument("--body", choices=["predict", "v2-json", "v2-binary"], default="predict")
+    parser.add_argument("--rows", type=int, default=1, help="instances per request")
+    parser.add_argument("--width", type=int, default=3, help="features per instance")
+    parser.add_argument("--dtype", choices=["float64", "float32"], default="float64",
+                        help="the model's feature type (and the V2 tensor's)")  # fmt: skip
     args = parser.parse_args()
     cpu = next(
         (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
          if line.startswith("model name")), "unknown",
     )  # fmt: skip
     print(f"CPU: {cpu}; metrics: {args.metrics}")
+    print(f"body: {args.body}, {args.rows} x {args.width} {args.dtype}")
     targets: dict[str, tuple[Path, str]] = {"echo": (ROOT, "echo"), "ours": (ROOT, "ours")}
     with tempfile.TemporaryDirectory() as scratch:
         if args.before:
@@ -124,7 +153,7 @@ def main() -> None:
             results: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
             for round_ in range(args.rounds):
                 for name, (tree, kind) in targets.items():
-                    results[name].append(measure(tree, kind, args.requests, args.metrics))
+                    results[name].append(measure(tree, kind, args))
                     cell = results[name][-1]
                     print(f"round {round_ + 1} {name:>16}: {cell['cpu_us']:7.1f} us CPU "
                           f"{cell['wall_us']:7.1f} us wall per request")  # fmt: skip

@@ -2,10 +2,17 @@
 
 ``conform(instances, handle)`` checks a request's instances against the model's input
 schema (``handle.features``: names, kinds, missing values, categories) and builds its
-batch: a ``(n_instances, n_features)`` array when every feature has one element type
-(float64 for float features, int64 for integer ones: exact, never through float64), else
-a record array with one typed field per feature (strings as ``str`` objects). The
-batcher concatenates the batches of several requests into one predict call.
+batch: a ``(n_instances, n_features)`` array of ``uniform_dtype(features)`` when every
+feature has one kind (the features' own element type when they share one: float32 for a
+float32 graph, float64 for scikit-learn; else float64 for floats, int64 for integers:
+exact, never through float64), else a record array with one typed field per feature
+(strings as ``str`` objects). The batcher concatenates the batches of several requests
+into one predict call; every protocol gives one model the same dtype, so they merge.
+
+KServe V2 tensors arrive typed (``serving.protocols.v2.codec``): one holding every
+feature is checked whole with numpy (``serving.values.typed_matrix``) and is the batch
+itself when it has the batch's dtype (a binary tensor: a view of the request body, no
+copy, no Python per value); one of another dtype is cast once.
 
 Every refusal is ``InvalidInput`` (422) naming the instance and the feature in the
 protocol's own terms: ``instances[0][3]`` for a list, ``instances[0].plan`` for an
@@ -30,7 +37,7 @@ from serving.instances import Columns, Frame, Instances, Records, Tensors, Unnam
 from serving.model.handle import ModelHandle, TensorSpec
 from serving.model.schema import Feature, feature, structured_dtype, uniform_dtype
 from serving.rules import STRICT, Rules, check_names, numbers_from_strings
-from serving.values import Locate, column, matrix, refuse
+from serving.values import Locate, column, matrix, refuse, typed_matrix
 
 __all__ = ["conform", "invalid"]
 
@@ -256,8 +263,41 @@ def _unwrap(value: Any) -> Any:
 
 def _tensors(tensors: Tensors, handle: ModelHandle, rules: Rules) -> npt.NDArray[Any]:
     """Each of the model's inputs sent once under its name; their columns are the
-    model's features, in input order."""
+    model's features, in input order.
+
+    One tensor holding every feature (a model of one input, the common case) is checked
+    whole (``typed_matrix``) and is the batch itself when it has the batch's dtype: a
+    binary tensor is then a view of the request body. Several inputs are laid side by
+    side column by column (``column``), a copy; so is a tensor refused, to name its
+    value."""
     specs = handle.input_specs()
+    parts = _tensor_parts(tensors, specs, _given(tensors, specs, rules))
+    width = sum(1 if values.ndim == 1 else values.shape[1] for _, values in parts)
+    features = handle.features or _floats(width)
+    if width != len(features):
+        msg = f"the inputs have {width} features in all; the model expects {len(features)}"
+        raise invalid("inputs", msg, "feature_count")
+    dtype = uniform_dtype(features)
+    if len(parts) == 1 and dtype is not None:
+        values = parts[0][1]
+        batch = typed_matrix(values if values.ndim == 2 else values[:, None], features, dtype)
+        if batch is not None:
+            return batch
+    columns: list[Any] = []
+    where: list[tuple[int, int | None]] = []  # per feature: (request input, column or None)
+    for index, values in parts:
+        if values.ndim == 1:
+            columns.append(values)
+            where.append((index, None))
+        else:
+            columns.extend(values[:, j] for j in range(values.shape[1]))
+            where.extend((index, j) for j in range(values.shape[1]))
+    return _tensor_table(columns, features, where, [name for name, _ in tensors.inputs])
+
+
+def _given(tensors: Tensors, specs: tuple[TensorSpec, ...], rules: Rules) -> dict[str, int]:
+    """Each model input's index in the request; names it does not have are refused or
+    ignored (``rules``)."""
     names = [spec.name for spec in specs]
     given: dict[str, int] = {}
     for index, (name, _) in enumerate(tensors.inputs):
@@ -276,8 +316,15 @@ def _tensors(tensors: Tensors, handle: ModelHandle, rules: Rules) -> npt.NDArray
     if missing:
         msg = f"missing input {missing[0]!r} (the model's inputs: {', '.join(names)})"
         raise invalid("inputs", msg, "input_name")
-    columns: list[Any] = []
-    where: list[tuple[int, int | None]] = []  # per feature: (request input, column or None)
+    return given
+
+
+def _tensor_parts(
+    tensors: Tensors, specs: tuple[TensorSpec, ...], given: dict[str, int]
+) -> list[tuple[int, npt.NDArray[Any]]]:
+    """Per model input, in the model's order: its index in the request and its values,
+    whose shape is checked against the input's and the others' instance count."""
+    parts: list[tuple[int, npt.NDArray[Any]]] = []
     n = None
     for spec in specs:
         index = given[spec.name]
@@ -295,18 +342,8 @@ def _tensors(tensors: Tensors, handle: ModelHandle, rules: Rules) -> npt.NDArray
             msg = f"input {spec.name!r} has {shape[0]} instances; input {first!r} has {n}"
             raise invalid(f"inputs[{index}]", msg, "shape")
         n = shape[0]
-        if len(shape) == 1:
-            columns.append(values)
-            where.append((index, None))
-        else:
-            columns.extend(values[:, j] for j in range(shape[1]))
-            where.extend((index, j) for j in range(shape[1]))
-    features = handle.features or _floats(len(columns))
-    if len(columns) != len(features):
-        msg = f"the inputs have {len(columns)} features in all; the model expects {len(features)}"
-        raise invalid("inputs", msg, "feature_count")
-
-    return _tensor_table(columns, features, where, [name for name, _ in tensors.inputs])
+        parts.append((index, values))
+    return parts
 
 
 def _tensor_table(

@@ -11,8 +11,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import joblib
 import jsonschema
 import numpy as np
+import onnxruntime as ort
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
@@ -20,11 +22,23 @@ from prometheus_client import CollectorRegistry
 
 from serving import __version__
 from serving.app import create_app
+from serving.cache import ModelCache
+from serving.conform import conform
+from serving.dataplane import DataPlane
+from serving.instances import Frame, Tensors
 from serving.model.handle import ModelHandle, TensorSpec
+from serving.model.loaders import load_model
 from serving.observe.metrics import ServingMetrics
-from serving.protocols.v2.schemas import V2Error, V2InferResponse, V2ModelMetadata
+from serving.protocols.schemas import parse_body
+from serving.protocols.v2.codec import HEADER_LENGTH, decode, split_body
+from serving.protocols.v2.schemas import (
+    V2Error,
+    V2InferRequest,
+    V2InferResponse,
+    V2ModelMetadata,
+)
 from serving.runtime import ModelRuntime
-from serving.settings import Settings
+from serving.settings import DEMO_MODEL_PATH, Settings
 from tests.conftest import serve_runtimes
 from tests.waiting import until
 
@@ -566,3 +580,130 @@ def test_v2_int64_json_null_is_a_missing_value_where_the_feature_may_be_missing(
     np.testing.assert_array_equal(batch["dependents"], [2.0, np.nan, 0.0])
     assert refused.status_code == 400
     assert "may not be missing" in refused.get_json()["error"]
+
+
+def decoded(body: bytes, headers: dict[str, str]) -> tuple[Tensors, bytes | bytearray]:
+    """The tensors the codec decodes from a request, and the binary tail they came from."""
+    header, binary = split_body(body, headers.get(HEADER_LENGTH))
+    return decode(parse_body(V2InferRequest, header), binary, 1000), binary
+
+
+def test_v2_binary_fp32_tensor_is_a_float32_graphs_batch_without_a_copy(
+    breast_cancer: tuple[np.ndarray, np.ndarray],
+) -> None:
+    handle = load_model(DEMO_MODEL_PATH.with_suffix(".onnx"))
+    rows = breast_cancer[0][:5].astype(np.float32)
+    tensors, binary = decoded(*binary_request([("X", "FP32", rows)]))
+
+    batch = conform(tensors, handle)
+
+    assert batch.dtype == np.float32
+    assert np.shares_memory(batch, np.frombuffer(binary, np.uint8))  # a view of the body
+    session = ort.InferenceSession(
+        str(DEMO_MODEL_PATH.with_suffix(".onnx")), providers=["CPUExecutionProvider"]
+    )
+    labels, probabilities = session.run(["label", "probabilities"], {"X": rows})
+    outputs = handle.predict_batch(batch)
+    np.testing.assert_array_equal(outputs["predictions"], labels)
+    np.testing.assert_array_equal(outputs["probabilities"], probabilities)
+
+
+def test_v2_binary_fp64_tensor_is_a_float64_models_batch_without_a_copy(
+    breast_cancer: tuple[np.ndarray, np.ndarray],
+) -> None:
+    handle = load_model(DEMO_MODEL_PATH)
+    rows = breast_cancer[0][:5]
+    tensors, binary = decoded(*binary_request([("input-0", "FP64", rows)]))
+
+    batch = conform(tensors, handle)
+
+    assert batch.dtype == np.float64
+    assert np.shares_memory(batch, np.frombuffer(binary, np.uint8))
+    pipeline = joblib.load(DEMO_MODEL_PATH)
+    outputs = handle.predict_batch(batch)
+    np.testing.assert_array_equal(outputs["predictions"], pipeline.predict(rows))
+    np.testing.assert_array_equal(outputs["probabilities"], pipeline.predict_proba(rows))
+
+
+def test_v2_a_lone_binary_request_reaches_the_model_as_its_own_writable_view(
+    settings: Settings, metrics: ServingMetrics
+) -> None:
+    seen: list[np.ndarray] = []
+
+    def model(X: np.ndarray) -> dict[str, np.ndarray]:
+        seen.append(X)
+        X[:, 0] += 1  # a model may write into its input
+        return {"predictions": X.sum(axis=1)}
+
+    handle = ModelHandle("f32", "1", "callable", model, n_features=3, input_dtype=np.float32)
+    runtime = ModelRuntime(settings, metrics)
+    runtime.load(handle)
+    cache = ModelCache(settings, metrics, runtimes=[runtime])
+    plane = DataPlane(settings, metrics, lambda: cache)
+    rows = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
+    tensors, binary = decoded(*binary_request([("input-0", "FP32", rows)]))
+    try:
+        answer = plane.infer(plane.call("one"), None, None, tensors)
+    finally:
+        cache.stop(timeout_s=10)
+
+    assert answer.outputs["predictions"].tolist() == [7.0, 16.0]
+    assert seen[-1].dtype == np.float32 and seen[-1].flags.writeable  # seen[0]: the warm-up
+    assert np.shares_memory(seen[-1], np.frombuffer(binary, np.uint8))
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_v2_json_floats_are_decoded_once_to_their_datatype(
+    breast_cancer: tuple[np.ndarray, np.ndarray], datatype: str
+) -> None:
+    dtype = np.float32 if datatype == "FP32" else np.float64
+    rows = breast_cancer[0][:3].astype(dtype)
+    body = {"inputs": [tensor(rows.tolist(), [3, 30], "X", datatype)]}
+    tensors, _ = decoded(json.dumps(body).encode(), {})
+    handle = load_model(DEMO_MODEL_PATH.with_suffix(".onnx"))
+
+    (_, values), batch = tensors.inputs[0], conform(tensors, handle)
+
+    assert values.dtype == dtype
+    np.testing.assert_array_equal(values, rows)
+    assert batch.dtype == np.float32
+    assert np.shares_memory(batch, values) == (datatype == "FP32")  # FP64: cast once, here
+    np.testing.assert_array_equal(batch, rows.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    ("datatype", "rows", "where"),
+    [
+        ("FP32", [[1, 2, np.nan]], "inputs[0].data[0][2]: missing value"),
+        ("FP32", [[1, 2, np.inf]], "inputs[0].data[0][2]: Infinity is not a finite number"),
+        ("FP64", [[1, -1e39, 2]], "inputs[0].data[0][1]: -1e+39 is outside the model's float32"),
+        ("FP16", [[1, 2, np.nan]], "inputs[0].data[0][2]: missing value"),
+    ],
+)
+def test_v2_binary_values_a_float32_model_cannot_take_are_400_naming_the_value(
+    make_client: MakeClient, datatype: str, rows: list[list[float]], where: str
+) -> None:
+    handle = ModelHandle(
+        "f32", "1", "callable", lambda X: {"predictions": X[:, 0]}, n_features=3,
+        input_dtype=np.float32,
+    )  # fmt: skip
+    dtype = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}[datatype]
+    body, headers = binary_request([("input-0", datatype, np.array(rows, dtype=dtype))])
+
+    response = make_client(handle).post("/v2/models/f32/infer", data=body, headers=headers)
+
+    assert response.status_code == 400
+    assert error_of(response).error.startswith(where)
+
+
+def test_v2_binary_tensors_of_a_float32_model_merge_with_predict_requests(
+    breast_cancer: tuple[np.ndarray, np.ndarray],
+) -> None:
+    handle = load_model(DEMO_MODEL_PATH.with_suffix(".onnx"))
+    rows = breast_cancer[0][:2]
+    tensors, _ = decoded(*binary_request([("X", "FP32", rows.astype(np.float32))]))
+
+    batches = [conform(tensors, handle), conform(Frame(rows.tolist()), handle)]
+
+    assert [batch.dtype for batch in batches] == [np.float32, np.float32]  # one batcher key
+    assert handle.matrix_dtype == np.float32

@@ -50,9 +50,11 @@ class ModelHandle:
 
     :param predict_batch: a batch of ``n_instances`` -> outputs of ``n_instances`` rows
         (``predictions``, optionally ``probabilities`` and other named outputs). The batch
-        is ``(n_instances, n_features)`` of ``matrix_dtype`` (float64, or int64 for
-        integer features) when every feature has that type, else a record array of
-        ``(n_instances,)`` with one field per feature (``batch_dtype``).
+        is ``(n_instances, n_features)`` of ``matrix_dtype`` (the features' own element
+        type when they share one, float32 for a float32 graph; else float64 for floats,
+        int64 for integers) when every feature has one kind, else a record array of
+        ``(n_instances,)`` with one field per feature (``batch_dtype``). It may be a view
+        of the request body (a KServe V2 binary tensor), writable.
     :param n_features: features per instance when the model tells it, else ``None``.
     :param classes: class labels in the column order of ``probabilities``, if known.
     :param input_dtype: for a model without ``features``: the element type of every

@@ -2,8 +2,9 @@
 
 Inputs: every graph input is ``(batch,)`` or ``(batch, k)``; their columns are laid side
 by side, in graph order, into the one ``(n_instances, n_features)`` matrix the batcher
-merges, and each batch is cut back into the inputs and cast to each input's element
-type once per batch (float64 JSON numbers into a float32 graph is the common case). A
+merges, of the inputs' element type when they share one (a float32 graph's batch is
+float32, fed as it is), and each batch is cut back into the inputs and cast to each
+input's element type once per batch where it differs. A
 graph with several ``(batch, 1)`` inputs (skl2onnx's export of a DataFrame pipeline) thus
 takes named features: its feature names are its input names. A fixed batch dimension
 ``N`` is served for any batch size by running chunks of ``N`` rows, padding the last.

@@ -226,13 +226,16 @@ def structured_dtype(features: Sequence[Feature]) -> np.dtype[Any]:
 
 def uniform_dtype(features: Sequence[Feature]) -> np.dtype[Any] | None:
     """The one element type of a ``(n_instances, n_features)`` matrix that holds every
-    feature exactly (float64 for float features of any width, int64 for integer ones),
-    or None when the features need a record per instance (mixed kinds)."""
+    feature exactly: the features' own when they all have one (float32 for a float32
+    ONNX graph, so its batch needs no cast and a float32 tensor is the batch as sent),
+    else float64 for float features, int64 for integer ones; None when the features need
+    a record per instance (mixed kinds)."""
     kinds = {f.kind for f in features}
-    if kinds == {"float"}:
-        return np.dtype(np.float64)
-    if kinds == {"integer"} and not any(f.missing for f in features):
-        return np.dtype(np.int64)
+    if kinds == {"float"} or (kinds == {"integer"} and not any(f.missing for f in features)):
+        dtypes = {f.dtype for f in features}
+        if len(dtypes) == 1:
+            return dtypes.pop()
+        return np.dtype(np.float64 if kinds == {"float"} else np.int64)
     return None
 
 

@@ -3,15 +3,27 @@ model outputs -> output tensors.
 
 Inputs: each tensor's ``data`` as JSON (flat or nested, row-major) or as raw
 little-endian bytes (Triton's binary tensor data extension), checked against its
-``datatype`` and ``shape`` and decoded to an array of that shape, without the model:
-``serving.conform`` then matches the names to the model's inputs (each sent once,
-``[n, width]`` or ``[n]`` for a one-column input) and refuses values the model's own
-input type cannot hold. Integer datatypes stay integers (``INT64`` is exact end to end)
-unless JSON data holds ``null`` (then float64 with NaN, as a feature that may be missing
-is held), floats become float64 (``null`` in JSON, NaN in binary: a missing value,
-refused unless the feature may be missing), ``BYTES`` become ``str`` (UTF-8) for string features.
-``BF16`` inputs are refused, as are shared-memory tensors and the classification
-extension.
+``datatype`` and ``shape`` and decoded to an array of that shape and element type, without
+the model: ``serving.conform`` then matches the names to the model's inputs (each sent
+once, ``[n, width]`` or ``[n]`` for a one-column input) and refuses values the model's
+own input type cannot hold. Each tensor keeps its datatype (``FP32`` is float32, ``INT64``
+int64, exact end to end): a tensor of the model's own type and shape becomes its batch
+without a conversion. ``BYTES`` become ``str`` (UTF-8) for string features; an integer
+tensor whose JSON data holds ``null`` becomes float64 with NaN (as a feature that may be
+missing is held). ``null`` in JSON, NaN in JSON or binary: a missing value, refused by
+conform unless the feature may be missing. ``BF16`` inputs are refused, as are
+shared-memory tensors and the classification extension.
+
+The dtype path of a tensor, and what is copied:
+
+- binary: the body's tail is copied once by ``split_body`` (writable, aligned), and each
+  tensor is a numpy view of it (``np.frombuffer``): no conversion, no Python per value;
+- JSON: pydantic has parsed the values into Python lists; numpy builds the array of the
+  datatype from them in C (``FP32``: float32 at once, no float64 between). The codec's
+  check is the datatype's: a value of another JSON type (``set(map(type, ...))``, in C),
+  an integer out of range (numpy's ``OverflowError``), a number that becomes infinite in
+  the datatype (one ``np.isinf``). Only a refused tensor is walked in Python, to name
+  its first bad value.
 
 Outputs: each named output array becomes ``{name, datatype, shape, data}`` (flattened), or
 its raw bytes after the JSON header when ``binary_data`` is asked for; string labels are
@@ -31,6 +43,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -74,14 +87,18 @@ def datatype_of(dtype: np.dtype[Any]) -> Datatype:
     return "BYTES"
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytearray]:
     """``(json_header, binary_tail)`` of a request body; the tail is empty without the
     ``Inference-Header-Content-Length`` header.
+
+    The tail is copied once, into a ``bytearray``: its tensors are numpy views of it
+    (``decode``), so the model may write into its input, and its first byte is aligned
+    for any element type (the header's length is not, so a view of ``body`` would not be).
 
     :raises InvalidInput: when the header is not an integer within the body's length.
     """
     if header_length is None:
-        return body, b""
+        return body, bytearray()
     loc = f"headers.{HEADER_LENGTH}"
     digits = header_length.strip()
     # ASCII only: str.isdigit() also accepts "²" or "٣", which int() refuses or reads.
@@ -93,36 +110,90 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     if length > len(body):
         shown = digits if len(digits) <= 32 else f"{digits[:32]}... ({len(digits)} digits)"
         raise _invalid(loc, f"{shown} is more than the body's {len(body)} bytes", "header")
-    return body[:length], body[length:]
+    return body[:length], bytearray(memoryview(body)[length:])
 
 
-def _flatten(data: list[Any]) -> list[Any]:
-    if not any(isinstance(value, list) for value in data):
-        return data
-    flat: list[Any] = []
+def _flatten(data: list[Any]) -> tuple[list[Any], set[type]]:
+    """Row-major ``data`` as one flat list, and the types of its values. Evenly nested
+    lists are joined in C (``chain.from_iterable``), one level at a time."""
+    flat = data
+    while True:
+        types = set(map(type, flat))
+        if list not in types:
+            return flat, types
+        if types != {list}:
+            break
+        flat = list(chain.from_iterable(flat))
+    walked: list[Any] = []
 
     def walk(items: list[Any]) -> None:
         for value in items:
             if isinstance(value, list):
                 walk(value)
             else:
-                flat.append(value)
+                walked.append(value)
 
-    walk(data)
-    return flat
+    walk(flat)
+    return walked, set(map(type, walked))
+
+
+def _typed(flat: list[Any], types: set[type], kind: np.dtype[Any]) -> npt.NDArray[Any] | None:
+    """``flat`` as an array of ``kind`` built by numpy in C, when every value is of a type
+    ``kind`` takes and fits it (floats: no value becomes infinite, an integer datatype:
+    none out of range); else None, for ``_json_values`` to name the value refused."""
+    if kind.kind == "O":
+        return _strings(flat) if types <= {str, type(None)} else None
+    if kind.kind == "b":
+        return np.array(flat, dtype=kind) if types <= {bool} else None
+    if kind.kind in "iu":  # with null: float64 and NaN, built by _json_values
+        try:
+            return np.array(flat, dtype=kind) if types <= {int} else None
+        except OverflowError:
+            return None
+    return _floats(flat, types, kind) if types <= {int, float, type(None)} else None
+
+
+def _floats(flat: list[Any], types: set[type], kind: np.dtype[Any]) -> npt.NDArray[Any] | None:
+    """JSON numbers (``null``: NaN) as floats of ``kind``; None when one becomes infinite."""
+    if type(None) in types:
+        flat = [math.nan if value is None else value for value in flat]
+    try:
+        if kind.itemsize < 8:
+            with np.errstate(over="ignore"):  # past FP32's range: inf, refused below
+                values = np.array(flat, dtype=kind)
+        else:  # float64 holds every JSON float; errstate costs about 3 us
+            values = np.array(flat, dtype=kind)
+    except OverflowError:  # an int past float64's range
+        return None
+    return None if np.isinf(values).any() else values
+
+
+def _strings(flat: list[Any]) -> npt.NDArray[Any]:
+    values = np.empty(len(flat), dtype=object)
+    values[:] = flat
+    return values
 
 
 def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.NDArray[Any]:
-    """``tensor.data`` as a flat array of ``datatype`` (floats as float64, ``BYTES`` as
-    ``str`` objects), each value checked against it."""
+    """``tensor.data`` as a flat array of its ``datatype`` (``BYTES`` as ``str`` objects;
+    an integer datatype with ``null`` as float64 with NaN), built once by numpy from the
+    JSON values; a value of another type, or one the datatype cannot hold, is refused.
+
+    The values are looked at in Python only to name a refused one, or to build an integer
+    tensor holding ``null``. Whether a value suits the model's feature (finite, missing
+    allowed, within its range) is ``serving.conform``'s check, done once for every tensor.
+    """
     if tensor.data is None:
         msg = f"input {tensor.name!r} has no data (send data, or parameters.binary_data_size)"
         raise _invalid(loc, msg, "missing_data")
-    flat = _flatten(tensor.data)
+    flat, types = _flatten(tensor.data)
     expected = math.prod(tensor.shape)
     if len(flat) != expected:
         msg = f"input {tensor.name!r} has {len(flat)} values; shape {tensor.shape} needs {expected}"
         raise _invalid(loc, msg, "data_length")
+    values = _typed(flat, types, kind)
+    if values is not None:
+        return values
     if kind.kind == "O":
         fits = [type(value) is str or value is None for value in flat]
         want = "a string (or null): BYTES elements are JSON strings"
@@ -156,17 +227,12 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
             where += " (instance {}, column {})".format(*divmod(index, tensor.shape[1]))
         msg = f"input {tensor.name!r}: {where} = {show(flat[index])} is not {want}"
         raise _invalid(loc, msg, "datatype")
-    if kind.kind == "O":
-        values = np.empty(len(flat), dtype=object)
-        values[:] = flat
-        return values
-    if kind.kind == "f" or (kind.kind in "iu" and None in flat):
-        return np.array([math.nan if v is None else v for v in flat], dtype=np.float64)
-    return np.array(flat, dtype=kind)
+    # Every value fits: an integer tensor holding null (float64, NaN for null)
+    return np.array([math.nan if v is None else v for v in flat], dtype=np.float64)
 
 
 def _check_declared(
-    tensor: V2RequestInput, chunk: bytes | None, loc: str, max_instances: int
+    tensor: V2RequestInput, chunk: memoryview | None, loc: str, max_instances: int
 ) -> np.dtype[Any]:
     """The tensor's element type, once its declared shape is known to fit the request,
     before anything of that shape is allocated.
@@ -208,14 +274,17 @@ def _check_declared(
     return kind
 
 
-def _binary_values(kind: np.dtype[Any], chunk: bytes) -> npt.NDArray[Any]:
-    """Little-endian elements of ``kind`` (their count checked by ``_check_declared``);
-    floats as float64."""
+def _binary_values(kind: np.dtype[Any], chunk: memoryview) -> npt.NDArray[Any]:
+    """Little-endian elements of ``kind`` (their count checked by ``_check_declared``): a
+    view of ``chunk``, no copy, on a little-endian host where the chunk is aligned for
+    ``kind`` (an earlier input of an odd size in bytes can leave it not); else a copy."""
     values = np.frombuffer(chunk, dtype=kind.newbyteorder("<"))
-    return values.astype(np.float64 if kind.kind == "f" else kind.newbyteorder("="))
+    if values.dtype != kind or not values.flags.aligned:
+        values = values.astype(kind)
+    return values
 
 
-def _binary_strings(tensor: V2RequestInput, chunk: bytes, loc: str) -> npt.NDArray[Any]:
+def _binary_strings(tensor: V2RequestInput, chunk: memoryview, loc: str) -> npt.NDArray[Any]:
     """``BYTES`` elements of the binary extension (each a 4-byte little-endian length,
     then its bytes) as ``str`` objects; at most ``len(chunk) / 4`` of them
     (``_check_declared``).
@@ -236,7 +305,7 @@ def _binary_strings(tensor: V2RequestInput, chunk: bytes, loc: str) -> npt.NDArr
             msg = f"input {tensor.name!r}: element {index} runs past its binary data"
             raise _invalid(loc, msg, "binary_data")
         try:
-            values[index] = raw.decode("utf-8")
+            values[index] = str(raw, "utf-8")
         except UnicodeDecodeError:
             msg = f"input {tensor.name!r}: element {index} is not UTF-8 text"
             raise _invalid(loc, msg, "datatype") from None
@@ -247,16 +316,18 @@ def _binary_strings(tensor: V2RequestInput, chunk: bytes, loc: str) -> npt.NDArr
     return values
 
 
-def _chunks(inputs: Sequence[V2RequestInput], binary: bytes) -> list[bytes | None]:
-    """Each input's bytes of the binary tail (None: it sent JSON data), in request order."""
-    chunks: list[bytes | None] = []
+def _chunks(inputs: Sequence[V2RequestInput], binary: bytearray) -> list[memoryview | None]:
+    """Each input's bytes of the binary tail, a view of it (None: the input sent JSON
+    data), in request order."""
+    chunks: list[memoryview | None] = []
+    view = memoryview(binary)
     offset = 0
     for index, tensor in enumerate(inputs):
         size = tensor.parameters.binary_data_size if tensor.parameters else None
         if size is not None and offset + size > len(binary):
             msg = f"input {tensor.name!r}: binary_data_size {size} runs past the body's end"
             raise _invalid(f"inputs[{index}]", msg, "binary_data")
-        chunks.append(None if size is None else binary[offset : offset + size])
+        chunks.append(None if size is None else view[offset : offset + size])
         offset += size or 0
     if offset != len(binary):
         msg = f"the body has {len(binary) - offset} bytes after the inputs' binary data"
@@ -280,12 +351,14 @@ def _refuse_unsupported(body: V2InferRequest) -> None:
             raise InvalidInput(f"outputs[{index}]: {msg}")
 
 
-def decode(body: V2InferRequest, binary: bytes, max_instances: int) -> Tensors:
+def decode(body: V2InferRequest, binary: bytearray, max_instances: int) -> Tensors:
     """The request's input tensors, in request order, each as an array of its declared
-    ``shape``: integers and booleans of their datatype, floats as float64, ``BYTES`` as
-    ``str`` objects. Every input's shape is checked before any is decoded.
+    ``shape`` and ``datatype`` (``BYTES`` as ``str`` objects; an integer datatype whose
+    JSON data holds ``null`` as float64 with NaN). Binary data are views of ``binary``,
+    not copies. Every input's shape is checked before any is decoded.
 
-    :param binary: the body after the JSON header (binary tensor data extension).
+    :param binary: the body after the JSON header (binary tensor data extension), as
+        ``split_body`` copies it.
     :param max_instances: ``SERVING_MAX_INSTANCES_PER_REQUEST``.
     :raises PayloadTooLarge: (413) an input of more instances than ``max_instances``.
     :raises InvalidInput: naming the input: ``BF16``, values the datatype cannot hold,
