@@ -77,7 +77,7 @@ def from_text(cell: str, f: Feature) -> Any:
         if math.isinf(number):
             raise ValueError(f"{show(cell)} is outside the float64 range")
         return number
-    if f.kind == "boolean" and text in _BOOL_TEXT:
+    if (f.kind == "boolean" or f.booleans) and text in _BOOL_TEXT:
         return _BOOL_TEXT[text]
     return cell
 

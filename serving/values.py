@@ -78,7 +78,7 @@ def value_error(value: Any, f: Feature) -> tuple[str, str] | None:  # noqa: PLR0
     elif f.kind == "boolean":
         if type(value) is not bool:
             return f"{show(value)} is not true or false", "bool_type"
-    elif type(value) not in _NUMBERS:
+    elif type(value) not in _NUMBERS and not (f.booleans and type(value) is bool):
         return f"{show(value)} is not a number", f"{f.kind}_type"
     else:
         why = _number_error(value, f)

@@ -86,7 +86,6 @@ def test_conform_onnx_string_inputs_answer_as_onnxruntime(churn: Any) -> None:
         ({"plan": 3}, "instances[0].plan", "string_type", "3 is not a string"),
         ({"usage_hours": "12"}, "instances[0].usage_hours", "float_type", "'12' is not a number"),
         ({"seats": 1e999}, "instances[0].seats", "finite_number", "Infinity is not a finite"),
-        ({"usage_hours": True}, "instances[0].usage_hours", "float_type", "true is not a number"),
         ({"plan": False}, "instances[0].plan", "string_type", "false is not a string"),
     ],
 )
@@ -99,6 +98,20 @@ def test_conform_refuses_a_bad_value_naming_instance_and_feature(
         detail = _refused(Records(rows), model)
         assert (detail["loc"], detail["type"]) == (loc, kind)
         assert words in detail["msg"]
+
+
+def test_conform_takes_true_as_one_only_where_the_number_type_was_guessed(churn: Any) -> None:
+    # scikit-learn keeps no column types: a column it takes as numbers may have been a bool
+    # column, and true/false are 1/0 to it; an ONNX graph's float input is typed.
+    _, handle, graph, _ = churn
+    rows = [churn_rows()[0] | {"usage_hours": True}]
+
+    detail = _refused(Records(rows), graph)
+    batch = conform(Records(rows), handle)
+
+    assert (detail["loc"], detail["type"]) == ("instances[0].usage_hours", "float_type")
+    assert "true is not a number" in detail["msg"]
+    assert batch["usage_hours"][0] == 1.0 if batch.dtype.names else 1.0 in batch[0]
 
 
 def test_conform_refuses_a_bad_tensor_value_naming_the_input(churn: Any) -> None:

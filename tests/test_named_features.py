@@ -102,3 +102,54 @@ def test_a_missing_category_is_answered_alike_alone_or_in_a_batch(
     expected = model.predict_proba(row)
     assert alone["probabilities"][0] == beside["probabilities"][0] == expected[0].tolist()
     assert alone["predictions"][0] == beside["predictions"][0] == 1
+
+
+def test_boolean_and_integer_columns_of_a_dataframe_model_take_json_true_and_false(
+    settings: Any, metrics: Any
+) -> None:
+    """Found by the new-user trial: a pipeline fitted on a DataFrame with a bool column
+    (scaled, and one-hot encoded) refused ``"homeowner": true`` with 422 'true is not a
+    number' on every JSON protocol: scikit-learn keeps no column types, so the feature
+    was guessed float, and a bool column one-hot encoded was guessed integer. In-process
+    the model takes True/False (scikit-learn casts them to 1.0/0.0 itself)."""
+    import numpy as np
+    from sklearn.compose import make_column_transformer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    from serving.app import create_app
+    from serving.model.loaders import estimator_handle
+
+    rng = np.random.default_rng(7)
+    frame = pd.DataFrame({
+        "income": rng.normal(50, 15, 300),
+        "homeowner": rng.random(300) < 0.4,
+        "married": rng.random(300) < 0.5,
+        "n_late": rng.integers(0, 5, 300),
+    })  # fmt: skip
+    target = (frame["income"] / 50 + frame["homeowner"] - frame["n_late"] / 4 > 1).astype(int)
+    encode = make_column_transformer(
+        (StandardScaler(), ["income", "homeowner", "n_late"]),
+        (OneHotEncoder(sparse_output=False), ["married"]),
+    )
+    model = make_pipeline(encode, LogisticRegression()).fit(frame, target)
+    handle = estimator_handle(model, name="loan", version="1", format="pickle")
+    app = create_app(settings, models=[handle], metrics=metrics)
+    rows = frame.iloc[:6]
+    records = rows.astype(object).to_dict("records")  # Python bool, int and float
+    try:
+        client = app.test_client()
+        answer = client.post("/predict", json={"instances": records})
+        wrong = client.post("/predict", json={"instances": [{**records[0], "married": 1}]})
+        csv = client.post("/invocations", data=rows.to_csv(index=False),
+                          content_type="text/csv")  # fmt: skip
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    assert answer.get_json()["probabilities"] == model.predict_proba(rows).tolist()
+    assert csv.status_code == 200, csv.get_data(as_text=True)  # pandas writes True/False
+    assert csv.get_json()["predictions"] == model.predict(rows).tolist()
+    assert wrong.status_code == 422  # the encoder knows True and False only
+    assert "instances[0].married" in wrong.get_data(as_text=True)

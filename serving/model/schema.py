@@ -59,6 +59,9 @@ class Feature:
     :param missing: ``null`` (NaN in CSV) is passed on as NaN/None; else it is refused.
     :param categories: the values a categorical feature knows, when an unknown value is
         refused (the encoder's ``handle_unknown="error"``); ``None`` accepts any value.
+    :param booleans: ``true`` and ``false`` are taken as 1 and 0: a number feature whose
+        type was guessed from a scikit-learn model (which keeps no column types, and
+        casts a bool column to numbers itself).
     """
 
     name: str
@@ -66,6 +69,7 @@ class Feature:
     dtype: np.dtype[Any]
     missing: bool = False
     categories: frozenset[Any] | None = None
+    booleans: bool = False
 
 
 _MLFLOW_TYPES: dict[str, tuple[Kind, type[np.generic] | type[object]]] = {

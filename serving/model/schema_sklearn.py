@@ -80,9 +80,17 @@ def _category_kind(categories: np.ndarray[Any, Any]) -> tuple[Kind, np.dtype[Any
     values = [v for v in categories.tolist() if not _is_missing(v)]
     if categories.dtype.kind in "OUS" or any(isinstance(v, str) for v in values):
         return "string", np.dtype(object)
-    if categories.dtype.kind in "iub" or all(float(v).is_integer() for v in values):
+    if categories.dtype.kind == "b" or (values and all(type(v) is bool for v in values)):
+        return "boolean", np.dtype(np.bool_)
+    if categories.dtype.kind in "iu" or all(float(v).is_integer() for v in values):
         return "integer", np.dtype(np.int64)
     return "float", np.dtype(np.float64)
+
+
+def _guessed(name: str, missing: bool) -> Feature:
+    """A column scikit-learn takes as numbers, its type unknown (float64; a bool column
+    too, so ``true``/``false`` are taken as 1/0, as scikit-learn casts them)."""
+    return feature(name, "float", np.float64, missing=missing, booleans=True)
 
 
 def estimator_features(model: Any) -> tuple[Feature, ...] | None:
@@ -98,7 +106,7 @@ def estimator_features(model: Any) -> tuple[Feature, ...] | None:
     )
     if index is None or not hasattr(steps[index], "transformers_"):
         missing = _walk(steps, None) != "refuses"
-        return tuple(feature(name, "float", np.float64, missing=missing) for name in names)
+        return tuple(_guessed(name, missing) for name in names)
     before, transformer, after = steps[:index], steps[index], steps[index + 1 :]
     rest = _walk(after, None)
     by_name: dict[str, Feature] = {}
@@ -109,10 +117,7 @@ def estimator_features(model: Any) -> tuple[Feature, ...] | None:
             by_name[name] = _column_feature(
                 name, entry, encoder, position, before=before, rest=rest
             )
-    return tuple(
-        by_name.get(name, feature(name, "float", np.float64, missing=rest != "refuses"))
-        for name in names
-    )
+    return tuple(by_name.get(name, _guessed(name, rest != "refuses")) for name in names)
 
 
 def estimator_missing(model: Any) -> bool:
@@ -148,7 +153,7 @@ def _column_feature(
             nan = rest
     missing = nan != "refuses"
     if encoder is None or not hasattr(encoder, "categories_"):
-        return feature(name, "float", np.float64, missing=missing)
+        return _guessed(name, missing)
     categories = encoder.categories_[position]
     kind, dtype = _category_kind(categories)
     strict = getattr(encoder, "handle_unknown", "error") == "error"
