@@ -121,6 +121,9 @@ def test_joblib_regressor_has_no_probabilities(tmp_path: Path) -> None:
         # found by the new-user trial: a truncated file said "EOFError: " and no more
         ("empty.joblib", b"", None, "file ends early"),
         ("cut.pkl", pickle.dumps({"a": list(range(100))})[:40], None, "truncated"),
+        # found by the new-user trial: random bytes said "KeyError: 216" and no more
+        ("noise.joblib", bytes(range(216, 256)) * 8, None, "not a pickle or joblib file"),
+        ("noise.pkl", b"\x80\x04" + bytes(range(216, 256)) * 8, None, "invalid load key"),
     ],
 )
 def test_load_model_failures_name_the_path_and_the_cause(

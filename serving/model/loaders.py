@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import logging
 import pickle
+import pickletools
 import re
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
@@ -405,4 +406,25 @@ def load_model(
             else ""
         )
         cause = str(exc) or _SILENT.get(type(exc), "")
+        if fmt in ("pickle", "joblib") and data and not _may_be_pickle(data):
+            hint += f" (not a pickle or joblib file: it starts with {data[:8].hex(' ')})"
         raise ModelLoadError(path, f"{type(exc).__name__}: {cause}{hint}") from exc
+
+
+#: The first bytes a pickle (any opcode) or a joblib file (a pickle, or one compressed
+#: with zlib, gzip, bz2, xz, lzma or lz4) can start with.
+_PICKLE_STARTS = frozenset(ord(op.code) for op in pickletools.opcodes) | {
+    0x78,
+    0x1F,
+    0x42,
+    0xFD,
+    0x5D,
+    0x04,
+    0x5A,
+}
+
+
+def _may_be_pickle(data: bytes) -> bool:
+    """Whether ``data`` could be a pickle or joblib file at all: an unpickler reading
+    other bytes fails with whatever its first opcode lookup raises (``KeyError: 216``)."""
+    return data[0] in _PICKLE_STARTS
