@@ -11,7 +11,7 @@ A protocol's route reads its body, its codec decodes it into ``serving.instances
 4. ``serving.conform.conform``: the instances against the model's inputs, as the
    ``(n_instances, n_features)`` rows its batcher merges (422);
 5. what is left of the request's deadline (408 when receiving the request used it up);
-6. the queue-depth metric, then the model's batcher (``submit``, tagged with the
+6. the model's batcher (``submit``, tagged with the
    request's ``Timing``): 503 overloaded (counted as rejected), 504 timeout, 500 when the
    model fails on these rows; the batcher's flush observer counts the stages of the
    requests a predict call answered for the V2 statistics, once per call;
@@ -184,7 +184,7 @@ class DataPlane:
             rows = self._conform(handle, instances, outputs, timing, self._rules(rules, handle))
             if payloads is not None:  # taken before the model may write into its input
                 kept = payloads.keep(rows)
-            answer = self._queue(runtime, handle, batcher, rows, call=call, outputs=outputs)
+            answer = self._queue(handle, batcher, rows, call=call, outputs=outputs)
         except Exception:
             self._observe(handle, timing, ok=False)
             if payloads is not None and kept is not None:
@@ -236,7 +236,6 @@ class DataPlane:
 
     def _queue(
         self,
-        runtime: ModelRuntime,
         handle: ModelHandle,
         batcher: ThreadedBatcher,
         rows: Any,
@@ -256,9 +255,6 @@ class DataPlane:
                 f"SERVING_REQUEST_TIMEOUT_MS ({limit_ms:g} ms)"
             )
         self.arrivals.leave()  # at the batcher now: no longer on its way
-        queued = batcher.queue_depth + len(rows)
-        if queued <= runtime.settings.max_queue_depth:  # else refused below, never queued
-            self.metrics.observe_queue(handle.name, handle.version, queued)
         try:
             timing.span = tracing.current_span_context()
             answer = batcher.submit(rows, timeout_s, tag=timing)

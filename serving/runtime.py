@@ -146,6 +146,7 @@ class ModelRuntime:
                 policy=settings.batch_policy,
                 max_queue_depth=settings.max_queue_depth,
                 on_flush=self.metrics.flush_observer(handle.name, handle.version),
+                on_queue=self.metrics.queue_observer(handle.name, handle.version),
                 arrivals=process_arrivals(),
             )
             self.handle = handle

@@ -769,3 +769,33 @@ def test_batcher_observes_a_predict_call_before_answering_its_requests(stop_afte
 
     assert answer.merged == ("first",)
     assert seen == [("first",)]
+
+
+def test_batcher_reports_the_queue_depth_of_queued_requests_only(stop_after: Any) -> None:
+    # The queue depth gauge: written when a request is queued, in order, and not at all
+    # for a request run on its caller's thread (it never waits in the queue).
+    started, release = threading.Event(), threading.Event()
+    depths: list[int] = []
+    calls: list[tuple[str, int]] = []
+    record = recording(calls)
+
+    def model(rows: np.ndarray) -> dict[str, np.ndarray]:
+        if len(calls) == 1:  # the second call: the caller's own
+            started.set()
+            assert release.wait(WAIT_S)
+        return record(rows)
+
+    batcher = ThreadedBatcher(model, max_batch_size=8, on_queue=depths.append)
+    stop_after(batcher.start())
+    batcher.submit_many(rows_for(9), timeout_s=WAIT_S)  # the first call is queued: depth 1
+    with ThreadPoolExecutor(4) as pool:
+        leader = pool.submit(batcher.submit_many, rows_for(0), WAIT_S)  # on its own thread
+        assert started.wait(WAIT_S)
+        followers = [pool.submit(batcher.submit_many, rows_for(i, n=2), WAIT_S) for i in (1, 2)]
+        wait_while(lambda: batcher.queue_depth < 4)
+        release.set()
+        leader.result(WAIT_S)
+        for follower in followers:
+            follower.result(WAIT_S)
+
+    assert depths == [1, 2, 4]

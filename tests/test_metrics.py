@@ -107,3 +107,23 @@ def test_a_predict_call_counts_the_stages_of_every_request_it_answered_at_once()
     assert first.counted and second.counted
     observe(FlushStats(1, 1, 0.5, 0, RuntimeError("failed"), called_at=20.0, tags=(first,)))
     assert metrics.registry.get_sample_value("inference_requests_total", labels) == 2.0
+
+
+def test_queue_depth_is_written_only_when_it_changes() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from serving.observe.metrics import ServingMetrics
+
+    metrics = ServingMetrics(CollectorRegistry())
+    writes: list[float] = []
+    observe = metrics.queue_observer("m", "1")
+    child = metrics.queue_depth.labels("m", "1")
+    real = child.set
+    child.set = lambda value: (writes.append(value), real(value))  # type: ignore[method-assign]
+
+    for depth in (3, 3, 0, 0, 5):
+        observe(depth)
+
+    assert writes == [3, 0, 5]
+    labels = {"model": "m", "version": "1"}
+    assert metrics.registry.get_sample_value("inference_queue_depth", labels) == 5

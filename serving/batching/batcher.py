@@ -144,6 +144,9 @@ class ThreadedBatcher:
         once (backpressure) instead of letting latency grow without bound.
     :param on_flush: optional observer called after each predict call, on the thread
         that made it, before that call's requests are answered.
+    :param on_queue: optional observer of the queue depth (instances) each time a request
+        is queued, under the batcher's lock (so depths arrive in order); a request run
+        on its caller's thread is never queued.
     :param arrivals: this worker's requests on their way to a batcher (``adaptive``: a
         request runs on its caller's thread only when none is); None: none ever are.
 
@@ -163,6 +166,7 @@ class ThreadedBatcher:
         policy: BatchPolicy = "adaptive",
         max_queue_depth: int = 2048,
         on_flush: Callable[[FlushStats], None] | None = None,
+        on_queue: Callable[[int], None] | None = None,
         name: str = "serving-batcher",
         arrivals: Arrivals | None = None,
     ) -> None:
@@ -179,6 +183,7 @@ class ThreadedBatcher:
         self.max_queue_depth = max_queue_depth
         self._latency_s = max_batch_latency_ms / 1000.0
         self._on_flush = on_flush
+        self._on_queue = on_queue
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()  # orders submit against stop: nothing lands after _STOP
         # Held for every batch from its collection to its answers: by the batcher thread,
@@ -276,6 +281,8 @@ class ThreadedBatcher:
                     )
                 self._depth = depth + len(instances)
                 self._queue.put(request)
+                if self._on_queue is not None:
+                    self._on_queue(self._depth)
         if inline:
             try:
                 self._answer([request])

@@ -61,6 +61,21 @@ _METHODS = frozenset(
 )
 
 
+class _Depth:
+    """A queue depth gauge child that skips writing the value it holds already (a request
+    answered on its caller's thread leaves the depth at 0: no mmap write per call)."""
+
+    __slots__ = ("_child", "_value")
+
+    def __init__(self, child: Any) -> None:
+        self._child, self._value = child, -1
+
+    def set(self, depth: int) -> None:
+        if depth != self._value:
+            self._value = depth
+            self._child.set(depth)
+
+
 class ServingMetrics:
     """The service's metrics, registered in ``registry``.
 
@@ -74,7 +89,7 @@ class ServingMetrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.registry = registry
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
-        self._depth_children: dict[tuple[str, str], Any] = {}
+        self._depth_children: dict[tuple[str, str], _Depth] = {}
         self.requests = Counter(
             "http_requests_total",
             "HTTP requests answered, by route template and status.",
@@ -214,16 +229,18 @@ class ServingMetrics:
         children[0].inc()
         children[1].observe(duration_s)
 
-    def _depth(self, model: str, version: str) -> Any:
-        child = self._depth_children.get((model, version))
-        if child is None:
-            child = self._depth_children[(model, version)] = self.queue_depth.labels(model, version)
-        return child
+    def _depth(self, model: str, version: str) -> _Depth:
+        depth = self._depth_children.get((model, version))
+        if depth is None:
+            depth = _Depth(self.queue_depth.labels(model, version))
+            self._depth_children[(model, version)] = depth
+        return depth
 
-    def observe_queue(self, model: str, version: str, depth: int) -> None:
-        """Set a model's queue depth when instances are queued (each flush sets it too), so
-        the gauge rises while a slow predict call holds the batcher."""
-        self._depth(model, version).set(depth)
+    def queue_observer(self, model: str, version: str) -> Callable[[int], None]:
+        """The ``ThreadedBatcher`` ``on_queue`` observer of one model version: the queue
+        depth each time a request is queued (each flush sets it too), so the gauge rises
+        while a slow predict call holds the batcher."""
+        return self._depth(model, version).set
 
     def flush_observer(self, model: str, version: str) -> Callable[[FlushStats], None]:
         """The ``ThreadedBatcher`` ``on_flush`` observer of one model version: each predict
