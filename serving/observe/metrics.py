@@ -190,9 +190,10 @@ class ServingMetrics:
         )
         self.request_stage = Counter(
             "inference_request_stage_seconds",
-            "Time requests spent per stage, in seconds: success and fail (the whole of "
-            "those requests), compute_input, queue, compute_infer, compute_output (every "
-            "request counted in inference_requests_total).",
+            "Time requests spent per stage, in seconds, as Triton counts them: "
+            "compute_input, queue, compute_infer and compute_output of the requests that "
+            "succeeded (their sum is their whole time), fail the whole time of those that "
+            "failed.",
             [*MODEL_LABELS, "stage"],
             registry=registry,
         )
@@ -301,14 +302,15 @@ class ServingMetrics:
         self.load_failures.labels(model, version).inc()
 
     def _stage_children(self, model: str, version: str, ok: bool) -> tuple[Any, ...]:
-        """The outcome's counter, then the seconds of the outcome and of each of
-        ``REQUEST_STAGES``, in its order."""
+        """The outcome's counter, then the seconds of each of ``REQUEST_STAGES`` in its
+        order (success) or of the whole request (fail)."""
         children = self._stages.get((model, version, ok))
         if children is None:  # labels() takes a lock and builds keys: once per model and outcome
             outcome = "success" if ok else "fail"
+            stages = REQUEST_STAGES if ok else ("fail",)
             children = (
                 self.request_outcomes.labels(model, version, outcome),
-                *(self.request_stage.labels(model, version, s) for s in (outcome, *REQUEST_STAGES)),
+                *(self.request_stage.labels(model, version, s) for s in stages),
             )
             self._stages[(model, version, ok)] = children
         return children
@@ -324,22 +326,23 @@ class ServingMetrics:
         compute_infer: float,
         compute_output: float,
     ) -> None:
-        """Count one request that reached the model's inputs check: ``success`` (or
-        ``fail``) gets its whole time in the data plane, each stage (``compute_input``,
-        ``queue``, ``compute_infer``, ``compute_output``, in seconds) its share. Requests a
-        batcher answered are counted by its flush observer instead, per predict call."""
-        self._write_stages(
-            self._stage_children(model, version, ok), 1, (queue, compute_input, compute_infer,
-            compute_output),
-        )  # fmt: skip
+        """Count one request that reached the model's inputs check, with its seconds in
+        each stage (``compute_input``, ``queue``, ``compute_infer``, ``compute_output``):
+        per stage when it succeeded, as its whole time under ``fail`` when it failed (as
+        Triton counts them). Requests a batcher answered are counted by its flush
+        observer instead, per predict call."""
+        seconds = (queue, compute_input, compute_infer, compute_output)
+        self._write_stages(self._stage_children(model, version, ok), 1, seconds)
 
     @staticmethod
     def _write_stages(children: tuple[Any, ...], requests: int, seconds: Sequence[float]) -> None:
-        """Six writes for any number of requests: their count, their whole time, and
-        ``seconds`` per stage of ``REQUEST_STAGES``."""
+        """Count ``requests`` and their ``seconds`` per stage of ``REQUEST_STAGES`` (for
+        failed ones, their sum): five writes, or two, for any number of requests."""
         children[0].inc(requests)
-        children[1].inc(sum(seconds))
-        for child, value in zip(children[2:], seconds, strict=True):
+        if len(children) == 2:
+            children[1].inc(sum(seconds))
+            return
+        for child, value in zip(children[1:], seconds, strict=True):
             child.inc(value)
 
     def collect(self) -> list[Metric]:

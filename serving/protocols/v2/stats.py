@@ -4,12 +4,13 @@ The numbers come from the Prometheus metrics the data plane already records
 (``ServingMetrics.collect``), so under Gunicorn they are summed over every worker, live or
 dead since start-up, exactly as ``/metrics`` is:
 
-- ``inference_requests_total{outcome=...}``: the count of ``success`` and ``fail``;
-  every request counted there counts once in each of the other stages;
-- ``inference_request_stage_seconds_total{stage=...}``: ``success``/``fail`` (the whole
-  time of those requests in the data plane), ``compute_input`` (checking and conforming
-  the instances), ``queue`` (waiting in the batcher), ``compute_infer`` (the predict call
-  that answered it) and ``compute_output`` (splitting the outputs per request);
+- ``inference_requests_total{outcome=...}``: the count of ``success`` and ``fail``; as
+  in Triton, the stages count the successful requests only;
+- ``inference_request_stage_seconds_total{stage=...}``: ``compute_input`` (checking and
+  conforming the instances), ``queue`` (waiting in the batcher), ``compute_infer`` (the
+  predict call that answered it) and ``compute_output`` (splitting the outputs per
+  request) of the successful requests, whose ``success`` time is their sum; ``fail``
+  the whole time in the data plane of the failed ones;
 - ``inference_batch_size``: ``inference_count`` (instances) and ``execution_count``
   (predict calls);
 - ``inference_batch_compute_seconds{batch_size=...}``: ``batch_stats``;
@@ -89,8 +90,10 @@ def model_statistics(
     stages, batches, calls, last = _totals(families)
     answer = []
     for (name, version, stage), totals in list(stages.items()):
-        if stage in REQUEST_STAGES:  # every request counted succeeded or failed
-            totals[0] = stages[(name, version, "success")][0] + stages[(name, version, "fail")][0]
+        if stage in REQUEST_STAGES:  # the stages of every successful request, and its time
+            success = stages[(name, version, "success")]
+            totals[0] = success[0]
+            success[1] += totals[1]
     for name, version in models:
         infer = {
             stage: _duration(*stages.get((name, version, stage), (0.0, 0.0))) for stage in STAGES
