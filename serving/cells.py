@@ -16,8 +16,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from serving.errors import InvalidInput
 from serving.model.schema import Feature
-from serving.values import Locate, refuse, show
+from serving.values import Locate, show
 
 __all__ = ["from_text", "text_rows"]
 
@@ -99,5 +100,5 @@ def text_rows(
             try:
                 from_text(cell, f)
             except ValueError as exc:
-                raise refuse(loc(i, j), str(exc), "out_of_range") from None
+                raise InvalidInput.at(loc(i, j), str(exc), "out_of_range") from None
     raise AssertionError("unreachable: a cell refused once is refused again")

@@ -37,11 +37,9 @@ from serving.instances import Columns, Frame, Instances, Records, Tensors, Unnam
 from serving.model.handle import ModelHandle, TensorSpec
 from serving.model.schema import Feature, feature, structured_dtype, uniform_dtype
 from serving.rules import STRICT, Rules, check_names, numbers_from_strings
-from serving.values import Locate, column, matrix, refuse, typed_matrix
+from serving.values import Locate, column, matrix, typed_matrix
 
-__all__ = ["conform", "invalid"]
-
-invalid = refuse
+__all__ = ["conform"]
 
 
 def conform(instances: Instances, handle: ModelHandle, rules: Rules = STRICT) -> npt.NDArray[Any]:
@@ -69,7 +67,7 @@ def conform(instances: Instances, handle: ModelHandle, rules: Rules = STRICT) ->
         rows, loc = _frame(instances, handle, rules)
     features = handle.features or _floats(len(rows[0]))
     if not features:
-        raise invalid(f"{instances.field}[0]", "the instance has no values", "too_short")
+        raise InvalidInput.at(f"{instances.field}[0]", "the instance has no values", "too_short")
     if isinstance(instances, Frame):
         _check_lengths(rows, len(features), instances.field, handle.features is not None)
         if instances.text:
@@ -93,7 +91,7 @@ def _check_lengths(rows: Sequence[Any], n: int, field: str, known: bool) -> None
             isinstance(row, Mapping | str) or not isinstance(row, Sequence)
         ):
             what = "mixes lists and objects" if isinstance(row, Mapping) else "is not a list"
-            raise invalid(f"{field}[{index}]", what, "instance_kind")
+            raise InvalidInput.at(f"{field}[{index}]", what, "instance_kind")
         if len(row) != n:
             source = "the model expects" if known else "instances[0] has"
             raise InvalidInput(
@@ -137,7 +135,7 @@ def _frame(
     for index, row in enumerate(rows):
         if len(row) != len(columns):
             msg = f"has {len(row)} values for {len(columns)} columns"
-            raise invalid(f"{field}[{index}]", msg, "row_length")
+            raise InvalidInput.at(f"{field}[{index}]", msg, "row_length")
     names = [str(c) for c in columns]
     if handle.feature_names is None:
         return rows, lambda i, j: f"{field}[{i}].{names[j]}"
@@ -168,7 +166,7 @@ def _records(
     for a model without feature names, in the first record's key order, or refused."""
     for index, record in enumerate(records):
         if type(record) is not dict and not isinstance(record, Mapping):
-            raise invalid(f"{field}[{index}]", "mixes lists and objects", "instance_kind")
+            raise InvalidInput.at(f"{field}[{index}]", "mixes lists and objects", "instance_kind")
     if _by_input_name(handle, list(records[0])):
         specs = handle.input_specs()
         rows = [_input_row(record, specs, f"{field}[{i}]") for i, record in enumerate(records)]
@@ -177,13 +175,13 @@ def _records(
     names = handle.feature_names
     if names is None:
         if unnamed == "refuse":
-            raise invalid(
+            raise InvalidInput.at(
                 f"{field}[0]", "the model does not know its feature names; send each "
                 "instance as a list of values in training order", "feature_names",
             )  # fmt: skip
         names = tuple(records[0])
         if not names:
-            raise invalid(f"{field}[0]", "the instance has no values", "too_short")
+            raise InvalidInput.at(f"{field}[0]", "the instance has no values", "too_short")
         for index, record in enumerate(records):
             if record.keys() != set(names):
                 check_names(list(record), names, f"{field}[{index}]", "column")
@@ -205,7 +203,7 @@ def _scalar(value: Any, field: str, index: int, name: str) -> Any:
     if isinstance(value, list):  # TF Serving allows [value] for a one-value feature
         if len(value) != 1:
             msg = f"a feature takes one value, got {len(value)}"
-            raise invalid(f"{field}[{index}].{name}", msg, "feature_width")
+            raise InvalidInput.at(f"{field}[{index}].{name}", msg, "feature_width")
         return value[0]
     return value
 
@@ -218,7 +216,7 @@ def _input_row(instance: Mapping[str, Any], specs: tuple[TensorSpec, ...], loc: 
         values = value if isinstance(value, list) else [value]
         if spec.width >= 0 and len(values) != spec.width:
             msg = f"input {spec.name!r} takes {spec.width} values, got {len(values)}"
-            raise invalid(f"{loc}.{spec.name}", msg, "input_width")
+            raise InvalidInput.at(f"{loc}.{spec.name}", msg, "input_width")
         row.extend(values)
     return row
 
@@ -243,7 +241,7 @@ def _columns(columns: Columns, handle: ModelHandle, rules: Rules) -> npt.NDArray
     features = handle.features or _floats(len(names))
     if len(features) != len(names):
         msg = f"has {len(names)} columns; the model expects {len(features)}"
-        raise invalid(field, msg, "feature_count")
+        raise InvalidInput.at(field, msg, "feature_count")
     order = names
 
     def loc(i: int, j: int) -> str:
@@ -276,7 +274,7 @@ def _tensors(tensors: Tensors, handle: ModelHandle, rules: Rules) -> npt.NDArray
     features = handle.features or _floats(width)
     if width != len(features):
         msg = f"the inputs have {width} features in all; the model expects {len(features)}"
-        raise invalid("inputs", msg, "feature_count")
+        raise InvalidInput.at("inputs", msg, "feature_count")
     dtype = uniform_dtype(features)
     if len(parts) == 1 and dtype is not None:
         values = parts[0][1]
@@ -308,14 +306,14 @@ def _given(tensors: Tensors, specs: tuple[TensorSpec, ...], rules: Rules) -> dic
                     rules.on_ignored(name)
                 continue
             msg = f"the model has no input {name!r} (its inputs: {', '.join(names)})"
-            raise invalid(loc, msg, "input_name")
+            raise InvalidInput.at(loc, msg, "input_name")
         if name in given:
-            raise invalid(loc, f"input {name!r} is given twice", "input_name")
+            raise InvalidInput.at(loc, f"input {name!r} is given twice", "input_name")
         given[name] = index
     missing = [name for name in names if name not in given]
     if missing:
         msg = f"missing input {missing[0]!r} (the model's inputs: {', '.join(names)})"
-        raise invalid("inputs", msg, "input_name")
+        raise InvalidInput.at("inputs", msg, "input_name")
     return given
 
 
@@ -336,11 +334,11 @@ def _tensor_parts(
                 f"input {spec.name!r} has shape {shape}; the model takes {list(spec.shape)} "
                 "(-1: any number of instances, at least one)"
             )
-            raise invalid(f"inputs[{index}]", msg, "shape")
+            raise InvalidInput.at(f"inputs[{index}]", msg, "shape")
         if n is not None and shape[0] != n:
             first = tensors.inputs[given[specs[0].name]][0]
             msg = f"input {spec.name!r} has {shape[0]} instances; input {first!r} has {n}"
-            raise invalid(f"inputs[{index}]", msg, "shape")
+            raise InvalidInput.at(f"inputs[{index}]", msg, "shape")
         n = shape[0]
         parts.append((index, values))
     return parts
@@ -369,4 +367,4 @@ def _tensor_table(
             raise
         detail = exc.details[0]
         msg = f"input {names[where[refused[-1]][0]]!r}: {detail['msg']}"
-        raise invalid(detail["loc"], msg, detail["type"]) from None
+        raise InvalidInput.at(detail["loc"], msg, detail["type"]) from None

@@ -296,4 +296,4 @@ def check_outputs(wanted: list[str] | None, available: tuple[str, ...] | None) -
         if available is not None and name not in available:
             loc, msg = f"outputs[{index}]", f"the model has no output {name!r}"
             msg += f" (it has {', '.join(available)})"
-            raise InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": "output"}])
+            raise InvalidInput.at(loc, msg, "output")

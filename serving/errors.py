@@ -28,7 +28,7 @@ pulling in Flask or pydantic.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 __all__ = [
     "InferenceError",
@@ -73,6 +73,13 @@ class InvalidInput(ServingError):
 
     status = 422
     code = "invalid_input"
+
+    @classmethod
+    def at(cls, loc: str, msg: str, kind: str) -> Self:
+        """The refusal of what is at ``loc`` (``instances[3].plan``, ``inputs[1].data[7]``):
+        message ``"<loc>: <msg>"`` and the one detail ``{"loc", "msg", "type": kind}``
+        that every protocol's error body carries."""
+        return cls(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": kind}])
 
 
 class MalformedJSON(InvalidInput):

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from serving.cells import from_text
+from serving.errors import InvalidInput
 from serving.model.schema import Feature
-from serving.values import Locate, refuse, show
+from serving.values import Locate, show
 
 #: Most characters of a client's name put in an error's location.
 _NAME_CHARS = 64
@@ -64,18 +65,18 @@ def check_names(
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         given = f"; given but unknown: {', '.join(map(show, unknown[:3]))}" if unknown else ""
-        raise refuse(loc, f"missing {what} {missing[0]!r}{more}{given}", f"missing_{what}")
+        raise InvalidInput.at(loc, f"missing {what} {missing[0]!r}{more}{given}", f"missing_{what}")
     if unknown and rules.extra == "refuse":
         # a client's name is cut, as a value is: a 2 MB key made an 8 MB error body
         msg = f"unknown {what} {show(unknown[0])}; the model's {what}s are {', '.join(names)}"
-        raise refuse(f"{loc}.{unknown[0][:_NAME_CHARS]}", msg, f"unknown_{what}")
+        raise InvalidInput.at(f"{loc}.{unknown[0][:_NAME_CHARS]}", msg, f"unknown_{what}")
     if unknown and rules.on_ignored is not None:
         for key in unknown:
             rules.on_ignored(key)
     kept = [key for key in keys if key in known] if unknown else list(keys)
     if len(kept) != len(set(kept)):
         twice = next(key for i, key in enumerate(kept) if key in kept[:i])
-        raise refuse(loc, f"{what} {show(twice)} is given twice", f"duplicate_{what}")
+        raise InvalidInput.at(loc, f"{what} {show(twice)} is given twice", f"duplicate_{what}")
     return kept
 
 
@@ -98,6 +99,6 @@ def numbers_from_strings(
                 try:
                     values[j] = from_text(values[j], features[j])
                 except ValueError as exc:
-                    raise refuse(loc(i, j), str(exc), "out_of_range") from None
+                    raise InvalidInput.at(loc(i, j), str(exc), "out_of_range") from None
         out.append(values)
     return out

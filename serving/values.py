@@ -32,16 +32,12 @@ import numpy.typing as npt
 from serving.errors import InvalidInput
 from serving.model.schema import Feature
 
-__all__ = ["Locate", "column", "matrix", "refuse", "show", "typed_matrix", "value_error"]
+__all__ = ["Locate", "column", "matrix", "show", "typed_matrix", "value_error"]
 
 #: ``(instance, feature) -> location`` in the request's own terms (``instances[0].age``).
 Locate = Callable[[int, int], str]
 
 _NUMBERS = frozenset({int, float})
-
-
-def refuse(loc: str, msg: str, kind: str) -> InvalidInput:
-    return InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": kind}])
 
 
 #: How JSON writes the values whose Python repr differs (what the client sent).
@@ -122,7 +118,7 @@ def _checked(values: Sequence[Any], f: Feature, loc: Callable[[int], str]) -> np
     for i, value in enumerate(values):
         why = value_error(value, f)
         if why is not None:
-            raise refuse(loc(i), *why)
+            raise InvalidInput.at(loc(i), *why)
     return _convert(values, f)
 
 
@@ -337,7 +333,7 @@ def matrix(
         for j, value in enumerate(row):
             why = value_error(value, features[j])
             if why is not None:
-                raise refuse(loc(i, j), *why)
+                raise InvalidInput.at(loc(i, j), *why)
     columns = [_convert([row[j] for row in rows], f) for j, f in enumerate(features)]
     return np.stack(columns, axis=1).astype(dtype)
 

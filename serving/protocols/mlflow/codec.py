@@ -17,8 +17,7 @@ import csv
 import io
 import itertools
 
-from serving.conform import invalid
-from serving.errors import PayloadTooLarge
+from serving.errors import InvalidInput, PayloadTooLarge
 from serving.instances import Columns, Frame, Instances, Records
 from serving.protocols.mlflow.schemas import DataframeSplit, MlflowRequest
 
@@ -54,18 +53,18 @@ def decode(body: MlflowRequest) -> Instances:
     assert inputs is not None
     if not isinstance(inputs, dict):
         if not inputs:
-            raise invalid("inputs", "no instances", "too_short")
+            raise InvalidInput.at("inputs", "no instances", "too_short")
         return Frame(inputs, field="inputs")
     if not inputs:
-        raise invalid("inputs", "no columns", "too_short")
+        raise InvalidInput.at("inputs", "no columns", "too_short")
     columns = list(inputs)
     n = len(inputs[columns[0]])
     for name in columns:
         if len(inputs[name]) != n:
             msg = f"has {len(inputs[name])} values; every column needs one per instance ({n})"
-            raise invalid(f"inputs.{name}", msg, "instance_count")
+            raise InvalidInput.at(f"inputs.{name}", msg, "instance_count")
     if n == 0:
-        raise invalid("inputs", "no instances", "too_short")
+        raise InvalidInput.at("inputs", "no instances", "too_short")
     return Columns(inputs, n, "inputs")
 
 
@@ -74,7 +73,7 @@ def _split(split: DataframeSplit) -> Frame:
     field, columns_field = "dataframe_split.data", "dataframe_split.columns"
     if split.index is not None and len(split.index) != len(split.data):
         msg = f"has {len(split.index)} labels for {len(split.data)} rows"
-        raise invalid("dataframe_split.index", msg, "index_length")
+        raise InvalidInput.at("dataframe_split.index", msg, "index_length")
     columns = split.columns
     if not columns or not isinstance(columns[0], int):
         names = None if columns is None else [str(column) for column in columns]
@@ -82,10 +81,10 @@ def _split(split: DataframeSplit) -> Frame:
     for index, row in enumerate(split.data):
         if len(row) != len(columns):
             msg = f"has {len(row)} values for {len(columns)} columns"
-            raise invalid(f"{field}[{index}]", msg, "row_length")
+            raise InvalidInput.at(f"{field}[{index}]", msg, "row_length")
     if sorted(columns) != list(range(len(columns))):
         msg = f"integer column labels must be the positions 0..{len(columns) - 1}"
-        raise invalid(columns_field, msg, "column_positions")
+        raise InvalidInput.at(columns_field, msg, "column_positions")
     order = [list(columns).index(k) for k in range(len(columns))]
     return Frame([[row[j] for j in order] for row in split.data], None, field, columns_field)
 
@@ -106,27 +105,31 @@ def parse_csv(body: bytes, max_rows: int | None = None) -> tuple[list[str], list
     try:
         text = body.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise invalid("body", f"text/csv body is not UTF-8 ({exc.reason})", "encoding") from None
+        raise InvalidInput.at(
+            "body", f"text/csv body is not UTF-8 ({exc.reason})", "encoding"
+        ) from None
     reader = csv.reader(io.StringIO(text, newline=""))
     most = None if max_rows is None else max_rows + 2  # the header, and one row too many
     try:
         lines = list(itertools.islice(((reader.line_num, row) for row in reader if row), most))
     except csv.Error as exc:
-        raise invalid("body", f"not readable as CSV: {exc}", "csv") from None
+        raise InvalidInput.at("body", f"not readable as CSV: {exc}", "csv") from None
     if max_rows is not None and len(lines) > max_rows + 1:
         raise PayloadTooLarge(
             "request", None, max_rows, "SERVING_MAX_INSTANCES_PER_REQUEST", "instances"
         )
     if not lines:
-        raise invalid("body", "text/csv body is empty: expected a header row", "csv")
+        raise InvalidInput.at("body", "text/csv body is empty: expected a header row", "csv")
     header = lines[0][1]
     if len(lines) == 1:
-        raise invalid("body", "text/csv body has a header row and no data rows", "too_short")
+        raise InvalidInput.at(
+            "body", "text/csv body has a header row and no data rows", "too_short"
+        )
     rows: list[list[str]] = []
     for line, row in lines[1:]:
         if len(row) != len(header):
             msg = f"line {line} has {len(row)} values for {len(header)} columns"
-            raise invalid(f"csv[{len(rows)}]", msg, "row_length")
+            raise InvalidInput.at(f"csv[{len(rows)}]", msg, "row_length")
         rows.append(row)
     if header[0] == "" and len(header) > 1:  # pandas' unnamed index column
         return header[1:], [row[1:] for row in rows]

@@ -57,7 +57,7 @@ def predict(call: Call, model_name: str | None) -> Response:
     body = parse_body(PredictRequest, read_json_body(plane.settings.max_body_bytes))
     if model_name is not None and body.model not in (None, model_name):
         msg = f"names model {body.model!r}, but the path names {model_name!r}"
-        raise InvalidInput(f"model: {msg}", [{"loc": "model", "msg": msg, "type": "model"}])
+        raise InvalidInput.at("model", msg, "model")
     answer = plane.infer(
         call, model_name or body.model, body.model_version, codec.decode(body),
         outputs=body.outputs,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from serving.conform import invalid
+from serving.errors import InvalidInput
 from serving.instances import Columns, Frame, Instances, Records
 from serving.model.handle import Outputs
 from serving.protocols.tfserving.schemas import TFPredictRequest
@@ -45,18 +45,18 @@ def decode(body: TFPredictRequest) -> Instances:
     assert inputs is not None  # the schema requires one of the two
     if not isinstance(inputs, dict):
         if not inputs:
-            raise invalid("inputs", "no instances", "too_short")
+            raise InvalidInput.at("inputs", "no instances", "too_short")
         return _rows(inputs, "inputs")
     if not inputs:
-        raise invalid("inputs", "no named inputs", "too_short")
+        raise InvalidInput.at("inputs", "no named inputs", "too_short")
     counts = {name: len(values) for name, values in inputs.items()}
     n = next(iter(counts.values()))
     for name, count in counts.items():
         if count != n:
             msg = f"has {count} values; every named input needs one per instance ({n})"
-            raise invalid(f"inputs.{name}", msg, "instance_count")
+            raise InvalidInput.at(f"inputs.{name}", msg, "instance_count")
     if n == 0:
-        raise invalid("inputs", "no instances", "too_short")
+        raise InvalidInput.at("inputs", "no instances", "too_short")
     return Columns(inputs, n)
 
 

@@ -141,9 +141,7 @@ def predict(
     body = parse_body(TFPredictRequest, read_json_body(plane.settings.max_body_bytes))
     if body.signature_name not in (None, "", SIGNATURE):
         msg = f"signature {body.signature_name!r} not found; the model has {SIGNATURE!r}"
-        raise InvalidInput(
-            f"signature_name: {msg}", [{"loc": "signature_name", "msg": msg, "type": "signature"}]
-        )
+        raise InvalidInput.at("signature_name", msg, "signature")
     answer = plane.infer(call, model_name, model_version, decode(body))
     if body.instances is not None:
         return json_response({"predictions": row_predictions(answer.outputs)})

@@ -75,10 +75,6 @@ _NUMPY: dict[str, np.dtype[Any]] = {
 }  # fmt: skip
 
 
-def _invalid(loc: str, msg: str, kind: str) -> InvalidInput:
-    return InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": kind}])
-
-
 def datatype_of(dtype: np.dtype[Any]) -> Datatype:
     """The protocol's name for a numpy element type; strings and objects are ``BYTES``."""
     for name, kind in _NUMPY.items():
@@ -103,13 +99,13 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytearray
     digits = header_length.strip()
     # ASCII only: str.isdigit() also accepts "²" or "٣", which int() refuses or reads.
     if not (digits.isascii() and digits.isdigit()):
-        raise _invalid(loc, f"{header_length[:32]!r} is not a byte count", "header")
+        raise InvalidInput.at(loc, f"{header_length[:32]!r} is not a byte count", "header")
     # Longer than the body's own length in digits: more than the body, and never int()ed
     # (past 4,300 digits int() raises ValueError).
     length = int(digits) if len(digits) <= len(str(len(body))) else len(body) + 1
     if length > len(body):
         shown = digits if len(digits) <= 32 else f"{digits[:32]}... ({len(digits)} digits)"
-        raise _invalid(loc, f"{shown} is more than the body's {len(body)} bytes", "header")
+        raise InvalidInput.at(loc, f"{shown} is more than the body's {len(body)} bytes", "header")
     return body[:length], bytearray(memoryview(body)[length:])
 
 
@@ -185,12 +181,12 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
     """
     if tensor.data is None:
         msg = f"input {tensor.name!r} has no data (send data, or parameters.binary_data_size)"
-        raise _invalid(loc, msg, "missing_data")
+        raise InvalidInput.at(loc, msg, "missing_data")
     flat, types = _flatten(tensor.data)
     expected = math.prod(tensor.shape)
     if len(flat) != expected:
         msg = f"input {tensor.name!r} has {len(flat)} values; shape {tensor.shape} needs {expected}"
-        raise _invalid(loc, msg, "data_length")
+        raise InvalidInput.at(loc, msg, "data_length")
     values = _typed(flat, types, kind)
     if values is not None:
         return values
@@ -226,7 +222,7 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
         if len(tensor.shape) == 2 and tensor.shape[1] > 1:  # data is row-major, maybe flat
             where += " (instance {}, column {})".format(*divmod(index, tensor.shape[1]))
         msg = f"input {tensor.name!r}: {where} = {show(flat[index])} is not {want}"
-        raise _invalid(loc, msg, "datatype")
+        raise InvalidInput.at(loc, msg, "datatype")
     # Every value fits: an integer tensor holding null (float64, NaN for null)
     return np.array([math.nan if v is None else v for v in flat], dtype=np.float64)
 
@@ -244,7 +240,7 @@ def _check_declared(
     """
     if tensor.datatype not in _NUMPY and tensor.datatype != "BYTES":
         msg = f"input {tensor.name!r}: datatype {tensor.datatype} is not supported"
-        raise _invalid(loc, msg, "datatype")
+        raise InvalidInput.at(loc, msg, "datatype")
     shape = tensor.shape
     if shape and shape[0] > max_instances:
         what, setting = f"input {tensor.name!r}", "SERVING_MAX_INSTANCES_PER_REQUEST"
@@ -252,25 +248,25 @@ def _check_declared(
     count = math.prod(shape)
     if count == 0:  # any other dimension may be huge: numpy could not hold its shape
         msg = f"input {tensor.name!r} has shape {shape}: no values (at least one instance)"
-        raise _invalid(loc, msg, "shape")
+        raise InvalidInput.at(loc, msg, "shape")
     kind = _NUMPY.get(tensor.datatype, np.dtype(object))
     if chunk is None:
         return kind  # JSON values: counted against the shape before any array is built
     if tensor.data is not None:
         msg = f"input {tensor.name!r} has both data and parameters.binary_data_size"
-        raise _invalid(loc, msg, "binary_data")
+        raise InvalidInput.at(loc, msg, "binary_data")
     if kind.kind == "O" and count * 4 > len(chunk):
         msg = (
             f"input {tensor.name!r}: shape {shape} has {count} elements, at least "
             f"{count * 4} bytes (a 4-byte length each); binary_data_size is {len(chunk)} bytes"
         )
-        raise _invalid(loc, msg, "binary_data")
+        raise InvalidInput.at(loc, msg, "binary_data")
     if kind.kind != "O" and len(chunk) != count * kind.itemsize:
         msg = (
             f"input {tensor.name!r} has binary_data_size {len(chunk)}; shape {shape} "
             f"of {tensor.datatype} needs {count * kind.itemsize} bytes"
         )
-        raise _invalid(loc, msg, "binary_data")
+        raise InvalidInput.at(loc, msg, "binary_data")
     return kind
 
 
@@ -298,21 +294,21 @@ def _binary_strings(tensor: V2RequestInput, chunk: memoryview, loc: str) -> npt.
     for index in range(count):
         if offset + 4 > len(chunk):
             msg = f"input {tensor.name!r}: element {index} runs past its binary data"
-            raise _invalid(loc, msg, "binary_data")
+            raise InvalidInput.at(loc, msg, "binary_data")
         (size,) = struct.unpack_from("<I", chunk, offset)
         raw = chunk[offset + 4 : offset + 4 + size]
         if len(raw) != size:
             msg = f"input {tensor.name!r}: element {index} runs past its binary data"
-            raise _invalid(loc, msg, "binary_data")
+            raise InvalidInput.at(loc, msg, "binary_data")
         try:
             values[index] = str(raw, "utf-8")
         except UnicodeDecodeError:
             msg = f"input {tensor.name!r}: element {index} is not UTF-8 text"
-            raise _invalid(loc, msg, "datatype") from None
+            raise InvalidInput.at(loc, msg, "datatype") from None
         offset += 4 + size
     if offset != len(chunk):
         msg = f"input {tensor.name!r}: {len(chunk) - offset} bytes after its {count} elements"
-        raise _invalid(loc, msg, "binary_data")
+        raise InvalidInput.at(loc, msg, "binary_data")
     return values
 
 
@@ -326,12 +322,12 @@ def _chunks(inputs: Sequence[V2RequestInput], binary: bytearray) -> list[memoryv
         size = tensor.parameters.binary_data_size if tensor.parameters else None
         if size is not None and offset + size > len(binary):
             msg = f"input {tensor.name!r}: binary_data_size {size} runs past the body's end"
-            raise _invalid(f"inputs[{index}]", msg, "binary_data")
+            raise InvalidInput.at(f"inputs[{index}]", msg, "binary_data")
         chunks.append(None if size is None else view[offset : offset + size])
         offset += size or 0
     if offset != len(binary):
         msg = f"the body has {len(binary) - offset} bytes after the inputs' binary data"
-        raise _invalid(f"headers.{HEADER_LENGTH}", msg, "binary_data")
+        raise InvalidInput.at(f"headers.{HEADER_LENGTH}", msg, "binary_data")
     return chunks
 
 
@@ -340,15 +336,15 @@ def _refuse_unsupported(body: V2InferRequest) -> None:
     for index, tensor in enumerate(body.inputs):
         if tensor.parameters and "shared_memory_region" in (tensor.parameters.model_extra or {}):
             msg = "shared memory is not supported: send the data in the body"
-            raise InvalidInput(f"inputs[{index}]: {msg}")
+            raise InvalidInput.at(f"inputs[{index}]", msg, "shared_memory")
     for index, out in enumerate(body.outputs or ()):
         extra = (out.parameters.model_extra or {}) if out.parameters else {}
         if "shared_memory_region" in extra:
             msg = "shared memory is not supported: outputs come back in the body"
-            raise InvalidInput(f"outputs[{index}]: {msg}")
+            raise InvalidInput.at(f"outputs[{index}]", msg, "shared_memory")
         if "classification" in extra:
             msg = "the classification extension is not supported: ask for 'probabilities'"
-            raise InvalidInput(f"outputs[{index}]: {msg}")
+            raise InvalidInput.at(f"outputs[{index}]", msg, "classification")
 
 
 def decode(body: V2InferRequest, binary: bytearray, max_instances: int) -> Tensors:
