@@ -14,6 +14,7 @@ from serving.cache import ModelCache
 from serving.context import Call
 from serving.dataplane import DataPlane
 from serving.errors import (
+    InferenceTimeout,
     InvalidInput,
     ModelNotFound,
     NotReady,
@@ -207,4 +208,47 @@ def test_dataplane_infer_counts_queue_depth_and_rejections(
         release.set()
         for caller in callers:
             caller.join(10)
+        cache.stop(timeout_s=10)
+
+
+@pytest.mark.parametrize("policy", ["window", "adaptive"])
+def test_dataplane_counts_a_request_that_timed_out_once_and_as_failed(
+    settings: Settings, metrics: ServingMetrics, policy: str
+) -> None:
+    """Found by the attack: the flush observer counted a request whose predict call
+    ended after its caller gave up (504) as answered, so the V2 statistics held it twice
+    (``fail`` from the data plane, then ``success`` from the observer: queued) or as a
+    success (on the caller's own thread, ``adaptive``)."""
+    release, entered = threading.Event(), threading.Event()
+
+    def slow(X: np.ndarray) -> np.ndarray:
+        if X.any():  # not the warm-up's zero rows
+            entered.set()
+            release.wait(10)
+        return X[:, 0]
+
+    short = Settings(**{**settings.model_dump(), "request_timeout_ms": 300, "batch_policy": policy})
+    handle = ModelHandle.from_callable(slow, name="slow", version="1", n_features=1)
+    cache = ModelCache(short, metrics, runtimes=[runtime_of(short, metrics, handle)])
+    plane = DataPlane(short, metrics, lambda: cache)
+    batcher = cache.default.batcher
+    assert batcher is not None
+
+    def requests(outcome: str) -> float:
+        labels = {"model": "slow", "version": "1", "outcome": outcome}
+        return metrics.registry.get_sample_value("inference_requests_total", labels) or 0.0
+
+    try:
+        # window: the caller gives up in the queue; adaptive: the call runs on the
+        # caller's own thread and ends past its deadline
+        threading.Timer(0.6, release.set).start()
+        with pytest.raises(InferenceTimeout):
+            plane.infer(soon(plane), None, None, Frame([[1.0]]))
+        assert entered.wait(10)
+        until(lambda: batcher.busy_for_s == 0, 10, interval_s=0.01, what="the call done")
+        until(lambda: batcher.queue_depth == 0, 10, interval_s=0.01, what="the queue empty")
+        time.sleep(0.05)  # the observer runs right after the call: let it finish
+        assert (requests("success"), requests("fail")) == (0.0, 1.0)
+    finally:
+        release.set()
         cache.stop(timeout_s=10)

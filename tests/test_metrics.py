@@ -126,3 +126,24 @@ def test_queue_depth_is_written_only_when_it_changes() -> None:
     assert writes == [3, 0, 5]
     labels = {"model": "m", "version": "1"}
     assert metrics.registry.get_sample_value("inference_queue_depth", labels) == 5
+
+
+def test_multiprocess_metric_files_have_their_blocks_reserved(tmp_path: Path) -> None:
+    """Found by the attack: the metric files of the multiprocess mode were sparse (grown
+    with truncate()), so with PROMETHEUS_MULTIPROC_DIR full (a small tmpfs) the first write
+    to a new page through the mapping raised SIGBUS and killed the worker; the blocks are
+    now reserved first, and a full directory is an OSError the server survives."""
+    from prometheus_client import values
+
+    import serving.observe.metrics  # noqa: F401  (installs the file class)
+
+    path = tmp_path / "counter_1.db"
+    metric_file = values.MmapedDict(str(path))
+    for index in range(2000):  # ~300 KB of keys: the file grows several times
+        metric_file.write_value(f"requests_total-{index:06d}-" + "x" * 100, 1.0, 0.0)
+    metric_file.close()
+
+    size, blocks = path.stat().st_size, path.stat().st_blocks
+    assert size > 1 << 16
+    assert blocks * 512 >= size  # every block allocated: no page left to fault on
+    assert len(list(values.MmapedDict.read_all_values_from_file(str(path)))) == 2000

@@ -8,8 +8,13 @@ from typing import Any
 
 from flask.testing import FlaskClient
 
+from serving.app import create_app
+from serving.model.loaders import estimator_handle
+from serving.observe.metrics import ServingMetrics
 from serving.protocols.v2.repository import V2ModelConfig, V2RepositoryIndex
 from serving.protocols.v2.stats import V2InferenceStatistics
+from serving.settings import Settings
+from tests.models import FailsOnNegative
 
 
 def infer(client: FlaskClient, rows: list[list[float]]) -> Any:
@@ -91,3 +96,30 @@ def test_v2_server_metadata_lists_the_extensions(client: FlaskClient) -> None:
     extensions = client.get("/v2").get_json()["extensions"]
 
     assert {"statistics", "model_configuration", "model_repository"} <= set(extensions)
+
+
+def test_v2_stats_count_executions_and_inferences_of_predict_calls_that_succeeded(
+    settings: Settings, metrics: ServingMetrics
+) -> None:
+    """Found by the attack: ``inference_count`` and ``execution_count`` were read from the
+    batch size histogram, which also counts failed predict calls (and, when a batch fails,
+    each retry of its halves), so a failing request raised both; Triton counts successful
+    executions only, as ``batch_stats`` here already did."""
+    handle = estimator_handle(FailsOnNegative(3), name="neg", version="1", format="pickle")
+    app = create_app(settings, models=[handle], metrics=metrics)
+    client = app.test_client()
+    try:
+        body = {"inputs": [{"name": "input-0", "shape": [1, 3], "datatype": "FP64"}]}
+        for first, status in ((-1.0, 500), (1.0, 200)):
+            body["inputs"][0]["data"] = [first, 2.0, 3.0]
+            assert client.post("/v2/models/neg/infer", json=body).status_code == status
+
+        (stats,) = V2InferenceStatistics.model_validate(
+            client.get("/v2/models/neg/stats").get_json()
+        ).model_stats
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    assert (stats.inference_stats.success.count, stats.inference_stats.fail.count) == (1, 1)
+    assert (stats.inference_count, stats.execution_count) == (1, 1)
+    assert [(b.batch_size, b.compute_infer.count) for b in stats.batch_stats] == [(1, 1)]

@@ -103,8 +103,10 @@ class FlushStats:
 
     ``duration_s`` is the predict call's wall time in seconds, from ``called_at``
     (``perf_counter()``); ``queue_depth`` the instances still queued when it returned;
-    ``error`` is set when the batch failed; ``tags`` are the ``submit`` tags of its
-    requests, in order.
+    ``error`` is set when the batch failed; ``tags`` are the ``submit`` tags of the
+    requests it answers, in order: not those whose caller gave up or whose deadline
+    passed before it returned (they get a timeout, as their callers count them), none
+    when it failed.
     """
 
     batch_size: int
@@ -288,13 +290,19 @@ class ThreadedBatcher:
                 self._answer([request])
             finally:
                 self._model.release()
-            if time.monotonic() > request.deadline:  # as a queued caller's wait would
+            # An answer past the deadline is failed by ``_call`` (not taken); a failure
+            # past it is a timeout too, as a queued caller's wait would have ended
+            if request.error is not None and time.monotonic() > request.deadline:
                 assert timeout_s is not None
                 raise InferenceTimeout(f"no prediction within {timeout_s * 1000:.0f} ms")
             return self._result(request)
         if not request.wait(timeout_s):
-            assert timeout_s is not None
-            raise InferenceTimeout(f"no prediction within {timeout_s * 1000:.0f} ms")
+            with self._lock:
+                given_up = request.give_up()
+            if given_up:
+                assert timeout_s is not None
+                raise InferenceTimeout(f"no prediction within {timeout_s * 1000:.0f} ms")
+            request.wait(None)  # taken by a call that returned in time: answered right after
         return self._result(request)
 
     @staticmethod
@@ -454,15 +462,28 @@ class ThreadedBatcher:
         else:
             self._call_s += _AVERAGE_WEIGHT * (duration_s - self._call_s)
         tags = tuple(request.tag for request in batch)
+        taken: tuple[bool, ...] = ()
+        if error is None:  # each request is answered, or failed if its caller gave up
+            now = time.monotonic()
+            with self._lock:
+                taken = tuple(request.take(now) for request in batch)
         if self._on_flush is not None:
-            stats = FlushStats(len(rows), len(batch), duration_s, self._depth, error, started, tags)
+            answered = tuple(tag for tag, took in zip(tags, taken, strict=False) if took)
+            stats = FlushStats(
+                len(rows), len(batch), duration_s, self._depth, error, started, answered
+            )
             try:
                 self._on_flush(stats)
             except Exception:
                 log.exception("on_flush observer failed")
         if error is None:
-            for request, outputs in zip(batch, parts, strict=True):
-                request.answer(outputs, len(rows), duration_s, tags)
+            for request, outputs, took in zip(batch, parts, taken, strict=True):
+                if took:
+                    request.answer(outputs, len(rows), duration_s, tags)
+                else:
+                    waited_ms = (request.deadline - request.enqueued_at) * 1000
+                    message = f"no prediction within {waited_ms:.0f} ms"
+                    request.fail(message, InferenceTimeout(message))
         return error
 
     def _fail_all(self, message: str, cause: BaseException) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from serving.errors import InferenceError, InvalidInput
+from serving.errors import InferenceError, InferenceTimeout, InvalidInput
 
 __all__ = ["Answer", "BatchOutputs", "PendingRequest", "split_outputs"]
 
@@ -54,8 +54,8 @@ class PendingRequest:
     """
 
     __slots__ = (
-        "_done", "batch_size", "cause", "deadline", "enqueued_at", "error", "finished",
-        "infer_s", "merged", "outputs", "rows", "tag",
+        "_done", "abandoned", "batch_size", "cause", "deadline", "enqueued_at", "error",
+        "finished", "infer_s", "merged", "outputs", "rows", "tag", "taken",
     )  # fmt: skip
 
     def __init__(
@@ -71,6 +71,10 @@ class PendingRequest:
         self._done = threading.Lock()
         self._done.acquire()
         self.finished = False
+        # Who has these rows, decided once under the batcher's lock (``take``,
+        # ``give_up``): a predict call that answers them, or a caller that stopped waiting.
+        self.taken = False
+        self.abandoned = False
         self.batch_size = 0  # the size of the predict call that answered these rows
         self.infer_s = 0.0  # that call's wall time, in seconds
         self.merged: tuple[Any, ...] = ()  # the tags of the requests merged into that call
@@ -78,8 +82,27 @@ class PendingRequest:
         self.deadline = self.enqueued_at + timeout_s if timeout_s is not None else float("inf")
 
     def dead(self) -> bool:
-        """Failed already, or past its deadline: its queued rows need not be computed."""
-        return self.error is not None or time.monotonic() > self.deadline
+        """Failed already, given up, or past its deadline: its queued rows need not be
+        computed."""
+        return self.error is not None or self.abandoned or time.monotonic() > self.deadline
+
+    def take(self, now: float) -> bool:
+        """Claim these rows for the answer of a predict call that returned at ``now``
+        (``time.monotonic()``): False when the caller gave up or the deadline passed, and
+        then the caller gets a timeout, never this answer. Called under the batcher's lock,
+        like ``give_up``, so exactly one of the two wins."""
+        if self.abandoned or now > self.deadline:
+            return False
+        self.taken = True
+        return True
+
+    def give_up(self) -> bool:
+        """The caller stops waiting: True unless a predict call took these rows already
+        (then its answer is on its way: wait for it)."""
+        if self.taken:
+            return False
+        self.abandoned = True
+        return True
 
     def answer(
         self,
@@ -114,6 +137,8 @@ class PendingRequest:
             # values (InvalidInput from the handle) stays a 4xx.
             if isinstance(self.cause, InvalidInput):
                 raise InvalidInput(self.error, self.cause.details) from self.cause
+            if isinstance(self.cause, InferenceTimeout):
+                raise InferenceTimeout(self.error) from self.cause
             raise InferenceError(self.error) from self.cause
         assert self.outputs is not None  # wait() returned True: answered or failed
         return self.outputs

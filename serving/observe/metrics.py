@@ -36,6 +36,7 @@ from serving.batching.batcher import FlushStats
 from serving.context import REQUEST_STAGES, Timing, stage_seconds
 from serving.model.handle import ModelHandle
 from serving.observe import process
+from serving.observe.metric_files import ReservedMmapedDict
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics", "default_metrics"]
 
@@ -45,6 +46,9 @@ __all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics", "default_metrics"]
 # nothing.
 if values.ValueClass.__name__ == "MmapedValue":  # PROMETHEUS_MULTIPROC_DIR was set at import
     values.ValueClass = values.MultiProcessValue(process_identifier=process.pid)  # type: ignore[no-untyped-call]
+# Its files with their blocks reserved: a full directory is an OSError, not a SIGBUS that
+# kills the worker (serving.observe.metric_files).
+values.MmapedDict = ReservedMmapedDict  # type: ignore[attr-defined]
 
 #: Request durations: 0.5 ms to 10 s (a model server's answers span that range).
 DURATION_BUCKETS_S = (

@@ -11,9 +11,10 @@ dead since start-up, exactly as ``/metrics`` is:
   predict call that answered it) and ``compute_output`` (splitting the outputs per
   request) of the successful requests, whose ``success`` time is their sum; ``fail``
   the whole time in the data plane of the failed ones;
-- ``inference_batch_size``: ``inference_count`` (instances) and ``execution_count``
-  (predict calls);
-- ``inference_batch_compute_seconds{batch_size=...}``: ``batch_stats``;
+- ``inference_batch_compute_seconds{batch_size=...}``: ``batch_stats``, and from it
+  ``execution_count`` (predict calls that succeeded) and ``inference_count`` (their
+  instances), as Triton counts successful executions only (``inference_batch_size`` also
+  counts failed calls, and the retries of a failed batch's halves);
 - ``inference_last_timestamp_seconds``: ``last_inference``, in ms since the epoch.
 
 Durations are answered as Triton does, in integer nanoseconds (``ns``). Encoding the
@@ -69,8 +70,10 @@ class V2ModelStatistics(BaseModel):
     name: str
     version: str
     last_inference: int = Field(description="When the last request was answered, ms since epoch.")
-    inference_count: int = Field(description="Instances answered (a batch of n counts n).")
-    execution_count: int = Field(description="Predict calls run.")
+    inference_count: int = Field(
+        description="Instances of the predict calls that succeeded (a batch of n counts n).",
+    )
+    execution_count: int = Field(description="Predict calls that succeeded.")
     inference_stats: V2InferStats
     batch_stats: list[V2BatchStats]
 
@@ -87,7 +90,7 @@ def model_statistics(
 ) -> list[dict[str, Any]]:
     """Triton's ``model_stats`` entry for each ``(name, version)`` in ``models``, in order,
     from the collected metric ``families`` (models without samples yet count zero)."""
-    stages, batches, calls, last = _totals(families)
+    stages, batches, last = _totals(families)
     answer = []
     for (name, version, stage), totals in list(stages.items()):
         if stage in REQUEST_STAGES:  # the stages of every successful request, and its time
@@ -111,7 +114,8 @@ def model_statistics(
                     "compute_output": _duration(count, 0.0),
                 }
             )
-        executions, instances = calls.get((name, version), (0.0, 0.0))
+        executions = sum(batches[(name, version, size)][0] for size in sizes)
+        instances = sum(size * batches[(name, version, size)][0] for size in sizes)
         answer.append(
             {
                 "name": name,
@@ -134,14 +138,12 @@ def _totals(
 ) -> tuple[
     dict[tuple[str, str, str], list[float]],
     dict[tuple[str, str, int], list[float]],
-    dict[_Key, list[float]],
     dict[_Key, float],
 ]:
-    """``[count, seconds]`` per model, version and stage; per model, version and batch
-    size; ``[predict calls, instances]`` per model and version; the last answer's time."""
+    """``[count, seconds]`` per model, version and stage; ``[predict calls that
+    succeeded, seconds]`` per model, version and batch size; the last answer's time."""
     stages: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     batches: dict[tuple[str, str, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    calls: dict[_Key, list[float]] = defaultdict(lambda: [0.0, 0.0])
     last: dict[_Key, float] = defaultdict(float)
     for family in families:
         for sample in family.samples:
@@ -158,11 +160,9 @@ def _totals(
                 continue  # histogram buckets, _created
             if family.name == "inference_batch_compute_seconds":
                 batches[(*key, int(labels["batch_size"]))][slot] += sample.value
-            elif family.name == "inference_batch_size":
-                calls[key][slot] += sample.value
             elif family.name == "inference_last_timestamp_seconds":
                 last[key] = max(last[key], sample.value)
-    return stages, batches, calls, last
+    return stages, batches, last
 
 
 def _is_count_or_sum(sample: Any) -> bool:
