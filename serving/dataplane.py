@@ -259,7 +259,7 @@ class DataPlane:
             timing.span = tracing.current_span_context()
             answer = batcher.submit(rows, timeout_s, tag=timing)
         except Overloaded:
-            self.metrics.rejected.labels(handle.name, handle.version).inc()
+            self.metrics.count_rejected(handle.name, handle.version)
             raise
         finally:
             timing.answered = time.perf_counter()

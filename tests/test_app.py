@@ -466,3 +466,39 @@ def test_a_request_routed_to_a_view_that_does_not_predict_leaves_the_count(
     assert response.status_code < 400, response.get_data()
     assert seen == [0]
     assert arrivals.count == 0
+
+
+def test_a_metric_write_that_fails_fails_no_request(
+    settings: Settings, model_handle: ModelHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the attack: with PROMETHEUS_MULTIPROC_DIR full, a metric write that needs
+    a new key raises OSError (the file cannot grow), and the app's after-request hook let
+    it through: the caller got a 500 for a side channel."""
+    metrics = ServingMetrics(CollectorRegistry())
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    app = create_app(settings, models=[model_handle], metrics=metrics)
+    for metric in (
+        metrics.requests,
+        metrics.request_duration,
+        metrics.request_outcomes,
+        metrics.request_stage,
+        metrics.batch_size,
+        metrics.batch_compute,
+    ):
+        monkeypatch.setattr(metric, "labels", full)  # fmt: skip
+    metrics._children.clear()
+    metrics._stages.clear()
+    try:
+        client = app.test_client()
+        answered = client.post("/predict", json={"instances": [[1.0, 2.0, 3.0]]})
+        refused = client.post("/predict", json={"instances": [[1.0]]})
+        probe = client.get("/livez")
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    assert answered.status_code == 200, answered.get_data(as_text=True)
+    assert refused.status_code == 422
+    assert probe.status_code == 200

@@ -12,11 +12,13 @@ Units are in the names: durations in seconds, batch size in instances.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ParamSpec
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -63,6 +65,34 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _METHODS = frozenset(
     {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"}
 )
+
+
+log = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+#: Seconds between two warnings that metric writes fail (the first is logged at once).
+_WARN_EVERY_S = 60.0
+_warned_at = [-_WARN_EVERY_S]
+
+
+def _never_raises(write: Callable[_P, None]) -> Callable[_P, None]:
+    """``write``, a metric write on the request path, dropped with a warning (at most one
+    a minute) when it fails: with ``PROMETHEUS_MULTIPROC_DIR`` full a write that needs a
+    new key cannot grow its file (``OSError``, ``serving.observe.metric_files``). The
+    request is answered; its metrics are lost, not it."""
+
+    @functools.wraps(write)
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        try:
+            write(*args, **kwargs)
+        except OSError as exc:
+            now = time.monotonic()
+            if now - _warned_at[0] >= _WARN_EVERY_S:
+                _warned_at[0] = now
+                log.warning("metrics: a write failed and was dropped (%s: %s); is "
+                            "PROMETHEUS_MULTIPROC_DIR full?", type(exc).__name__, exc)  # fmt: skip
+
+    return guarded
 
 
 class _Depth:
@@ -215,6 +245,7 @@ class ServingMetrics:
             registry=registry,
         )
 
+    @_never_raises
     def observe_request(self, method: str, route: str, status: int, duration_s: float) -> None:
         """Count one answered request; ``route`` is the URL rule (``/predict``), never the path.
 
@@ -245,7 +276,7 @@ class ServingMetrics:
         """The ``ThreadedBatcher`` ``on_queue`` observer of one model version: the queue
         depth each time a request is queued (each flush sets it too), so the gauge rises
         while a slow predict call holds the batcher."""
-        return self._depth(model, version).set
+        return _never_raises(self._depth(model, version).set)
 
     def flush_observer(self, model: str, version: str) -> Callable[[FlushStats], None]:
         """The ``ThreadedBatcher`` ``on_flush`` observer of one model version: each predict
@@ -261,6 +292,7 @@ class ServingMetrics:
         self.rejected.labels(model, version)  # exposed at 0 from the start, so rate() works
         depth.set(0)
 
+        @_never_raises
         def observe(stats: FlushStats) -> None:
             batch_size.observe(stats.batch_size)
             duration.observe(stats.duration_s)
@@ -301,9 +333,15 @@ class ServingMetrics:
         if requests:
             self._write_stages(children, requests, totals)
 
+    @_never_raises
     def model_load_failed(self, model: str, version: str) -> None:
         """Count one failed load of ``model`` at ``version`` (a worker retries it)."""
         self.load_failures.labels(model, version).inc()
+
+    @_never_raises
+    def count_rejected(self, model: str, version: str) -> None:
+        """Count one request refused at once with 503 overloaded (its queue was full)."""
+        self.rejected.labels(model, version).inc()
 
     def _stage_children(self, model: str, version: str, ok: bool) -> tuple[Any, ...]:
         """The outcome's counter, then the seconds of each of ``REQUEST_STAGES`` in its
@@ -319,6 +357,7 @@ class ServingMetrics:
             self._stages[(model, version, ok)] = children
         return children
 
+    @_never_raises
     def observe_stages(
         self,
         model: str,
@@ -357,6 +396,7 @@ class ServingMetrics:
             MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return list(registry.collect())
 
+    @_never_raises
     def model_loaded(self, handle: ModelHandle) -> None:
         """Set ``serving_model_info`` for a model this worker now serves; ``device`` is
         ``cuda:N`` on a GPU, else ``cpu``."""
