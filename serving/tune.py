@@ -225,6 +225,53 @@ def recommend(
     per_worker = max(1, clients // workers)
     limit = min(plateau.batch_size, per_worker)
     fitting = [p for p in points if p.batch_size <= limit and 2 * p.seconds_per_call <= budget_s]
+    reasons = _curve_reasons(
+        measured, points, plateau, clients=clients, workers=workers, per_worker=per_worker
+    )
+    if fitting:
+        chosen = fitting[-1]
+        reasons.append(
+            f"batch {chosen.batch_size} takes {chosen.seconds_per_call * 1000:.2f} ms; 2 calls "
+            f"= {2 * chosen.seconds_per_call * 1000:.2f} ms <= half the p99 budget "
+            f"({budget_s * 1000:.1f} ms)"
+        )
+    else:
+        chosen = _over_budget(points, p99_ms, budget_s, per_worker, reasons)
+    window_ms = max(0.0, round((budget_s - 2 * chosen.seconds_per_call) * 1000, 1))
+    threads = 2 * chosen.batch_size
+    capacity = workers * chosen.rows_per_s
+    reasons += [
+        f"adaptive policy needs no window; with the window policy use at most {window_ms} ms "
+        "(what is left of half the budget after two calls)",
+        f"{workers} workers: one per core, each with 1 BLAS thread",
+        f"{threads} threads per worker: one batch filling while one runs (Little's law)",
+        f"model capacity about {capacity:,.0f} instances/s at that batch size, before HTTP "
+        f"costs; plan for at most {UTILISATION:.0%} of what bench/http_load.py measures",
+    ]
+    return Recommendation(
+        chosen.batch_size,
+        window_ms,
+        workers,
+        threads,
+        capacity,
+        reasons,
+        expected_p99_ms=2 * chosen.seconds_per_call * 1000,
+        meets_budget=bool(fitting),
+    )
+
+
+def _curve_reasons(
+    measured: list[SweepPoint],
+    points: list[SweepPoint],
+    plateau: SweepPoint,
+    *,
+    clients: int,
+    workers: int,
+    per_worker: int,
+) -> list[str]:
+    """What the cost curve says before any choice: where the plateau starts, which
+    measured costs were read as noise (``monotone``), and whether the clients in flight
+    per worker cap the batch below the plateau."""
     reasons = [
         f"plateau starts at batch {plateau.batch_size} "
         f"({plateau.rows_per_s:,.0f} rows/s, {plateau.us_per_row:.1f} us/row)"
@@ -243,60 +290,38 @@ def recommend(
             f"{clients} concurrent clients over {workers} workers put at most {per_worker} "
             "requests in flight per worker: no bigger batch can form"
         )
-    if fitting:
-        chosen = fitting[-1]
-        reasons.append(
-            f"batch {chosen.batch_size} takes {chosen.seconds_per_call * 1000:.2f} ms; 2 calls "
-            f"= {2 * chosen.seconds_per_call * 1000:.2f} ms <= half the p99 budget "
-            f"({budget_s * 1000:.1f} ms)"
-        )
-    else:
-        bend = knee(points)
-        chosen = max(
-            (p for p in points if p.batch_size <= min(bend.batch_size, per_worker)),
-            key=lambda p: p.batch_size,
-        )
-        reasons.append(
-            f"NO SETTING MEETS p99 <= {p99_ms:g} ms: even batch {points[0].batch_size} takes "
-            f"{points[0].seconds_per_call * 1000:.2f} ms, and two calls "
-            f"({2 * points[0].seconds_per_call * 1000:.2f} ms) exceed half the budget "
-            f"({budget_s * 1000:.1f} ms); expect p99 of about "
-            f"{2 * chosen.seconds_per_call * 1000:.0f} ms plus HTTP under load"
-        )
-        reasons.append(
-            f"batch {chosen.batch_size} ({chosen.seconds_per_call * 1000:.2f} ms/call) gives the "
-            f"most capacity at the least latency: {chosen.rows_per_s / points[0].rows_per_s:.1f}x "
-            f"the rows/s of batch {points[0].batch_size} (the largest batch costing at most "
-            f"{KNEE_TOLERANCE:.2f}x a call of {points[0].batch_size}"
-            + (
-                f", capped at the {per_worker} requests in flight per worker)"
-                if bend.batch_size > per_worker
-                else ")"
-            )
-        )
-    window_ms = max(0.0, round((budget_s - 2 * chosen.seconds_per_call) * 1000, 1))
+    return reasons
+
+
+def _over_budget(
+    points: list[SweepPoint], p99_ms: float, budget_s: float, per_worker: int, reasons: list[str]
+) -> SweepPoint:
+    """When no batch size fits half the budget in two calls: the knee (most capacity at
+    the least latency), capped at ``per_worker``, saying so loudly in ``reasons``."""
+    bend = knee(points)
+    chosen = max(
+        (p for p in points if p.batch_size <= min(bend.batch_size, per_worker)),
+        key=lambda p: p.batch_size,
+    )
     reasons.append(
-        f"adaptive policy needs no window; with the window policy use at most {window_ms} ms "
-        "(what is left of half the budget after two calls)"
+        f"NO SETTING MEETS p99 <= {p99_ms:g} ms: even batch {points[0].batch_size} takes "
+        f"{points[0].seconds_per_call * 1000:.2f} ms, and two calls "
+        f"({2 * points[0].seconds_per_call * 1000:.2f} ms) exceed half the budget "
+        f"({budget_s * 1000:.1f} ms); expect p99 of about "
+        f"{2 * chosen.seconds_per_call * 1000:.0f} ms plus HTTP under load"
     )
-    reasons.append(f"{workers} workers: one per core, each with 1 BLAS thread")
-    threads = 2 * chosen.batch_size
-    reasons.append(f"{threads} threads per worker: one batch filling while one runs (Little's law)")
-    capacity = workers * chosen.rows_per_s
     reasons.append(
-        f"model capacity about {capacity:,.0f} instances/s at that batch size, before HTTP "
-        f"costs; plan for at most {UTILISATION:.0%} of what bench/http_load.py measures"
+        f"batch {chosen.batch_size} ({chosen.seconds_per_call * 1000:.2f} ms/call) gives the "
+        f"most capacity at the least latency: {chosen.rows_per_s / points[0].rows_per_s:.1f}x "
+        f"the rows/s of batch {points[0].batch_size} (the largest batch costing at most "
+        f"{KNEE_TOLERANCE:.2f}x a call of {points[0].batch_size}"
+        + (
+            f", capped at the {per_worker} requests in flight per worker)"
+            if bend.batch_size > per_worker
+            else ")"
+        )
     )
-    return Recommendation(
-        chosen.batch_size,
-        window_ms,
-        workers,
-        threads,
-        capacity,
-        reasons,
-        expected_p99_ms=2 * chosen.seconds_per_call * 1000,
-        meets_budget=bool(fitting),
-    )
+    return chosen
 
 
 def plot(points: list[SweepPoint], path: Path, title: str) -> None:

@@ -258,15 +258,19 @@ def test_batcher_answers_its_batch_even_when_its_own_code_fails(
 
 
 def test_batcher_reports_how_long_the_model_has_been_busy(stop_after: Any) -> None:
-    model = RowEcho(delay_s=0.3)
+    model = ReusedBuffer()
+    model.gate.clear()  # the model runs until the test opens the gate
     batcher = ThreadedBatcher(outputs_of(model), max_batch_latency_ms=0).start()
     stop_after(batcher)
     assert batcher.busy_for_s == 0.0
     with ThreadPoolExecutor(1) as pool:
+        submitted = time.monotonic()
         future = pool.submit(batcher.submit_many, rows_for(1), WAIT_S)
-        wait_while(lambda: not model.batch_sizes)
-        time.sleep(0.1)
-        assert 0.05 < batcher.busy_for_s < 0.3
+        assert model.entered.wait(WAIT_S)
+        busy_s = until(lambda: batcher.busy_for_s >= 0.05 and batcher.busy_for_s, WAIT_S)
+        assert busy_s <= time.monotonic() - submitted  # this call's time, no more
+        until(lambda: batcher.busy_for_s > busy_s, WAIT_S, what="busy_for_s growing")
+        model.gate.set()
         future.result(WAIT_S)
     assert batcher.busy_for_s == 0.0
 
@@ -741,7 +745,8 @@ def test_batcher_stop_waits_for_a_caller_running_its_own_rows(stop_after: Any) -
         running = pool.submit(batcher.submit_many, rows_for(1), WAIT_S)
         assert started.wait(WAIT_S)
         stopping = pool.submit(batcher.stop, WAIT_S)
-        time.sleep(0.2)
+        # The batcher thread has ended; stop now waits for the caller's answer.
+        until(lambda: "the-batcher" not in {t.name for t in threading.enumerate()}, WAIT_S)
         assert not stopping.done()  # the answer being computed is not abandoned
         release.set()
         stopping.result(WAIT_S)

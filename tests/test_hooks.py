@@ -12,16 +12,17 @@ from types import SimpleNamespace
 import pytest
 
 from serving.observe import access_log
-from serving.server import hooks, workers
+from serving.server import hooks, pinning
+from serving.server.board import Board
+from serving.server.recycling import RecycleGate
 from serving.settings import Settings
 
 
 @pytest.fixture(autouse=True)
 def _restore_hook_globals(monkeypatch: pytest.MonkeyPatch) -> None:
     """``on_starting`` installs the master's board: undo it after each test."""
-    for name in ("_board", "_gate", "_booted", "_boot_failed"):
-        monkeypatch.setattr(hooks, name, getattr(hooks, name))
-    monkeypatch.setattr(workers, "_installed", None)
+    monkeypatch.setattr(hooks, "_boot", hooks._boot)
+    monkeypatch.setattr("serving.server.board._installed", None)
 
 
 def test_on_starting_removes_only_prometheus_files(
@@ -121,15 +122,15 @@ def test_pre_fork_gives_each_new_worker_the_lowest_free_slot() -> None:
 def test_cpus_for_slot_round_robins_over_the_allowed_cpus(
     slot: int, cpus: list[int], per_worker: int, expected: set[int]
 ) -> None:
-    assert hooks.cpus_for_slot(slot, cpus, per_worker) == expected
+    assert pinning.cpus_for_slot(slot, cpus, per_worker) == expected
 
 
 def test_cpus_for_slot_of_two_servers_start_apart() -> None:
     """Each master starts its round-robin at its pid: the workers of two servers on one
     host do not all crowd the first CPU, and each server's workers still use every CPU."""
     cpus = [0, 1, 2, 3]
-    first = [hooks.cpus_for_slot(slot, cpus, 1, start=1000) for slot in range(4)]
-    second = [hooks.cpus_for_slot(slot, cpus, 1, start=1001) for slot in range(4)]
+    first = [pinning.cpus_for_slot(slot, cpus, 1, start=1000) for slot in range(4)]
+    second = [pinning.cpus_for_slot(slot, cpus, 1, start=1001) for slot in range(4)]
     assert first[0] != second[0]
     assert set().union(*first) == set().union(*second) == set(cpus)
 
@@ -265,8 +266,8 @@ def live_pids() -> Iterator[list[int]]:
 def test_recycle_gate_lets_one_worker_away_at_a_time_and_holds_no_slot(
     tmp_path: Path, live_pids: list[int]
 ) -> None:
-    board = workers.Board(tmp_path)
-    gate = workers.RecycleGate(board)
+    board = Board(tmp_path)
+    gate = RecycleGate(board)
     gate.target = 2
     first, second, replacement, newer = live_pids
     board.write(first, "ready")
@@ -319,7 +320,7 @@ def test_prepare_metrics_dir_refuses_a_directory_another_server_holds(
 def test_board_says_the_stage_each_loading_worker_is_at(
     tmp_path: Path, live_pids: list[int]
 ) -> None:
-    board = workers.Board(tmp_path)
+    board = Board(tmp_path)
     loading, warming, ready, failed = live_pids
     board.write(loading, "starting", stage="model 'churn': loading")
     board.write(warming, "warming", stage="model 'churn': warming up")

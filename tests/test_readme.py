@@ -61,3 +61,17 @@ def test_the_readme_predict_example_is_answered_by_the_demo_model(settings: Sett
         assert response.get_json()["predictions"] == [0]  # the README shows class 0
     finally:
         app.extensions["serving"].get_models().stop(timeout_s=10)
+
+
+def test_readme_layout_names_every_module_and_folder_and_only_those() -> None:
+    """The Layout drawing is the map of ``serving/``: a module added, moved or removed
+    shows there, as the folders' import rules do in tests/test_boundaries.py."""
+    text = README.read_text()
+    drawing = text[text.index("```\nserving/\n") : text.index("`deploy/` holds nginx")]
+    package = README.parent / "serving"
+    modules = {p.name for p in package.rglob("*.py") if p.name != "__init__.py"}
+    named = set(re.findall(r"(?<![\w.])([a-z_]+\.py)\b", drawing))
+    assert modules - named == set(), "modules missing from the README's Layout"
+    assert named - modules == set(), "the README's Layout names modules that do not exist"
+    folders = {p.name for p in package.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert {f for f in folders if f"  {f}/" not in drawing} == set()

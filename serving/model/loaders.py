@@ -19,7 +19,7 @@ import pickle
 import pickletools
 import re
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +117,33 @@ def estimator_handle(
     """
     if not callable(getattr(model, "predict", None)):
         raise ModelLoadError(source, f"the loaded {type(model).__name__} object has no predict()")
-    predict = model.predict
+    predict_proba, classes = _probability_outputs(model, name)
+    n_features = getattr(model, "n_features_in_", None)
+    features = _estimator_features(model, n_features, declared, source)
+    named = getattr(model, "feature_names_in_", None) is not None
+    feature_names = tuple(f.name for f in features) if features and (named or declared) else None
+    to_input = frame_builder(features) if named and features else _array_input
+    label_array = np.asarray(classes) if classes is not None else None
+    rule = label_rule(_final_estimator(model), classes) if predict_proba is not None else None
+    one_pass = OnePass(label_array, rule, name=name) if rule and label_array is not None else None
+    predict_outputs = _outputs_of(model.predict, predict_proba, to_input, one_pass)
+    return ModelHandle(
+        name=name,
+        version=version,
+        format=format,
+        predict_batch=_refusing_overflow(predict_outputs),
+        source=source,
+        n_features=int(n_features) if n_features is not None else None,
+        classes=tuple(label_array.tolist()) if label_array is not None else None,
+        feature_names=feature_names,
+        features=features,
+        output_names=("predictions",) + (("probabilities",) if predict_proba is not None else ()),
+    )
+
+
+def _probability_outputs(model: Predictor, name: str) -> tuple[Any, Any]:
+    """``(predict_proba, classes_)`` of ``model``, each None where it has none; both None for
+    a multi-output classifier, answered without probabilities."""
     # absent (AttributeError) on pipelines ending in a regressor
     predict_proba = getattr(model, "predict_proba", None)
     classes = getattr(model, "classes_", None)
@@ -125,40 +151,38 @@ def estimator_handle(
         # A multi-output classifier: classes_ and predict_proba's arrays per output, not
         # per instance (merged into one array they gave each instance another's rows).
         log.info("model %r: multi-output classifier, answered without probabilities", name)
-        predict_proba = classes = None
-    n_features = getattr(model, "n_features_in_", None)
+        return None, None
+    return predict_proba, classes
+
+
+def _estimator_features(
+    model: Predictor,
+    n_features: Any,
+    declared: tuple[Feature, ...] | None,
+    source: Path | None,
+) -> tuple[Feature, ...] | None:
+    """The input schema: ``declared`` merged with what the estimator tells (its columns, or
+    ``n_features`` float64 features named by position).
+
+    :raises ModelLoadError: when ``declared`` names features the model was not fitted on.
+    """
     inferred = estimator_features(model)
     if inferred is None and n_features is not None:
         missing = estimator_missing(model)
         inferred = tuple(feature(str(j), "float", np.float64, missing=missing)
                          for j in range(int(n_features)))  # fmt: skip
     try:
-        features = merge_features(declared, inferred)
+        return merge_features(declared, inferred)
     except ValueError as exc:
         raise ModelLoadError(source, str(exc)) from None
-    named = getattr(model, "feature_names_in_", None) is not None
-    feature_names = tuple(f.name for f in features) if features and (named or declared) else None
-    to_input = frame_builder(features) if named and features else _array_input
-    label_array = np.asarray(classes) if classes is not None else None
-    rule = label_rule(_final_estimator(model), classes) if predict_proba is not None else None
-    one_pass = OnePass(label_array, rule, name=name) if rule and label_array is not None else None
 
-    # scikit-learn's own finiteness check stays on: finite input can still overflow inside
-    # a pipeline (1e308 through a StandardScaler), and its error beats NaN probabilities.
-    def predict_batch(rows: npt.NDArray[Any]) -> Outputs:
-        try:
-            # Overflow is reported by the finiteness check of the next step (below), not
-            # as a RuntimeWarning per batch on stderr.
-            with np.errstate(over="ignore", invalid="ignore"):
-                return predict_outputs(rows)
-        except ValueError as exc:
-            if _OVERFLOW.search(str(exc)):  # the caller's values, not a broken model: a 4xx
-                raise InvalidInput(
-                    f"the model cannot compute with these values: {exc} (finite, but too "
-                    "large for the model's arithmetic)",
-                    [{"loc": "instances", "msg": str(exc), "type": "model_overflow"}],
-                ) from exc
-            raise
+
+def _outputs_of(
+    predict: Any, predict_proba: Any, to_input: Any, one_pass: OnePass | None
+) -> Callable[[npt.NDArray[Any]], Outputs]:
+    """``batch -> {"predictions", "probabilities"?}``: ``predict`` and ``predict_proba`` on
+    the model's input built from the batch, or only ``predict_proba`` once ``one_pass``
+    holds (labels derived from the probabilities, ties asked of ``predict``)."""
 
     def predict_outputs(batch: npt.NDArray[Any]) -> Outputs:
         rows = to_input(batch)
@@ -176,18 +200,35 @@ def estimator_handle(
             one_pass.check(outputs["predictions"], outputs["probabilities"])
         return outputs
 
-    return ModelHandle(
-        name=name,
-        version=version,
-        format=format,
-        predict_batch=predict_batch,
-        source=source,
-        n_features=int(n_features) if n_features is not None else None,
-        classes=tuple(label_array.tolist()) if label_array is not None else None,
-        feature_names=feature_names,
-        features=features,
-        output_names=("predictions",) + (("probabilities",) if predict_proba is not None else ()),
-    )
+    return predict_outputs
+
+
+def _refusing_overflow(
+    predict_outputs: Callable[[npt.NDArray[Any]], Outputs],
+) -> Callable[[npt.NDArray[Any]], Outputs]:
+    """``predict_outputs`` with values too large for the model's arithmetic refused as
+    ``InvalidInput`` (a 4xx: the caller's values, not a broken model).
+
+    scikit-learn's own finiteness check stays on: finite input can still overflow inside
+    a pipeline (1e308 through a StandardScaler), and its error beats NaN probabilities.
+    """
+
+    def predict_batch(rows: npt.NDArray[Any]) -> Outputs:
+        try:
+            # Overflow is reported by the finiteness check of the next step (below), not
+            # as a RuntimeWarning per batch on stderr.
+            with np.errstate(over="ignore", invalid="ignore"):
+                return predict_outputs(rows)
+        except ValueError as exc:
+            if _OVERFLOW.search(str(exc)):
+                raise InvalidInput(
+                    f"the model cannot compute with these values: {exc} (finite, but too "
+                    "large for the model's arithmetic)",
+                    [{"loc": "instances", "msg": str(exc), "type": "model_overflow"}],
+                ) from exc
+            raise
+
+    return predict_batch
 
 
 def _array_input(batch: npt.NDArray[Any]) -> Any:

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -218,74 +219,25 @@ def _inputs(session: Any, path: Path) -> tuple[list[_Input], int | None, int | N
 def _handle(
     session: Any, path: Path, name: str, version: str, *, provider: str, device_id: int | None
 ) -> ModelHandle:
+    """The handle of an ONNX Runtime ``session`` of the graph at ``path``: its inputs,
+    outputs, classes and features read from the graph and its metadata; the classes of a
+    ZipMap output, where nothing else names them, from one probe run."""
     specs, n_features, fixed_batch = _inputs(session, path)
-    outputs = session.get_outputs()
-    output_names = [o.name for o in outputs]
     meta = session.get_modelmeta().custom_metadata_map
     graph = graph_facts(path)
     # The classes: our metadata entry, else the classifier node's labels (skl2onnx
     # exports with zipmap=False carry no ZipMap keys to read them from).
     classes = tuple(json.loads(meta["classes"])) if "classes" in meta else graph.classes
-    proba_name = next((n for n in _PROBABILITY_OUTPUTS if n in output_names), None)
-    label_name = "label" if "label" in output_names else output_names[0]
-    keys = {label_name: "predictions"}
-    if proba_name is not None:
-        keys[proba_name] = "probabilities"
-    for output in outputs:  # other tensor outputs, under their own names
-        reserved = output.name in keys or output.name in ("predictions", "probabilities")
-        if not reserved and output.type.startswith("tensor") and len(output.shape) >= 1:
-            keys[output.name] = output.name
-    fetch = list(keys)
-
+    keys, proba_name = _output_keys(session.get_outputs())
     names = _feature_names(specs, meta)
     features = _features(specs, names, graph) if n_features is not None else None
-
-    def feeds(rows: npt.NDArray[Any]) -> dict[str, npt.NDArray[Any]]:
-        if rows.dtype.names is not None:  # a record per instance: typed columns
-            assert features is not None
-            return {spec.name: _record_feed(rows, spec, features) for spec in specs}
-        if len(specs) == 1 and not specs[0].flat:
-            return {specs[0].name: rows.astype(specs[0].dtype, copy=False)}
-        out = {}
-        for spec in specs:
-            end = spec.start + spec.width
-            part = rows[:, spec.start] if spec.flat else rows[:, spec.start : end]
-            out[spec.name] = np.ascontiguousarray(part, dtype=spec.dtype)
-        return out
-
-    def run(rows: npt.NDArray[Any]) -> list[Any]:
-        return list(session.run(fetch, feeds(rows)))
-
-    def run_fixed(rows: npt.NDArray[Any]) -> list[Any]:
-        assert isinstance(fixed_batch, int)
-        n, parts = len(rows), []
-        for begin in range(0, n, fixed_batch):
-            chunk = rows[begin : begin + fixed_batch]
-            if len(chunk) < fixed_batch:  # pad with copies of the last row: a valid input
-                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], fixed_batch - len(chunk), 0)])
-            parts.append(run(chunk))
-        return [_concatenate([part[i] for part in parts])[:n] for i in range(len(fetch))]
-
-    runner = run if fixed_batch is None else run_fixed
-
-    def predict_batch(rows: npt.NDArray[Any]) -> Outputs:
-        results = runner(rows)
-        out: Outputs = {}
-        for key, value in zip(keys.values(), results, strict=True):
-            if key == "probabilities":
-                out[key] = _probabilities(value, classes)
-            else:
-                out[key] = np.asarray(value)
-        predictions = out["predictions"]
-        if predictions.ndim == 2 and predictions.shape[1] == 1:
-            out["predictions"] = predictions.reshape(-1)
-        return out
-
+    feeds = _feeder(specs, features)
+    runner = _runner(session, list(keys), feeds, fixed_batch)
     handle = ModelHandle(
         name=name,
         version=version,
         format="onnx",
-        predict_batch=predict_batch,
+        predict_batch=_named_outputs(runner, keys, classes),
         source=path,
         n_features=n_features,
         classes=classes,
@@ -305,6 +257,95 @@ def _handle(
         if isinstance(probe[0], list):  # ZipMap: one {class: probability} dict per row
             handle = replace(handle, classes=tuple(probe[0][0].keys()))
     return handle
+
+
+def _output_keys(outputs: list[Any]) -> tuple[dict[str, str], str | None]:
+    """Graph output name -> our output name, in the order to fetch them: the label as
+    ``predictions``, the probabilities (``_PROBABILITY_OUTPUTS``) as ``probabilities``, any
+    other tensor output under its own name; and the graph's probabilities output name."""
+    output_names = [o.name for o in outputs]
+    proba_name = next((n for n in _PROBABILITY_OUTPUTS if n in output_names), None)
+    label_name = "label" if "label" in output_names else output_names[0]
+    keys = {label_name: "predictions"}
+    if proba_name is not None:
+        keys[proba_name] = "probabilities"
+    for output in outputs:  # other tensor outputs, under their own names
+        reserved = output.name in keys or output.name in ("predictions", "probabilities")
+        if not reserved and output.type.startswith("tensor") and len(output.shape) >= 1:
+            keys[output.name] = output.name
+    return keys, proba_name
+
+
+def _feeder(
+    specs: list[_Input], features: tuple[Feature, ...] | None
+) -> Callable[[npt.NDArray[Any]], dict[str, npt.NDArray[Any]]]:
+    """``rows -> {input name: array}``: a record batch column by column, a matrix sliced
+    into each input's columns in its dtype (no copy for one input already in its dtype)."""
+
+    def feeds(rows: npt.NDArray[Any]) -> dict[str, npt.NDArray[Any]]:
+        if rows.dtype.names is not None:  # a record per instance: typed columns
+            assert features is not None
+            return {spec.name: _record_feed(rows, spec, features) for spec in specs}
+        if len(specs) == 1 and not specs[0].flat:
+            return {specs[0].name: rows.astype(specs[0].dtype, copy=False)}
+        out = {}
+        for spec in specs:
+            end = spec.start + spec.width
+            part = rows[:, spec.start] if spec.flat else rows[:, spec.start : end]
+            out[spec.name] = np.ascontiguousarray(part, dtype=spec.dtype)
+        return out
+
+    return feeds
+
+
+def _runner(
+    session: Any,
+    fetch: list[str],
+    feeds: Callable[[npt.NDArray[Any]], dict[str, npt.NDArray[Any]]],
+    fixed_batch: int | None,
+) -> Callable[[npt.NDArray[Any]], list[Any]]:
+    """``rows -> the fetched outputs``: one session run, or for a graph with a fixed batch
+    size one run per ``fixed_batch`` rows (the last padded with copies of its last row),
+    the outputs joined and cut back to the rows given."""
+
+    def run(rows: npt.NDArray[Any]) -> list[Any]:
+        return list(session.run(fetch, feeds(rows)))
+
+    def run_fixed(rows: npt.NDArray[Any]) -> list[Any]:
+        assert isinstance(fixed_batch, int)
+        n, parts = len(rows), []
+        for begin in range(0, n, fixed_batch):
+            chunk = rows[begin : begin + fixed_batch]
+            if len(chunk) < fixed_batch:  # pad with copies of the last row: a valid input
+                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], fixed_batch - len(chunk), 0)])
+            parts.append(run(chunk))
+        return [_concatenate([part[i] for part in parts])[:n] for i in range(len(fetch))]
+
+    return run if fixed_batch is None else run_fixed
+
+
+def _named_outputs(
+    runner: Callable[[npt.NDArray[Any]], list[Any]],
+    keys: dict[str, str],
+    classes: tuple[Any, ...] | None,
+) -> Callable[[npt.NDArray[Any]], Outputs]:
+    """``predict_batch``: the runner's outputs under our names, probabilities as a
+    ``(n, n_classes)`` array, a ``(n, 1)`` label as ``(n,)``."""
+
+    def predict_batch(rows: npt.NDArray[Any]) -> Outputs:
+        results = runner(rows)
+        out: Outputs = {}
+        for key, value in zip(keys.values(), results, strict=True):
+            if key == "probabilities":
+                out[key] = _probabilities(value, classes)
+            else:
+                out[key] = np.asarray(value)
+        predictions = out["predictions"]
+        if predictions.ndim == 2 and predictions.shape[1] == 1:
+            out["predictions"] = predictions.reshape(-1)
+        return out
+
+    return predict_batch
 
 
 def _features(

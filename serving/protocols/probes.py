@@ -3,7 +3,7 @@
 
 Liveness does not look at the model: a worker still loading is alive and must not be
 restarted for it. Readiness is 200 only when every live worker of the server has every
-model loaded and warmed up and its batcher running (``serving.server.workers.readiness``; the body
+model loaded and warmed up and its batcher running (``serving.server.board.readiness``; the body
 says ``"workers": {"ready": N, "total": M}``); otherwise 503 with the same body.
 With API keys configured, ``/healthz`` without one says only the status and the workers'
 counts (no model names, no load errors). ``/metrics`` is the Prometheus text format,
@@ -27,7 +27,7 @@ from serving.protocols.schemas import (
     LivenessResponse,
     OpenAPIDocument,
 )
-from serving.server.workers import readiness
+from serving.server.board import readiness
 
 __all__ = ["OPERATIONS", "PROTOCOL", "bp"]
 

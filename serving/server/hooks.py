@@ -1,12 +1,13 @@
 """What ``gunicorn.conf.py``'s hooks do, kept here so the config file stays settings only.
 
 Runs in two roles: ``settings_or_exit``, ``prepare_metrics_dir``, ``on_starting``,
-``when_ready``, ``on_reload``, ``child_exit`` and ``on_exit`` in the master; ``post_fork``
-and ``worker_exit`` in each worker. How workers know each other's state and how the master
-rolls them over is in ``serving.server.workers``; the metrics directory
-(``prepare_metrics_dir``, re-exported for the config file) in
-``serving.server.metrics_dir``. Nothing here imports prometheus-client or the Flask app
-at module level: the master must set
+``when_ready``, ``on_reload``, ``pre_fork``, ``child_exit`` and ``on_exit`` in the master;
+``post_fork``, ``post_worker_init`` and ``worker_exit`` in each worker. Each hook is a few
+named steps calling into this folder: how a worker gets its model (``worker_boot``), the
+workers' states (``board``), how the master rolls them over (``rollover``) and recycles
+them one at a time (``recycling``), CPU pinning (``pinning``), the metrics directory
+(``metrics_dir``; ``prepare_metrics_dir`` re-exported for the config file). Nothing here
+imports prometheus-client or the Flask app at module level: the master must set
 ``PROMETHEUS_MULTIPROC_DIR`` before prometheus-client is first imported.
 
 Where the model is loaded: pickle, joblib and skops models once, in the master, before it
@@ -20,15 +21,11 @@ longer exists). Either way each worker pins its own pools, warms up and batches.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
-import multiprocessing
 import os
 import signal
 import sys
-import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +36,26 @@ from serving.observe import access_log
 from serving.observe.payload_sinks import check_sink
 from serving.server import sharing
 from serving.server.children import forget_server_in_children, stop_children
-from serving.server.metrics_dir import prepare_metrics_dir, remove_at_exit, run_at_exit, set_master
-from serving.server.workers import Board, RecycleGate, install_board, roll_over
+from serving.server.metrics_dir import prepare_metrics_dir, run_at_exit, set_master
+from serving.server.pinning import pin
+from serving.server.recycling import recycle_one_at_a_time
+from serving.server.rollover import roll_over
+from serving.server.worker_boot import (
+    Boot,
+    halt_on_failure,
+    load_before_accepting,
+    load_while_accepting,
+    stop_on_signal_until_serving,
+)
 from serving.settings import Settings, load_settings, unknown_variables
 
 __all__ = [
     "child_exit",
     "on_exit",
-    "cpus_for_slot",
     "on_reload",
     "on_starting",
     "post_fork",
+    "post_worker_init",
     "pre_fork",
     "prepare_metrics_dir",
     "settings_or_exit",
@@ -57,27 +63,8 @@ __all__ = [
     "worker_exit",
 ]
 
-#: Exit status that makes the Gunicorn arbiter halt instead of respawning the worker.
-WORKER_BOOT_ERROR = 3
-
-# Set by the first worker whose model fails to load. Only that worker exits with
-# WORKER_BOOT_ERROR: when a second one does too, the arbiter meets it again while halting
-# and dies with a traceback and status 1. The others exit with 1, which the halting
-# arbiter just reaps (waiting for its SIGTERM instead can take the whole graceful
-# timeout: a worker still booting loses a signal sent before its handlers exist).
-_boot_failed: Any = None
-# Set by the master once every first-boot worker is ready (serving.server.workers.roll_over). A
-# worker forked after that (a respawn, a max_requests recycle, a HUP reload) loads before
-# it accepts a connection and retries a failed load with backoff instead of halting the
-# server. The first workers load while answering /livez 200 and /healthz 503: nobody can
-# serve yet, and probes learn it.
-_booted: Any = None
-# Every worker's state, one file each (serving.server.workers.Board), and the max_requests gate.
-_board: Board | None = None
-_gate: RecycleGate | None = None
-#: Seconds between load attempts of a worker after the first boot: doubling, at most 60.
-RETRY_FIRST_S = 1.0
-RETRY_MAX_S = 60.0
+# Made by the master in on_starting, before the first fork; every worker inherits it.
+_boot: Boot | None = None
 
 
 def settings_or_exit() -> Settings:
@@ -99,17 +86,12 @@ def settings_or_exit() -> Settings:
 def on_starting(server: Any) -> None:
     """Master, once: remove prometheus-client's ``*.db`` files so counters start at zero
     (only those: the directory may be shared or hold other files; and not after a
-    ``SIGUSR2`` re-exec, whose old generation still writes there), create the workers'
-    board and make the arbiter roll workers over one by one (``serving.server.workers``)."""
-    global _boot_failed, _booted, _board, _gate
-    _boot_failed = multiprocessing.Value("b", 0)  # shared with the workers forked later
-    _booted = multiprocessing.Value("b", 0)
+    ``SIGUSR2`` re-exec, whose old generation still writes there), create what the workers
+    share (``worker_boot.Boot``: the board, the recycle gate) and make the arbiter roll
+    workers over one by one (``serving.server.rollover``)."""
+    global _boot
     set_master(server)
-    _board = Board.create()
-    remove_at_exit(_board.destroy)
-    install_board(_board)
-    _gate = RecycleGate(_board)
-    _gate.target = server.num_workers
+    _boot = boot = Boot.create(server.num_workers)
     path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
     if not server.master_pid:
         for stale in path.glob("*.db"):
@@ -117,10 +99,10 @@ def on_starting(server: Any) -> None:
     server.log.info("metrics directory %s", path)
 
     def booted() -> None:
-        _booted.value = 1
+        boot.booted.value = 1
         server.log.info("every worker is ready; from now on a worker loads before accepting")
 
-    roll_over(server, _board, booted, _gate)
+    roll_over(server, boot.board, booted, boot.gate)
 
 
 def _log_to_gunicorn(server: Any) -> logging.Logger:
@@ -152,108 +134,72 @@ def pre_fork(server: Any, worker: Any) -> None:
     worker.serving_slot = next(slot for slot in range(len(taken) + 1) if slot not in taken)
 
 
-def cpus_for_slot(slot: int, cpus: list[int], per_worker: int, start: int = 0) -> set[int]:
-    """The ``per_worker`` CPUs of worker ``slot``, round-robin over ``cpus`` from the
-    ``start``-th (modulo): the master passes its pid, so two servers on one host do not
-    both put their first worker on the first CPU.
-
-    Why pin: a worker's request threads and batcher thread hand the GIL back and forth
-    thousands of times a second; on one CPU a hand-off is a cheap switch, across CPUs each
-    wake-up crosses cores and the waker spins for the GIL. Measured here (2 cores, demo
-    model, 64 connections): pinned workers answer 1.46x the requests (bench/http_load.py).
-    """
-    first = start + slot * per_worker
-    return {cpus[(first + i) % len(cpus)] for i in range(min(per_worker, len(cpus)))}
-
-
-def _pin(server: Any, worker: Any, per_worker: int) -> None:
-    """Pin this worker to its CPUs (``cpus_for_slot``), before any thread starts: threads
-    inherit the affinity of the thread creating them."""
-    cpus = sorted(os.sched_getaffinity(0))
-    slot = getattr(worker, "serving_slot", 0)
-    chosen = cpus_for_slot(slot, cpus, per_worker, start=server.pid)
-    os.sched_setaffinity(0, chosen)
-    server.log.info("worker %s pinned to CPU %s", worker.pid, ",".join(map(str, sorted(chosen))))
-
-
 def post_fork(server: Any, worker: Any, settings: Settings) -> None:
-    """Worker: pin its CPUs, load the model (or take the one the master loaded before fork:
-    ``serving.server.sharing``) and start a watchdog that recycles the worker if its
-    batcher gets stuck. The first workers load in the background while accepting (a
-    load failure halts the server: exit status 3, one line saying why); a worker forked
-    after every first one was ready loads before accepting and retries a failed load
-    (``_load_before_accepting``). Each publishes its state on the board (``/healthz``)."""
-    _stop_on_signal_until_serving(server)
+    """Worker: prepare the process (CPUs, tracing, logs), get the model (loaded here, or
+    the one the master loaded before fork: ``serving.server.sharing``), then start the
+    one-at-a-time recycling, a watchdog that recycles the worker if its batcher gets
+    stuck, and the limits on slow clients. How the model is loaded, and what a failure
+    does, depends on whether others serve already (``serving.server.worker_boot``). Each
+    worker publishes its state on the board (``/healthz``)."""
+    stop_on_signal_until_serving(server)
+    service_log = _prepare_worker(server, worker, settings)
+    cache = _get_model(server, worker, settings, service_log)
+    recycle_one_at_a_time(server, worker, _boot.gate if _boot is not None else None)
+    cache.start_watchdog(_recycle_on_problem(server, worker))
+    _guard_connections(server, worker, settings)
+
+
+def _prepare_worker(server: Any, worker: Any, settings: Settings) -> logging.Logger:
+    """Worker, before its first thread: pin its CPUs, keep the listening sockets out of
+    processes its model forks, start tracing and the access log, route the ``serving``
+    loggers to Gunicorn's and set the GIL switch interval. Returns the ``serving`` logger."""
     if settings.cpu_affinity == "auto" and hasattr(os, "sched_setaffinity"):
-        _pin(server, worker, settings.blas_threads)
+        pin(server, worker, settings.blas_threads)
     forget_server_in_children(getattr(worker, "sockets", ()))  # a model that forks
-    from serving.cache import ModelCache, install_cache
     from serving.observe import tracing
     from serving.observe.metrics import default_metrics
 
     tracing.setup()  # OpenTelemetry's exporter thread does not survive fork: one per worker
-
     service_log = _log_to_gunicorn(server)
     _start_access_log(settings, default_metrics().access_log_dropped)
-
-    def on_failure(exc: BaseException) -> None:
-        with _boot_failed.get_lock():
-            first, _boot_failed.value = _boot_failed.value == 0, 1
-        if first:
-            server.log.error("worker %s: %s; stopping the server", worker.pid, exc)
-            for handler in service_log.handlers:
-                handler.flush()
-            os._exit(WORKER_BOOT_ERROR)
-        server.log.error("worker %s: %s", worker.pid, exc)
-        os._exit(1)
-
     if settings.switch_interval_ms is not None:
         sys.setswitchinterval(settings.switch_interval_ms / 1000)
+    return service_log
+
+
+def _get_model(server: Any, worker: Any, settings: Settings, service_log: Any) -> Any:
+    """Worker: install this process's ``ModelCache``, loaded before accepting when others
+    serve already, else loading in the background (a failure halts the server). Returns
+    the cache."""
+    from serving.cache import ModelCache, install_cache
+    from serving.observe.metrics import default_metrics
+
+    pid, slot = os.getpid(), getattr(worker, "serving_slot", 0)
+    board = _boot.board if _boot is not None else None
+    if _boot is not None and _boot.others_serve():
+        server.log.info("worker %s: loading before accepting (others are serving)", pid)
+        cache = load_before_accepting(server, worker, settings, slot, board)
+        install_cache(cache)
+        if board is not None:
+            board.write(pid, "ready")
+        return cache
+    cache = ModelCache(settings, default_metrics(), slot, inherit=sharing.inherited)
+    install_cache(cache)
+    load_while_accepting(cache, board, halt_on_failure(server, worker, _boot, service_log))
+    return cache
+
+
+def _recycle_on_problem(server: Any, worker: Any) -> Callable[[str], None]:
+    """The watchdog's ``on_problem``: Gunicorn's own --timeout does not cover a gthread
+    worker whose request threads hang, so recycle it ourselves. SIGTERM is a graceful exit
+    (waiting requests get their 504 at SERVING_REQUEST_TIMEOUT_MS); the arbiter starts a
+    fresh worker."""
 
     def on_problem(reason: str) -> None:
-        # Gunicorn's own --timeout does not cover a gthread worker whose request threads
-        # hang: recycle it ourselves. SIGTERM is a graceful exit (waiting requests get their
-        # 504 at SERVING_REQUEST_TIMEOUT_MS); the arbiter starts a fresh worker.
         server.log.error("worker %s: %s; recycling it", worker.pid, reason)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    pid = os.getpid()
-    metrics = default_metrics()
-    slot = getattr(worker, "serving_slot", 0)
-    # Others serve once the first boot is over, or already during it when one is ready (a
-    # recycle or respawn before the master noticed the boot was over): then load first.
-    others_serve = (_booted is not None and _booted.value) or (
-        _board is not None and _board.read().ready_count > 0
-    )
-    if others_serve:
-        server.log.info("worker %s: loading before accepting (others are serving)", pid)
-        cache = _load_before_accepting(server, worker, settings, slot)
-        install_cache(cache)
-        if _board is not None:
-            _board.write(pid, "ready")
-    else:
-        cache = ModelCache(settings, metrics, slot, inherit=sharing.inherited)
-        install_cache(cache)
-        _load_while_accepting(cache, on_failure)
-    _recycle_one_at_a_time(server, worker)
-    cache.start_watchdog(on_problem)
-    _guard_connections(server, worker, settings)
-
-
-def _stop_on_signal_until_serving(server: Any) -> None:
-    """Worker, first thing after fork: exit at once on SIGTERM, SIGINT or SIGQUIT until
-    Gunicorn installs the worker's own handlers (after ``post_fork``). Until then the
-    worker runs the master's handlers, which only queue the signal: a SIGTERM (the master
-    shutting down or replacing it) was lost and the worker loaded and served on, or was
-    SIGKILLed after the graceful timeout. It has accepted nothing yet, so it can go."""
-    pid = os.getpid()
-
-    def leave(signum: int, frame: Any) -> None:
-        server.log.info("worker %s: stopping while loading (signal %s)", pid, signum)
-        sys.exit(0)
-
-    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-        signal.signal(stop, leave)
+    return on_problem
 
 
 def _guard_connections(server: Any, worker: Any, settings: Settings) -> None:
@@ -287,106 +233,6 @@ def _start_access_log(settings: Settings, dropped: Any) -> None:
     )
 
 
-def _load_while_accepting(cache: Any, on_failure: Any) -> None:
-    """Worker of the first boot: load in the background ("starting" on the board, then
-    "ready"); ``on_failure`` halts the server."""
-    pid = os.getpid()
-    if _board is not None:
-        _board.write(pid, "starting")
-        cache.report_stages(functools.partial(_board.write, pid, "starting", None))
-
-    def on_ready() -> None:
-        if _board is not None:
-            _board.write(pid, "ready")
-
-    cache.start_loading(on_failure, on_ready)
-
-
-def _load_before_accepting(server: Any, worker: Any, settings: Settings, slot: int) -> Any:
-    """Worker, after the first boot: load every model before accepting a connection. A
-    failed load is logged (model path and cause), counted in
-    ``serving_model_load_failures_total``, shown in ``/healthz`` (``failed``) and retried
-    after ``RETRY_FIRST_S`` doubling up to ``RETRY_MAX_S`` seconds; the server goes on with
-    the other workers. Returns the loaded ``ModelCache``."""
-    from serving.cache import ModelCache
-    from serving.errors import ModelLoadError
-    from serving.observe.metrics import default_metrics
-
-    pid = os.getpid()
-    metrics = default_metrics()
-    delay_s = RETRY_FIRST_S
-
-    while True:
-        if _board is not None:
-            _board.write(pid, "warming")
-        done = threading.Event()
-        failures: list[BaseException] = []
-        try:
-            cache = ModelCache(settings, metrics, slot, inherit=sharing.inherited)
-        except ValueError as exc:  # SERVING_MODELS paths are checked when read: vanished
-            reason = "; ".join(e["msg"] for e in getattr(exc, "errors", lambda: [])())
-            failures.append(ModelLoadError(settings.resolved_model_path, reason or str(exc)))
-            metrics.model_load_failed(settings.resolved_model_name, settings.model_version)
-        else:
-            if _board is not None:
-                cache.report_stages(functools.partial(_board.write, pid, "warming", None))
-
-            def failed(exc: BaseException, failures: list[BaseException] = failures) -> None:
-                failures.append(exc)
-
-            cache.start_loading(failed, done.set)
-            while not done.is_set() and not failures:  # bounded: each model's load timeout
-                worker.notify()  # the arbiter's --timeout counts from the fork: stay alive
-                done.wait(0.5)
-            if not failures:
-                return cache
-            for runtime in cache.runtimes:
-                if runtime.error is not None or runtime.state == "loading":
-                    metrics.model_load_failed(runtime.model_name, runtime.model_version)
-                    break
-        error = failures[0]
-        server.log.error(
-            "worker %s: %s; retrying in %g s (the other workers go on serving)",
-            pid,
-            error,
-            delay_s,
-        )
-        if _board is not None:
-            _board.write(pid, "failed", str(error))
-        deadline = time.monotonic() + delay_s
-        while time.monotonic() < deadline:
-            worker.notify()
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        delay_s = min(delay_s * 2, RETRY_MAX_S)
-
-
-def _recycle_one_at_a_time(server: Any, worker: Any) -> None:
-    """Worker: replace Gunicorn's own ``max_requests`` exit (each worker on its own, so two
-    can leave in the same second) by one through ``RecycleGate``: the worker leaves (a
-    graceful ``SIGTERM`` to itself) only when no other worker is loading and the previous
-    leaver's replacement serves; until then it goes on serving. Leaving, it wakes the
-    master (``SIGCHLD``: look at the workers), which forks its replacement at once."""
-    limit = worker.max_requests
-    if _gate is None or limit >= sys.maxsize:
-        return
-    worker.max_requests = sys.maxsize
-    gate, pid = _gate, os.getpid()
-
-    def watch() -> None:
-        while worker.nr < limit or not gate.try_leave(pid):
-            time.sleep(0.05)
-        server.log.info(
-            "worker %s: recycling after %s requests (SERVING_MAX_REQUESTS, one worker at a time)",
-            pid,
-            worker.nr,
-        )
-        os.kill(pid, signal.SIGTERM)
-        with contextlib.suppress(OSError):
-            os.kill(os.getppid(), signal.SIGCHLD)
-
-    threading.Thread(target=watch, name="serving-recycle", daemon=True).start()
-
-
 def post_worker_init(worker: Any) -> None:
     """Worker, once Gunicorn has loaded the app (``wsgi.py``) and before it accepts: say
     so. Its model may have been ready before (the first boot loads while accepting): an
@@ -411,8 +257,8 @@ def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
 
 def child_exit(server: Any, worker: Any) -> None:
     """Master: drop the dead worker's live gauges (``livesum``) from the metrics, fold its
-    counters and histograms into the archive (``serving.server.metrics_archive``) and drop its
-    state file from the board."""
+    counters and histograms into the archive (``serving.server.metrics_archive``) and drop
+    its state file from the board."""
     from prometheus_client import multiprocess
 
     from serving.server.metrics_archive import archive_dead_worker
@@ -424,8 +270,8 @@ def child_exit(server: Any, worker: Any) -> None:
         )
     except OSError as exc:
         server.log.warning("worker %s: metrics not archived: %s", worker.pid, exc)
-    if _board is not None:
-        _board.remove(worker.pid)
+    if _boot is not None:
+        _boot.board.remove(worker.pid)
 
 
 def on_exit(server: Any) -> None:

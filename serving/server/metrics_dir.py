@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from serving.server.workers import alive
+from serving.server.board import alive
 from serving.settings import Settings
 
 __all__ = [

@@ -23,7 +23,7 @@ forked) and everything under ``SERVING_SHARE_MODEL=off``.
 A reload drops the master's old objects before it loads the new file (the old workers keep
 their copy until they exit: at most two copies). A load that fails leaves the master with
 nothing to hand out: the new workers load for themselves, as with ``off``, fail and retry
-while the old ones serve the old model (``serving.server.workers``). The master is busy
+while the old ones serve the old model (``serving.server.rollover``). The master is busy
 (signals and dead workers wait) while it loads: the load time of the file.
 
 Imports no prometheus-client (the master imports this module before it sets

@@ -16,7 +16,6 @@ import re
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -152,17 +151,20 @@ class NginxServer:
 
     def wait_ready(self, timeout_s: float = 20.0) -> None:
         """Wait until the listener accepts connections."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def listening() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise AssertionError(f"nginx exited {self.proc.returncode}:\n{self.errors()}")
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
             except OSError:
-                time.sleep(0.05)
-        raise AssertionError(f"nginx not listening after {timeout_s}s:\n{self.errors()}")
+                return False
+            return True
+
+        until(
+            listening, timeout_s, interval_s=0.05, what=lambda: f"nginx listening:\n{self.errors()}"
+        )
 
     def log_entries(self) -> list[dict[str, Any]]:
         """The JSON access log (``serving_json``), one dict per answered request."""

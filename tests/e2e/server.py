@@ -1,22 +1,24 @@
 """Start the real ``gunicorn wsgi:app -c gunicorn.conf.py`` on 127.0.0.1 for a test.
 
 As in Gunicorn's own integration tests: a free port, a new process group, readiness
-polled against a monotonic deadline, the server's own output printed when start-up
-fails, and the exit status checked after SIGTERM.
+polled against a monotonic deadline (``tests.waiting.until``), the server's own output
+printed when start-up fails, and the exit status checked after SIGTERM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import requests
+
+from tests.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
 GUNICORN = Path(sys.executable).parent / "gunicorn"
@@ -67,34 +69,66 @@ class GunicornServer:
 
     def wait_ready(self, timeout_s: float = 60.0, workers: int = 2) -> None:
         """Wait until every worker logged that its model is ready and /healthz says 200."""
-        deadline = time.monotonic() + timeout_s
-        last: requests.Response | None = None
-        while time.monotonic() < deadline:
+        last: list[requests.Response] = []
+
+        def ready() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise AssertionError(f"gunicorn exited {self.proc.returncode}:\n{self.output()}")
-            if self.output().count("ready to serve") >= workers:
-                # A worker logs "ready to serve", then publishes it to the board /healthz
-                # reads: on a busy machine the first probe may still see it loading.
-                last = requests.get(f"{self.url}/healthz", timeout=5)
-                if last.status_code == 200:
-                    return
-            time.sleep(0.05)
-        seen = f"/healthz: {last.status_code} {last.text}" if last is not None else ""
-        raise AssertionError(f"gunicorn not ready after {timeout_s}s: {seen}\n{self.output()}")
+            if self.output().count("ready to serve") < workers:
+                return False
+            # A worker logs "ready to serve", then publishes it to the board /healthz
+            # reads: on a busy machine the first probe may still see it loading.
+            last[:] = [requests.get(f"{self.url}/healthz", timeout=5)]
+            return last[0].status_code == 200
+
+        def seen() -> str:
+            probe = f"/healthz: {last[0].status_code} {last[0].text}" if last else ""
+            return f"gunicorn ready: {probe}\n{self.output()}"
+
+        until(ready, timeout_s, interval_s=0.05, what=seen)
 
     def wait_for_log(self, text: str, count: int, timeout_s: float = 30.0) -> None:
         """Wait until ``text`` has appeared ``count`` times in the server's output."""
-        deadline = time.monotonic() + timeout_s
-        while self.output().count(text) < count:
-            assert time.monotonic() < deadline, f"{text!r} x{count} not seen:\n{self.output()}"
-            time.sleep(0.1)
+        until(
+            lambda: self.output().count(text) >= count, timeout_s, interval_s=0.1,
+            what=lambda: f"{text!r} x{count} seen:\n{self.output()}",
+        )  # fmt: skip
 
     def worker_pids(self) -> list[int]:
         """The master's live children (its workers), from /proc."""
         assert self.proc is not None
         pid = self.proc.pid
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+    def accepted_connections(self) -> int:
+        """Client connections the workers have accepted and hold open (an established TCP
+        socket on our port among their file descriptors; one in the backlog is in none)."""
+        established = set()
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rpartition(":")[2], 16) == self.port and fields[3] == "01":
+                established.add(f"socket:[{fields[9]}]")
+        held = 0
+        for pid in self.worker_pids():
+            with contextlib.suppress(FileNotFoundError):  # a worker that just exited
+                held += sum(
+                    os.readlink(fd) in established for fd in Path(f"/proc/{pid}/fd").iterdir()
+                )
+        return held
+
+    def answered(self, route: str = "/predict") -> float:
+        """Requests to ``route`` answered so far, over every worker (0 before the first)."""
+        text = requests.get(f"{self.url}/metrics", timeout=10).text
+        label = f'http_requests_total{{route="{route}"}}'
+        return self.metric(label, text) if f'route="{route}"' in text else 0.0
+
+    def wait_answered(self, count: float, timeout_s: float = 30.0) -> None:
+        """Wait until ``count`` /predict requests have been answered in all."""
+        until(
+            lambda: self.answered() >= count, timeout_s, interval_s=0.1,
+            what=lambda: f"{count} requests answered ({self.answered()})",
+        )  # fmt: skip
 
     def wait_exit(self, timeout_s: float = 60.0) -> int:
         assert self.proc is not None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +18,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from serving.settings import DEMO_MODEL_PATH
 from tests.e2e.server import GunicornServer
 from tests.models import HangsOn42, RowEcho, SlowLoading
+from tests.waiting import until
 
 Start = Callable[..., GunicornServer]
 Pickled = Callable[[Any, str], Path]
@@ -134,14 +134,13 @@ def test_healthz_is_503_while_the_model_loads_and_200_after(
     # loaded by the master before any worker exists: connections wait in the backlog).
     server = gunicorn(model_path=model, workers=1, share_model="off")
 
-    deadline = time.monotonic() + 30
     statuses: list[str] = []
-    while time.monotonic() < deadline:
+
+    def probe_until_ready() -> bool:
         try:
             response = requests.get(f"{server.url}/healthz", timeout=5)
         except requests.ConnectionError:
-            time.sleep(0.05)
-            continue
+            return False
         body = response.json()
         assert response.status_code == (200 if body["status"] == "ready" else 503)
         statuses.append(body["status"])
@@ -151,10 +150,9 @@ def test_healthz_is_503_while_the_model_loads_and_200_after(
             assert requests.get(f"{server.url}/livez", timeout=5).status_code == 200
             early = server.predict([[1.0, 2.0, 3.0]])
             assert early.status_code == 503 and early.json()["error"]["code"] == "not_ready"
-        if body["status"] == "ready":
-            break
-        time.sleep(0.05)
+        return body["status"] == "ready"
 
+    until(probe_until_ready, 30, interval_s=0.05, what=lambda: f"ready ({statuses})")
     assert statuses[0] == "loading" and statuses[-1] == "ready", statuses
     server.wait_ready(workers=1)
     assert server.predict([[1.0, 2.0, 3.0]]).json()["predictions"] == [1.0]
@@ -182,12 +180,15 @@ def test_metrics_sum_a_counter_over_both_workers(
     server.wait_ready()
 
     sent = 0
-    deadline = time.monotonic() + 60
-    while sum(c > 0 for c in predict_count_per_worker(server.metrics_dir, tmp_path)) < 2:
-        assert time.monotonic() < deadline, "requests never reached both workers"
+
+    def both_workers_answered() -> bool:
+        nonlocal sent
         responses = burst(server, 32, lambda caller: [[float(caller)]])
         assert all(r.status_code == 200 for r in responses)
         sent += len(responses)
+        return sum(c > 0 for c in predict_count_per_worker(server.metrics_dir, tmp_path)) == 2
+
+    until(both_workers_answered, 60, interval_s=0, what="requests reaching both workers")
 
     per_worker = predict_count_per_worker(server.metrics_dir, tmp_path)
     assert len(per_worker) == 2 and sum(per_worker) == sent
@@ -205,7 +206,8 @@ def test_sigterm_during_a_burst_answers_every_accepted_request(
 
     with ThreadPoolExecutor(24) as pool:
         futures = [pool.submit(server.predict, [[float(c), 0.0]]) for c in range(24)]
-        time.sleep(0.5)  # every request is accepted and queued behind the slow model
+        # Every request is accepted (queued behind the slow model), none left in the backlog.
+        until(lambda: server.accepted_connections() == 24, 30, what="24 connections accepted")
         assert server.proc is not None
         server.proc.send_signal(15)
         responses = [future.result(60) for future in futures]
@@ -297,23 +299,28 @@ def test_a_killed_worker_comes_back_without_answering_503_while_it_loads(
     victim = server.worker_pids()[0]
 
     statuses: list[int | str] = []
-    deadline = time.monotonic() + 6.0
-    killed = False
-    while time.monotonic() < deadline:
-        if not killed and len(statuses) >= 20:
+    killed_at = 0
+
+    def send_until_replaced() -> bool:
+        """One request; True once the replacement is ready and 20 more were answered."""
+        nonlocal killed_at
+        if not killed_at and len(statuses) >= 20:
             os.kill(victim, signal.SIGKILL)
-            killed = True
+            killed_at = len(statuses)
         try:
             statuses.append(server.predict([[3.0]]).status_code)
         except requests.ConnectionError:
             statuses.append("connection error")
+        if killed_at and server.output().count("ready to serve") < 3:
+            killed_at = len(statuses)  # the replacement still loads
+        return bool(killed_at) and len(statuses) >= killed_at + 20
 
-    assert killed and len(statuses) > 40
+    until(send_until_replaced, 60, interval_s=0, what="the replacement worker serving")
+    assert len(statuses) >= 40  # 20 before the kill, 20 once the replacement serves
     # Only a request in flight on the killed worker may fail; none gets a 503 from the
     # replacement worker while its model loads (2 s here).
     assert statuses.count(503) == 0, statuses
     assert sum(s != 200 for s in statuses) <= 1, statuses
-    server.wait_for_log("ready to serve", 3, timeout_s=30)
     assert "loading before accepting" in server.output()
 
 
@@ -334,11 +341,7 @@ def test_access_log_is_one_json_line_per_request(gunicorn: Start, pickled: Pickl
         lines = [json.loads(line) for line in server.output().splitlines() if line.startswith("{")]
         return [line for line in lines if line.get("message") == "request"]
 
-    deadline = time.monotonic() + 10
-    while len(access_lines()) < 3:
-        assert time.monotonic() < deadline, server.output()
-        time.sleep(0.05)
-    lines = access_lines()
+    lines = until(lambda: a if len(a := access_lines()) >= 3 else [], 10, what=server.output)
     traced = next(line for line in lines if line.get("request_id") == "trace-7")
     assert traced["route"] == "/predict" and traced["status"] == 200
     assert traced["instances"] == 2 and traced["batch_size"] >= 2

@@ -18,6 +18,7 @@ import requests
 
 from tests.e2e.server import GunicornServer
 from tests.models import ForksOnPredict, RowOffset
+from tests.waiting import until
 
 Start = Callable[..., GunicornServer]
 Pickled = Callable[[Any, str], Path]
@@ -64,13 +65,15 @@ def test_hup_reloads_workers_onto_a_new_model_file_without_a_failed_request(
 
     with ThreadPoolExecutor(1) as pool:
         traffic = pool.submit(keep_sending, server, stop)
-        time.sleep(1.0)
+        server.wait_answered(20)  # the traffic flows
+        old = set(server.worker_pids())
         current.unlink()
         current.symlink_to(new)
         assert server.proc is not None
         server.proc.send_signal(signal.SIGHUP)
         server.wait_for_log("ready to serve", 4, timeout_s=30)  # two new workers loaded
-        time.sleep(1.0)
+        until(lambda: not old & set(server.worker_pids()), 30, what="the old workers gone")
+        server.wait_answered(server.answered() + 20)  # and the new ones serve the traffic
         stop.set()
         outcomes = traffic.result(120)
 
@@ -113,10 +116,10 @@ def test_sigkill_of_a_worker_under_load_fails_only_its_in_flight_requests(
 
     with ThreadPoolExecutor(1) as pool:
         traffic = pool.submit(keep_sending, server, stop, n_threads)
-        time.sleep(1.0)
+        server.wait_answered(20)  # the traffic flows
         os.kill(victim, signal.SIGKILL)
         server.wait_for_log("ready to serve", 3, timeout_s=30)  # the replacement is ready
-        time.sleep(1.0)
+        server.wait_answered(server.answered() + 20)  # and the traffic goes on
         stop.set()
         outcomes = traffic.result(120)
 
@@ -192,10 +195,7 @@ def test_a_child_the_model_forked_does_not_keep_the_port_after_sigterm(
             again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             again.bind(("127.0.0.1", server.port))
             again.listen()
-        deadline = time.monotonic() + 10
-        while not process_gone(child):
-            assert time.monotonic() < deadline, f"child {child} still runs"
-            time.sleep(0.05)
+        until(lambda: process_gone(child), 10, what=f"child {child} gone")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
@@ -225,15 +225,15 @@ def test_usr2_upgrade_shares_the_metrics_directory_then_takes_its_lock(
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait_exit() == 0, server.output()
 
-    deadline = time.monotonic() + 10
-    while lock.read_text().strip() != str(masters[1]):
-        assert time.monotonic() < deadline, server.output()
-        time.sleep(0.05)
+    until(
+        lambda: lock.read_text().strip() == str(masters[1]), 10,
+        what=lambda: f"the lock taken by {masters[1]}:\n{server.output()}",
+    )  # fmt: skip
     for _ in range(5):
         assert server.predict([[1.0]]).status_code == 200
     assert server.metric('http_requests_total{route="/predict"}') == 15
     os.kill(masters[1], signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while not process_gone(masters[1]):
-        assert time.monotonic() < deadline, server.output()
-        time.sleep(0.1)
+    until(
+        lambda: process_gone(masters[1]), 30, interval_s=0.1,
+        what=lambda: f"master {masters[1]} gone:\n{server.output()}",
+    )  # fmt: skip

@@ -46,7 +46,7 @@ def test_metrics_files_stay_bounded_and_counts_exact_over_many_recycles(
 
     files = list(server.metrics_dir.glob("*.db"))
     # Bounded whatever the number of recycles: one file per metric type per process, at
-    # most 2 workers plus 2 recycling ones still draining (serving.server.workers.
+    # most 2 workers plus 2 recycling ones still draining (serving.server.recycling.
     # RecycleGate), plus one archive per archived type.
     types = {f.name.rsplit("_", 1)[0] for f in files if "archive" not in f.name}
     bound = 4 * len(types) + len(ARCHIVED_TYPES)

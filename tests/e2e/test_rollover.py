@@ -18,6 +18,7 @@ import requests
 
 from tests.e2e.server import GunicornServer
 from tests.models import RowOffset, UnevenLoading
+from tests.waiting import until
 
 Start = Callable[..., GunicornServer]
 Pickled = Callable[[Any, str], Path]
@@ -71,13 +72,13 @@ def test_hup_with_a_slow_load_rolls_workers_over_without_a_gap(
 
     with ThreadPoolExecutor(1) as pool:
         traffic = pool.submit(timed_traffic, server, stop, 8)
-        time.sleep(1.0)
+        server.wait_answered(20)  # the traffic flows
         assert server.proc is not None
         server.proc.send_signal(signal.SIGHUP)
         try:
             server.wait_for_log("ready to serve", 4, timeout_s=60)  # two new workers loaded
             server.wait_for_log("stopping (a newer worker is ready)", 2, timeout_s=30)
-            time.sleep(1.0)
+            server.wait_answered(server.answered() + 20)  # the traffic goes on
         finally:
             stop.set()
         outcomes = traffic.result(120)
@@ -102,8 +103,12 @@ def test_max_requests_recycles_one_worker_at_a_time_and_loses_nothing(
 
     with ThreadPoolExecutor(1) as pool:
         traffic = pool.submit(timed_traffic, server, stop, 8)
-        time.sleep(15.0)
-        stop.set()
+        try:
+            # Three recycles done: three replacements ready beside the first two workers.
+            server.wait_for_log("recycling after", 3, timeout_s=60)
+            server.wait_for_log("ready to serve", 2 + 3, timeout_s=60)
+        finally:
+            stop.set()
         outcomes = traffic.result(120)
 
     failures = [outcome for outcome, _ in outcomes if outcome != 200]
@@ -201,14 +206,14 @@ def test_a_failed_reload_keeps_the_old_workers_and_the_next_reload_acts_at_once(
             pickled(RowOffset(offset=1000.0), "v2.pkl").rename(current)
             server.proc.send_signal(signal.SIGHUP)
             server.wait_for_log("Hang up", 2, timeout_s=5)  # not after the graceful timeout
-            deadline = time.monotonic() + 8  # before the failed workers' next retry
-            while server.predict([[1.0]]).json()["predictions"] != [1001.0]:
-                assert time.monotonic() < deadline, f"v2 not served:\n{server.output()}"
-                time.sleep(0.05)
-            deadline = time.monotonic() + 30
-            while (first | failed) & set(server.worker_pids()):
-                assert time.monotonic() < deadline, server.output()
-                time.sleep(0.1)
+            until(  # before the failed workers' next retry, 8 s away
+                lambda: server.predict([[1.0]]).json()["predictions"] == [1001.0], 8,
+                interval_s=0.05, what=lambda: f"v2 served:\n{server.output()}",
+            )  # fmt: skip
+            until(
+                lambda: not (first | failed) & set(server.worker_pids()), 30, interval_s=0.1,
+                what=lambda: f"the old and failed workers gone:\n{server.output()}",
+            )  # fmt: skip
         finally:
             stop.set()
         outcomes = traffic.result(120)
@@ -262,10 +267,10 @@ def test_max_requests_bounds_what_each_worker_serves_across_a_reload(
                 server.proc.send_signal(signal.SIGHUP)  # while a recycle is under way
                 server.wait_for_log("Hang up", hup, timeout_s=30)
             # Recycling goes on after the reloads.
-            deadline = time.monotonic() + 60
-            while server.output().rpartition("Hang up")[2].count("recycling after") < 6:
-                assert time.monotonic() < deadline, f"recycling stopped:\n{server.output()}"
-                time.sleep(0.1)
+            until(
+                lambda: server.output().rpartition("Hang up")[2].count("recycling after") >= 6,
+                60, interval_s=0.1, what=lambda: f"6 recycles after:\n{server.output()}",
+            )  # fmt: skip
         finally:
             stop.set()
         outcomes = traffic.result(120)

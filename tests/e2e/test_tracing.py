@@ -8,11 +8,8 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,63 +17,19 @@ import joblib
 import numpy as np
 import pytest
 import requests
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from serving.settings import DEMO_MODEL_PATH
 from tests.e2e.server import GunicornServer
+from tests.e2e.sinks import OtlpSink
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 
 
-class OtlpReceiver:
-    """An OTLP/HTTP traces endpoint on 127.0.0.1 keeping every span it is sent."""
-
-    def __init__(self) -> None:
-        self.spans: list[tuple[dict[str, Any], Any]] = []  # (resource attributes, span)
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = ExportTraceServiceRequest.FromString(body)
-                with receiver._lock:
-                    for resource_spans in request.resource_spans:
-                        resource = {
-                            a.key: a.value.string_value for a in resource_spans.resource.attributes
-                        }
-                        for scope in resource_spans.scope_spans:
-                            receiver.spans.extend((resource, span) for span in scope.spans)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def wait(self, keep: Any, count: int, timeout_s: float = 30.0) -> list[Any]:
-        """The spans ``keep(span)`` is true of, once ``count`` have arrived."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with self._lock:
-                spans = [s for _, s in self.spans if keep(s)]
-            if len(spans) >= count or time.monotonic() > deadline:
-                return spans
-            time.sleep(0.05)
-
-
 @pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    receiver = OtlpReceiver()
-    yield receiver
-    receiver.server.shutdown()
-    receiver.server.server_close()
+def receiver() -> Iterator[OtlpSink]:
+    with OtlpSink() as sink:
+        yield sink
 
 
 def attributes(span: Any) -> dict[str, Any]:
@@ -84,7 +37,7 @@ def attributes(span: Any) -> dict[str, Any]:
 
 
 def test_tracing_continues_traceparent_with_stage_spans_and_logs_the_trace_id(
-    tmp_path: Path, receiver: OtlpReceiver, breast_cancer: tuple[np.ndarray, np.ndarray]
+    tmp_path: Path, receiver: OtlpSink, breast_cancer: tuple[np.ndarray, np.ndarray]
 ) -> None:
     X, _ = breast_cancer
     server = GunicornServer(tmp_path)
@@ -104,8 +57,8 @@ def test_tracing_continues_traceparent_with_stage_spans_and_logs_the_trace_id(
                               "data": X[0].tolist()}]},
             timeout=30,
         )  # fmt: skip
-        spans = receiver.wait(lambda s: s.trace_id.hex() == TRACE_ID, 5)
-        v2 = receiver.wait(lambda s: s.name == "POST /v2/models/{model_name}/infer", 1)
+        spans = receiver.spans(lambda s: s.trace_id.hex() == TRACE_ID, 5)
+        v2 = receiver.spans(lambda s: s.name == "POST /v2/models/{model_name}/infer", 1)
         server.wait_for_log('"trace_id"', 2)
         log = server.output()
     finally:
@@ -131,7 +84,7 @@ def test_tracing_continues_traceparent_with_stage_spans_and_logs_the_trace_id(
     assert predict["serving.batch_size"] >= 3 and predict["serving.batch_requests"] >= 1
     linked = [link.span_id for link in by_name["predict"].links]
     assert root.span_id in linked  # the predict span links each request span it served
-    resources = [resource for resource, span in receiver.spans if span.name == "POST /predict"]
+    resources = [resource for resource, span in receiver.received() if span.name == "POST /predict"]
     assert resources[0]["service.name"] == "serving-test"
     assert len(v2) == 1 and not v2[0].parent_span_id  # no traceparent: a trace of its own
     others = {v2[0].trace_id.hex()}
@@ -143,7 +96,7 @@ def test_tracing_continues_traceparent_with_stage_spans_and_logs_the_trace_id(
 
 
 def test_tracing_predict_span_links_every_request_merged_into_its_batch(
-    tmp_path: Path, receiver: OtlpReceiver, breast_cancer: tuple[np.ndarray, np.ndarray]
+    tmp_path: Path, receiver: OtlpSink, breast_cancer: tuple[np.ndarray, np.ndarray]
 ) -> None:
     X, _ = breast_cancer
     server = GunicornServer(tmp_path, workers=1, batch_policy="window", max_batch_latency_ms=50)
@@ -153,8 +106,8 @@ def test_tracing_predict_span_links_every_request_merged_into_its_batch(
         server.wait_ready(workers=1)
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda i: server.predict([X[i].tolist()]), range(8)))
-        predicts = receiver.wait(lambda s: s.name == "predict", 8)
-        roots = receiver.wait(lambda s: s.name == "POST /predict", 8)
+        predicts = receiver.spans(lambda s: s.name == "predict", 8)
+        roots = receiver.spans(lambda s: s.name == "POST /predict", 8)
     finally:
         server.kill()
 

@@ -39,7 +39,7 @@ from serving.protocols.mlflow.schemas import (
 )
 from serving.protocols.schemas import parse_body
 from serving.rules import MLFLOW
-from serving.server.workers import readiness
+from serving.server.board import readiness
 
 __all__ = ["OPERATIONS", "PROTOCOL", "bp"]
 

@@ -54,7 +54,7 @@ from serving.protocols.v2.schemas import (
     V2ServerMetadata,
 )
 from serving.protocols.v2.stats import V2InferenceStatistics, model_statistics
-from serving.server.workers import readiness
+from serving.server.board import readiness
 
 __all__ = ["EXTENSIONS", "OPERATIONS", "PROTOCOL", "bp"]
 

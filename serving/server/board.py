@@ -1,0 +1,188 @@
+"""What the workers of one server know about each other: a board of state files.
+
+Gunicorn workers share nothing but the listening socket, so each one publishes its state in
+a small JSON file named after its pid in a directory the master creates before the first
+fork (``Board``). The master removes a dead worker's file in ``child_exit`` and the whole
+directory when it exits. States::
+
+    starting  first boot: loads while accepting (probes answer, predicts get 503)  counted
+    warming   after first boot: loads before accepting                         not counted
+    failed    after first boot: its load failed; retried with backoff, not accepting
+    ready     every model loaded and batching, accepting                            counted
+    leaving   stopped accepting (recycling), answering what it accepted       not counted
+    stopping  stopped by the master (a reload, SIGTTOU), answering what it accepted
+
+The server is ready (``Fleet.ready``) when at least one worker is counted and every counted
+worker is ready. A worker that is ``warming`` or ``failed`` takes no connections, so it
+cannot make a request fail; it only shows up in ``/healthz``. The master reads the board to
+roll workers over (``serving.server.rollover``), the workers to recycle one at a time
+(``serving.server.recycling``), the probes through ``readiness``.
+
+Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "GOING",
+    "Board",
+    "Fleet",
+    "WorkerState",
+    "alive",
+    "install_board",
+    "readiness",
+]
+
+WorkerState = Literal["starting", "warming", "failed", "ready", "leaving", "stopping"]
+_COUNTED = ("starting", "ready")
+#: The states of a worker on its way out: it accepts nothing new.
+GOING = ("leaving", "stopping")
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a signal 0 reaches it, or it is another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The workers of this server as their state files say: ``ready`` and ``total`` count
+    the workers that accept connections (``starting`` or ``ready``)."""
+
+    states: dict[int, WorkerState]
+    errors: dict[int, str] = field(default_factory=dict)
+    #: What each loading worker is doing (``model 'churn': warming up``).
+    stages: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def ready_count(self) -> int:
+        return sum(state == "ready" for state in self.states.values())
+
+    @property
+    def total(self) -> int:
+        return sum(state in _COUNTED for state in self.states.values())
+
+    @property
+    def ready(self) -> bool:
+        return self.total > 0 and self.ready_count == self.total
+
+    def count(self, state: WorkerState) -> int:
+        return sum(s == state for s in self.states.values())
+
+    def summary(self) -> dict[str, Any]:
+        """``{"ready": N, "total": M}``, plus ``loading``/``failed`` counts, the stage each
+        loading worker is at and the last load error of each failed worker when there are
+        any (for ``/healthz``). With a
+        failed worker, ``"rollout": "failed"``: a worker forked after the first boot (a
+        reload, respawn or recycle) cannot load the model, and the others serve on."""
+        body: dict[str, Any] = {"ready": self.ready_count, "total": self.total}
+        loading = self.count("warming") + self.count("starting")
+        if loading:
+            body["loading"] = loading
+            stages = [
+                {"pid": pid, "stage": stage}
+                for pid, stage in sorted(self.stages.items())
+                if self.states.get(pid) in ("warming", "starting")
+            ]
+            if stages:
+                body["stages"] = stages
+        if self.count("failed"):
+            body["failed"] = self.count("failed")
+            body["rollout"] = "failed"
+            body["errors"] = [
+                {"pid": pid, "error": error}
+                for pid, error in sorted(self.errors.items())
+                if self.states.get(pid) == "failed"
+            ]
+        return body
+
+
+class Board:
+    """One directory of ``<pid>`` JSON files: each worker's state, readable by all.
+
+    Usage::
+
+        board = Board.create()                  # master, before the first fork
+        board.write(os.getpid(), "ready")       # worker
+        board.read().ready                      # any process
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls) -> Board:
+        """A new empty directory under the system temporary directory."""
+        return cls(Path(tempfile.mkdtemp(prefix="serving-workers-")))
+
+    def write(
+        self, pid: int, state: WorkerState, error: str | None = None, stage: str | None = None
+    ) -> None:
+        """Publish ``pid``'s state atomically (write, then rename over the old file), with
+        its load error or, while it loads, the stage it is at."""
+        temporary = self.path / f".{pid}.tmp"
+        temporary.write_text(json.dumps({"state": state, "error": error, "stage": stage}))
+        os.replace(temporary, self.path / str(pid))
+
+    def remove(self, pid: int) -> None:
+        (self.path / str(pid)).unlink(missing_ok=True)
+
+    def read(self) -> Fleet:
+        """The state of every live worker with a file (a file whose process is gone, or that
+        cannot be parsed, is skipped)."""
+        states: dict[int, WorkerState] = {}
+        errors: dict[int, str] = {}
+        stages: dict[int, str] = {}
+        try:
+            entries = list(self.path.iterdir())
+        except OSError:
+            return Fleet(states)
+        for entry in entries:
+            if not entry.name.isdigit() or not alive(int(entry.name)):
+                continue
+            try:
+                data = json.loads(entry.read_text())
+            except (OSError, ValueError):
+                continue
+            states[int(entry.name)] = data["state"]
+            if data.get("error"):
+                errors[int(entry.name)] = data["error"]
+            if data.get("stage"):
+                stages[int(entry.name)] = data["stage"]
+        return Fleet(states, errors, stages)
+
+    def destroy(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+_installed: Board | None = None
+
+
+def install_board(board: Board) -> None:
+    """Make ``board`` this server's (the master, before the first fork)."""
+    global _installed
+    _installed = board
+
+
+def readiness(local_state: str) -> tuple[bool, dict[str, Any] | None]:
+    """Whether this server is ready, given this worker's models' state, and the workers'
+    summary for the probes (None outside our Gunicorn hooks: then this worker is all)."""
+    board = _installed
+    if board is None:
+        return local_state == "ready", None
+    fleet = board.read()
+    return local_state == "ready" and fleet.ready, fleet.summary()

@@ -1,0 +1,214 @@
+"""How a worker gets its model before it serves, and what the master shares for it.
+
+Two ways, decided in ``post_fork``: a worker of the first boot loads in the background
+while accepting (``load_while_accepting``: ``/livez`` 200, ``/healthz`` 503 until every
+worker is ready) and a failed load halts the server (``halt_on_failure``: exit status
+``WORKER_BOOT_ERROR``, one line saying why). A worker forked once others serve (a respawn,
+a ``max_requests`` recycle, a ``SIGHUP`` reload) loads before it accepts a connection and
+retries a failed load after ``RETRY_FIRST_S`` seconds, doubling up to ``RETRY_MAX_S``
+(``load_before_accepting``), while the others serve on. Either way it publishes its state
+on the board (``serving.server.board``).
+
+``Boot`` is what the master creates before the first fork and every worker inherits: the
+board, the recycle gate and two flags in shared memory. Imports neither prometheus-client
+nor the Flask app at module level (the master imports it through ``hooks``).
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from serving.server import sharing
+from serving.server.board import Board, install_board
+from serving.server.metrics_dir import remove_at_exit
+from serving.server.recycling import RecycleGate
+from serving.settings import Settings
+
+__all__ = [
+    "RETRY_FIRST_S",
+    "RETRY_MAX_S",
+    "WORKER_BOOT_ERROR",
+    "Boot",
+    "halt_on_failure",
+    "load_before_accepting",
+    "load_while_accepting",
+    "stop_on_signal_until_serving",
+]
+
+#: Exit status that makes the Gunicorn arbiter halt instead of respawning the worker.
+WORKER_BOOT_ERROR = 3
+#: Seconds between load attempts of a worker after the first boot: doubling, at most 60.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 60.0
+
+
+@dataclass(frozen=True)
+class Boot:
+    """What the master shares with the workers it forks (``Boot.create`` in
+    ``on_starting``).
+
+    ``failed`` is set by the first worker whose model fails to load. Only that worker exits
+    with ``WORKER_BOOT_ERROR``: when a second one does too, the arbiter meets it again while
+    halting and dies with a traceback and status 1. The others exit with 1, which the
+    halting arbiter just reaps (waiting for its SIGTERM instead can take the whole graceful
+    timeout: a worker still booting loses a signal sent before its handlers exist).
+    ``booted`` is set by the master once every first-boot worker is ready
+    (``serving.server.rollover``): a worker forked after that loads before accepting.
+    """
+
+    board: Board
+    gate: RecycleGate
+    failed: Any  # multiprocessing.Value("b"): 1 once a first-boot load failed
+    booted: Any  # multiprocessing.Value("b"): 1 once the first boot is over
+
+    @classmethod
+    def create(cls, num_workers: int) -> Boot:
+        """A new board (removed when the master exits, and installed for the probes), a
+        gate for ``num_workers`` and both flags down."""
+        board = Board.create()
+        remove_at_exit(board.destroy)
+        install_board(board)
+        gate = RecycleGate(board)
+        gate.target = num_workers
+        return cls(board, gate, multiprocessing.Value("b", 0), multiprocessing.Value("b", 0))
+
+    def others_serve(self) -> bool:
+        """Whether this worker must load before accepting: the first boot is over, or a
+        worker is already ready (a recycle or respawn before the master noticed the boot
+        was over)."""
+        return bool(self.booted.value) or self.board.read().ready_count > 0
+
+
+def stop_on_signal_until_serving(server: Any) -> None:
+    """Worker, first thing after fork: exit at once on SIGTERM, SIGINT or SIGQUIT until
+    Gunicorn installs the worker's own handlers (after ``post_fork``). Until then the
+    worker runs the master's handlers, which only queue the signal: a SIGTERM (the master
+    shutting down or replacing it) was lost and the worker loaded and served on, or was
+    SIGKILLed after the graceful timeout. It has accepted nothing yet, so it can go."""
+    pid = os.getpid()
+
+    def leave(signum: int, frame: Any) -> None:
+        server.log.info("worker %s: stopping while loading (signal %s)", pid, signum)
+        sys.exit(0)
+
+    for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(stop, leave)
+
+
+def halt_on_failure(
+    server: Any, worker: Any, boot: Boot | None, service_log: Any
+) -> Callable[[BaseException], None]:
+    """The first boot's ``on_failure``: log why and exit, with ``WORKER_BOOT_ERROR`` (the
+    server halts) for the first worker to fail, with 1 for any other."""
+
+    def on_failure(exc: BaseException) -> None:
+        first = boot is None
+        if boot is not None:
+            with boot.failed.get_lock():
+                first, boot.failed.value = boot.failed.value == 0, 1
+        if first:
+            server.log.error("worker %s: %s; stopping the server", worker.pid, exc)
+            for handler in service_log.handlers:
+                handler.flush()
+            os._exit(WORKER_BOOT_ERROR)
+        server.log.error("worker %s: %s", worker.pid, exc)
+        os._exit(1)
+
+    return on_failure
+
+
+def load_while_accepting(
+    cache: Any, board: Board | None, on_failure: Callable[[BaseException], None]
+) -> None:
+    """Worker of the first boot: load in the background ("starting" on the board, then
+    "ready"); ``on_failure`` halts the server."""
+    pid = os.getpid()
+    if board is not None:
+        board.write(pid, "starting")
+        cache.report_stages(functools.partial(board.write, pid, "starting", None))
+
+    def on_ready() -> None:
+        if board is not None:
+            board.write(pid, "ready")
+
+    cache.start_loading(on_failure, on_ready)
+
+
+def load_before_accepting(
+    server: Any, worker: Any, settings: Settings, slot: int, board: Board | None
+) -> Any:
+    """Worker, after the first boot: load every model before accepting a connection. A
+    failed load is logged (model path and cause), counted in
+    ``serving_model_load_failures_total``, shown in ``/healthz`` (``failed``) and retried
+    after ``RETRY_FIRST_S`` doubling up to ``RETRY_MAX_S`` seconds; the server goes on with
+    the other workers. Returns the loaded ``ModelCache``."""
+    pid = os.getpid()
+    delay_s = RETRY_FIRST_S
+    while True:
+        if board is not None:
+            board.write(pid, "warming")
+        cache, error = _load_once(worker, settings, slot, board)
+        if error is None:
+            return cache
+        server.log.error(
+            "worker %s: %s; retrying in %g s (the other workers go on serving)",
+            pid,
+            error,
+            delay_s,
+        )
+        if board is not None:
+            board.write(pid, "failed", str(error))
+        _wait_alive(worker, delay_s)
+        delay_s = min(delay_s * 2, RETRY_MAX_S)
+
+
+def _load_once(
+    worker: Any, settings: Settings, slot: int, board: Board | None
+) -> tuple[Any, BaseException | None]:
+    """One attempt: a ``ModelCache`` loaded in the background while this thread keeps the
+    worker alive for the arbiter; ``(cache, None)``, or ``(None or the cache, the first
+    error)`` with the failure counted."""
+    from serving.cache import ModelCache
+    from serving.errors import ModelLoadError
+    from serving.observe.metrics import default_metrics
+
+    metrics = default_metrics()
+    try:
+        cache = ModelCache(settings, metrics, slot, inherit=sharing.inherited)
+    except ValueError as exc:  # SERVING_MODELS paths are checked when read: vanished
+        reason = "; ".join(e["msg"] for e in getattr(exc, "errors", lambda: [])())
+        metrics.model_load_failed(settings.resolved_model_name, settings.model_version)
+        return None, ModelLoadError(settings.resolved_model_path, reason or str(exc))
+    if board is not None:
+        cache.report_stages(functools.partial(board.write, os.getpid(), "warming", None))
+    done = threading.Event()
+    failures: list[BaseException] = []
+    cache.start_loading(failures.append, done.set)
+    while not done.is_set() and not failures:  # bounded: each model's load timeout
+        worker.notify()  # the arbiter's --timeout counts from the fork: stay alive
+        done.wait(0.5)
+    if not failures:
+        return cache, None
+    for runtime in cache.runtimes:
+        if runtime.error is not None or runtime.state == "loading":
+            metrics.model_load_failed(runtime.model_name, runtime.model_version)
+            break
+    return cache, failures[0]
+
+
+def _wait_alive(worker: Any, delay_s: float) -> None:
+    """Wait ``delay_s`` seconds, telling the arbiter at least once a second that the
+    worker is alive."""
+    deadline = time.monotonic() + delay_s
+    while time.monotonic() < deadline:
+        worker.notify()
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
