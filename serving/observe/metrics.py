@@ -38,6 +38,7 @@ from serving.batching.batcher import FlushStats
 from serving.context import REQUEST_STAGES, Timing, stage_seconds
 from serving.model.handle import ModelHandle
 from serving.observe import process
+from serving.observe.complaint import Complaint
 from serving.observe.metric_files import ReservedMmapedDict
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics", "default_metrics"]
@@ -70,14 +71,13 @@ _METHODS = frozenset(
 log = logging.getLogger(__name__)
 
 _P = ParamSpec("_P")
-#: Seconds between two warnings that metric writes fail (the first is logged at once).
-_WARN_EVERY_S = 60.0
-_warned_at = [-_WARN_EVERY_S]
+#: Said in the log when metric writes fail, at most once a minute.
+_DROPPED = Complaint(log, "metric writes", "no metric (is PROMETHEUS_MULTIPROC_DIR full?)")
 
 
 def _never_raises(write: Callable[_P, None]) -> Callable[_P, None]:
-    """``write``, a metric write on the request path, dropped with a warning (at most one
-    a minute) when it fails: with ``PROMETHEUS_MULTIPROC_DIR`` full a write that needs a
+    """``write``, a metric write on the request path, dropped (and said, at most once a
+    minute) when it fails: with ``PROMETHEUS_MULTIPROC_DIR`` full a write that needs a
     new key cannot grow its file (``OSError``, ``serving.observe.metric_files``). The
     request is answered; its metrics are lost, not it."""
 
@@ -86,11 +86,7 @@ def _never_raises(write: Callable[_P, None]) -> Callable[_P, None]:
         try:
             write(*args, **kwargs)
         except OSError as exc:
-            now = time.monotonic()
-            if now - _warned_at[0] >= _WARN_EVERY_S:
-                _warned_at[0] = now
-                log.warning("metrics: a write failed and was dropped (%s: %s); is "
-                            "PROMETHEUS_MULTIPROC_DIR full?", type(exc).__name__, exc)  # fmt: skip
+            _DROPPED.drop(f"{type(exc).__name__}: {exc}")
 
     return guarded
 
