@@ -90,6 +90,24 @@ def test_predict_refuses_a_body_that_is_not_json(client: FlaskClient) -> None:
     assert error_of(response)["code"] == "unsupported_media_type"
 
 
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        ("Application/JSON ; charset=utf-8", 200),
+        ("application/vnd.api+json", 200),
+        ("text/plain+json", 415),  # found by the attack: any +json was taken as JSON
+        ("application/json-patch", 415),
+        ("", 415),
+    ],
+)
+def test_predict_takes_json_media_types_as_werkzeug_does(
+    client: FlaskClient, content_type: str, status: int
+) -> None:
+    body = b'{"instances": [[1, 2, 3]]}'
+    response = client.post("/predict", data=body, headers={"Content-Type": content_type})
+    assert response.status_code == status, response.get_data(as_text=True)
+
+
 def test_predict_refuses_too_many_instances_and_too_large_bodies(client: FlaskClient) -> None:
     too_many = client.post("/predict", json={"instances": [[1, 2, 3]] * 17})
     assert too_many.status_code == 413

@@ -707,3 +707,21 @@ def test_v2_binary_tensors_of_a_float32_model_merge_with_predict_requests(
 
     assert [batch.dtype for batch in batches] == [np.float32, np.float32]  # one batcher key
     assert handle.matrix_dtype == np.float32
+
+
+def test_v2_binary_bool_bytes_other_than_0_and_1_are_400_naming_the_value(
+    client: FlaskClient,
+) -> None:
+    # Found by the attack: a BOOL byte of 2 or 255 reached the model as a numpy bool
+    # holding 2 (numpy treats it as True, a model reading the bytes sees 2).
+    header = json.dumps({"inputs": [
+        {"name": "input-0", "shape": [1, 3], "datatype": "BOOL",
+         "parameters": {"binary_data_size": 3}},
+    ]}).encode()  # fmt: skip
+    headers = {"Inference-Header-Content-Length": str(len(header))}
+
+    response = client.post(INFER, data=header + bytes([1, 0, 2]), headers=headers)
+
+    assert response.status_code == 400
+    assert error_of(response).error.startswith("inputs[0].data[2]")
+    assert "2 is not a BOOL" in error_of(response).error

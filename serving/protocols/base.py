@@ -121,8 +121,11 @@ def read_json_body(max_body_bytes: int) -> bytes:
     """
     # request.mimetype, without building the request's headers (~4 us): the media type is
     # what comes before any parameter, trimmed and lowercased (RFC 9110, 8.3.1).
+    # JSON as werkzeug's is_json has it: application/json or application/<any>+json.
     mimetype = request.environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
-    if mimetype != "application/json" and not mimetype.endswith("+json"):
+    if mimetype != "application/json" and not (
+        mimetype.startswith("application/") and mimetype.endswith("+json")
+    ):
         raise UnsupportedMediaType(request.content_type)
     return read_body(max_body_bytes)
 

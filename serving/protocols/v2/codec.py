@@ -280,6 +280,16 @@ def _binary_values(kind: np.dtype[Any], chunk: memoryview) -> npt.NDArray[Any]:
     return values
 
 
+def _check_bool_bytes(values: npt.NDArray[np.bool_], loc: str) -> None:
+    """:raises InvalidInput: for a ``BOOL`` byte other than 0 or 1 (numpy would hold it as
+    a bool of that byte: True to numpy, another value to a model reading the bytes)."""
+    raw = values.view(np.uint8)
+    if raw.size and raw.max() > 1:
+        index = int(np.argmax(raw > 1))
+        msg = f"{int(raw[index])} is not a BOOL byte (0 or 1)"
+        raise InvalidInput.at(f"{loc}.data[{index}]", msg, "bool_type")
+
+
 def _binary_strings(tensor: V2RequestInput, chunk: memoryview, loc: str) -> npt.NDArray[Any]:
     """``BYTES`` elements of the binary extension (each a 4-byte little-endian length,
     then its bytes) as ``str`` objects; at most ``len(chunk) / 4`` of them
@@ -375,6 +385,8 @@ def decode(body: V2InferRequest, binary: bytearray, max_instances: int) -> Tenso
             values = _binary_strings(tensor, chunk, f"inputs[{index}]")
         else:
             values = _binary_values(kind, chunk)
+            if kind == np.bool_:
+                _check_bool_bytes(values, f"inputs[{index}]")
         decoded.append((tensor.name, values.reshape(tensor.shape)))
     return Tensors(decoded)
 
