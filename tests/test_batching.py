@@ -234,7 +234,7 @@ def test_batcher_survives_a_model_raising_system_exit(stop_after: Any) -> None:
 def test_batcher_answers_its_batch_even_when_its_own_code_fails(
     stop_after: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import serving.batching.batcher
+    import serving.batching.calls
 
     real_concatenate = np.concatenate
     failures = [MemoryError("no room to merge")]
@@ -244,7 +244,7 @@ def test_batcher_answers_its_batch_even_when_its_own_code_fails(
             raise failures.pop()
         return real_concatenate(*args, **kwargs)
 
-    monkeypatch.setattr(serving.batching.batcher.np, "concatenate", flaky_concatenate)
+    monkeypatch.setattr(serving.batching.calls.np, "concatenate", flaky_concatenate)
     batcher = ThreadedBatcher(
         outputs_of(RowEcho()), max_batch_size=3, max_batch_latency_ms=60_000, policy="window"
     )

@@ -63,15 +63,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-import numpy as np
 import numpy.typing as npt
 
 from serving.batching.arrivals import Arrivals
+from serving.batching.calls import FlushStats, PredictBatch, PredictCalls
 from serving.batching.pending import Answer, BatchOutputs, PendingRequest, split_outputs
-from serving.errors import InferenceTimeout, NotReady, Overloaded, ServingError
+from serving.errors import InferenceTimeout, NotReady, Overloaded
 
 __all__ = [
     "BatchOutputs",
@@ -84,49 +83,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: ``predict_batch(rows)``: rows ``(n_instances, n_features)`` -> outputs of ``n_instances`` rows.
-PredictBatch = Callable[[npt.NDArray[Any]], BatchOutputs]
-
 #: ``window``: wait up to max_batch_latency_ms to fill a batch; ``adaptive``: never wait.
 BatchPolicy = Literal["adaptive", "window"]
 
 _STOP: Final = object()
-
-#: Weight of the newest call in the moving average of a predict call's duration.
-_AVERAGE_WEIGHT: Final = 0.1
-
-
-@dataclass(frozen=True)
-class FlushStats:
-    """What one flush did, handed to the ``on_flush`` observer after the predict call and
-    before its requests are answered (so an answer's caller finds it counted).
-
-    ``duration_s`` is the predict call's wall time in seconds, from ``called_at``
-    (``perf_counter()``); ``queue_depth`` the instances still queued when it returned;
-    ``error`` is set when the batch failed; ``tags`` are the ``submit`` tags of the
-    requests it answers, in order: not those whose caller gave up or whose deadline
-    passed before it returned (they get a timeout, as their callers count them), none
-    when it failed.
-    """
-
-    batch_size: int
-    n_requests: int
-    duration_s: float
-    queue_depth: int
-    error: BaseException | None
-    called_at: float = 0.0
-    tags: tuple[Any, ...] = ()
 
 
 def _key(rows: npt.NDArray[Any]) -> tuple[Any, ...]:
     """What rows must share to be merged into one predict call: their width and element
     type (a record array's fields, for typed batches)."""
     return (rows.dtype, rows.shape[1:])
-
-
-def _merge(parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
-    """The rows of several requests as one batch, in order."""
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 class ThreadedBatcher:
@@ -176,7 +142,6 @@ class ThreadedBatcher:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_batch_latency_ms < 0:
             raise ValueError(f"max_batch_latency_ms must be >= 0, got {max_batch_latency_ms}")
-        self._predict = predict_batch
         self.max_batch_size = max_batch_size
         self.max_batch_latency_ms = max_batch_latency_ms
         if policy not in ("adaptive", "window"):
@@ -184,7 +149,6 @@ class ThreadedBatcher:
         self.policy = policy
         self.max_queue_depth = max_queue_depth
         self._latency_s = max_batch_latency_ms / 1000.0
-        self._on_flush = on_flush
         self._on_queue = on_queue
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()  # orders submit against stop: nothing lands after _STOP
@@ -194,12 +158,12 @@ class ThreadedBatcher:
         self._model = threading.Lock()
         self._inline = policy == "adaptive"
         self._arrivals = arrivals if arrivals is not None else Arrivals()
-        self._call_s = float("inf")  # moving average, written under _model; unknown at first
         self._accepting = False
         self._depth = 0
         self._carry: PendingRequest | None = None
         self._stop_seen = False
-        self._busy_since: float | None = None
+        # Its moving average of a call's time is written under _model.
+        self._calls = PredictCalls(predict_batch, self._lock, lambda: self._depth, on_flush)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     @property
@@ -210,7 +174,7 @@ class ThreadedBatcher:
     @property
     def busy_for_s(self) -> float:
         """Seconds the current predict call has been running (0.0 when the model is idle)."""
-        since = self._busy_since
+        since = self._calls.busy_since
         return 0.0 if since is None else time.monotonic() - since
 
     @property
@@ -272,7 +236,7 @@ class ThreadedBatcher:
                 self._inline
                 and not depth
                 and not self._arrivals.coming()
-                and (timeout_s is None or 2 * self._call_s < timeout_s)
+                and (timeout_s is None or 2 * self._calls.average_s < timeout_s)
                 and self._model.acquire(blocking=False)
             )
             if not inline:
@@ -287,7 +251,7 @@ class ThreadedBatcher:
                     self._on_queue(self._depth)
         if inline:
             try:
-                self._answer([request])
+                self._calls.answer([request])
             finally:
                 self._model.release()
             # An answer past the deadline is failed by ``_call`` (not taken); a failure
@@ -380,7 +344,7 @@ class ThreadedBatcher:
         key = _key(first.rows)
         adaptive = self.policy == "adaptive"
         if adaptive:
-            deadline = time.monotonic() + min(self._call_s, self._latency_s)
+            deadline = time.monotonic() + min(self._calls.average_s, self._latency_s)
         else:
             deadline = first.enqueued_at + self._latency_s
         batch: list[PendingRequest] = []
@@ -412,79 +376,7 @@ class ThreadedBatcher:
     def _flush(self, batch: list[PendingRequest]) -> None:
         with self._lock:
             self._depth -= sum(len(request.rows) for request in batch)
-        self._answer(batch)
-
-    def _answer(self, batch: list[PendingRequest]) -> None:
-        """Run ``batch`` (no longer counted in the queue depth; ``_model`` held) and answer
-        or fail every request of it."""
-        try:
-            self._isolate(batch)
-        except BaseException as exc:  # a bug of ours: still, nobody in this batch may hang
-            log.exception("batcher failed on a batch; failing its requests")
-            for request in batch:
-                request.fail(f"the batcher failed: {type(exc).__name__}: {exc}", exc)
-
-    def _isolate(self, batch: list[PendingRequest]) -> None:
-        """Predict on ``batch``; if the call fails and holds several requests, bisect by
-        request and retry each half, so only the requests whose instances make the model
-        fail get its error and every other request still gets its predictions. A failing
-        batch of n requests costs about 2 log2(n) extra calls; a good batch costs none."""
-        error = self._call(batch)
-        if error is None:
-            return
-        if len(batch) > 1:
-            middle = len(batch) // 2
-            self._isolate(batch[:middle])
-            self._isolate(batch[middle:])
-            return
-        if isinstance(error, ServingError):
-            message = error.message
-        else:
-            rows = len(batch[0].rows)
-            message = f"model failed on {rows} instances: {type(error).__name__}: {error}"
-        batch[0].fail(message, error)
-
-    def _call(self, batch: list[PendingRequest]) -> BaseException | None:
-        """One predict call: answers the requests of ``batch``, or returns the error."""
-        sizes = [len(request.rows) for request in batch]
-        rows = _merge([request.rows for request in batch])
-        error: BaseException | None = None
-        self._busy_since = time.monotonic()
-        started = time.perf_counter()
-        try:
-            parts = split_outputs(self._predict(rows), sizes)
-        except BaseException as exc:  # SystemExit from a model must not end the batcher
-            error = exc
-        duration_s = time.perf_counter() - started
-        self._busy_since = None
-        if self._call_s == float("inf"):
-            self._call_s = duration_s
-        else:
-            self._call_s += _AVERAGE_WEIGHT * (duration_s - self._call_s)
-        tags = tuple(request.tag for request in batch)
-        taken: tuple[bool, ...] = ()
-        if error is None:  # each request is answered, or failed if its caller gave up
-            now = time.monotonic()
-            with self._lock:
-                taken = tuple(request.take(now) for request in batch)
-        if self._on_flush is not None:
-            answered = tuple(tag for tag, took in zip(tags, taken, strict=False) if took)
-            stats = FlushStats(
-                len(rows), len(batch), duration_s, self._depth, error, started, answered
-            )
-            try:
-                self._on_flush(stats)
-            except Exception:
-                log.exception("on_flush observer failed")
-        if error is None:
-            for request, outputs, took in zip(batch, parts, taken, strict=True):
-                if took:
-                    request.answer(outputs, len(rows), duration_s, tags)
-                else:
-                    waited_ms = (request.deadline - request.enqueued_at) * 1000
-                    message = f"no prediction within {waited_ms:.0f} ms"
-                    request.fail(message, InferenceTimeout(message))
-        return error
+        self._calls.answer(batch)
 
     def _fail_all(self, message: str, cause: BaseException) -> None:
         if self._carry is not None:
