@@ -23,13 +23,14 @@ CPUs as a service competes with its neighbours. ``--same-session`` starts them i
 bench's session instead, the condition the bench used to measure (see bench/README.md).
 
 **Rounds taking turns.** Each of ``--rounds`` (3 by default) starts every server afresh,
-one after another, runs all its cells, and stops it, so a server that falls into a slow
-mode on start-up shows it in that round and a burst of load elsewhere hits the servers
-alike. Every round is printed and kept: its requests/s and latency (wrk, one thread), the
-mean batch (the service's /metrics) and the **server's CPU per request** (utime + stime of
-the server's master and workers from /proc, divided by the requests answered; nginx's CPU
-apart). Summaries give min/median/max over the rounds and the ratio to the naive server
-round by round; never the best run.
+one after another (each round starting with the next one: the first server of a round
+measured worse at one connection, 3 rounds of 3), runs all its cells, and stops it, so a
+server that falls into a slow mode on start-up shows it in that round and a burst of load
+elsewhere hits the servers alike. Every round is printed and kept: its requests/s and
+latency (wrk, one thread), the mean batch (the service's /metrics) and the **server's CPU
+per request** (utime + stime of the server's master and workers from /proc, divided by the
+requests answered; nginx's CPU apart). Summaries give min/median/max over the rounds and
+the ratio to the naive server round by round; never the best run.
 
 The 1,000-instance exercise (one per request vs 8 x 125) runs once, in the first round,
 when not --short. Tables go to stdout; a JSON of every run to bench/results/http_load.json.
@@ -402,7 +403,10 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     exercises: dict[str, dict[str, float]] = {}
     for round_ in range(1, args.rounds + 1):
-        for kind, name, model, env in plan:
+        # Each round starts with the next server, so no server always goes first (after
+        # the start-up of the bench, or right after another server stopped).
+        shift = (round_ - 1) % len(plan)
+        for kind, name, model, env in plan[shift:] + plan[:shift]:
             server = Server(
                 kind, model, env, name, own_session=not args.same_session, nginx=args.nginx
             )
