@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InvalidInput
-from serving.model.schema import Feature
+from serving.model.schema import Feature, once_per_features
 
 __all__ = ["Locate", "column", "matrix", "show", "typed_matrix", "value_error"]
 
@@ -353,19 +353,28 @@ def _matrix_ok(
 ) -> bool:
     """True when every value of ``out`` fits its feature (finite, within float32's range
     for a float32 feature, an integer for an integer one)."""
+    narrow, small, known = _checks(features)
     if out.dtype.kind == "f":
         finite = np.isfinite(out) if absent is None else np.isfinite(out) | absent
         if not finite.all():
             return False
-        narrow = [j for j, f in enumerate(features) if f.dtype.kind == "f" and f.dtype.itemsize < 8]
         if narrow:
             limit = float(np.finfo(np.float32).max)
             if (np.abs(np.nan_to_num(out[:, narrow])) > limit).any():
                 return False
-        return all(_known(out[:, j], f) for j, f in enumerate(features))
-    small = [j for j, f in enumerate(features) if f.dtype.itemsize < 8]
+        return all(_known(out[:, j], features[j]) for j in known)
     for j in small:
         info = np.iinfo(cast(Any, features[j].dtype))
         if ((out[:, j] < info.min) | (out[:, j] > info.max)).any():
             return False
-    return all(_known(out[:, j], f) for j, f in enumerate(features))
+    return all(_known(out[:, j], features[j]) for j in known)
+
+
+@once_per_features
+def _checks(features: Sequence[Feature]) -> tuple[list[int], list[int], list[int]]:
+    """The columns of ``features`` that need a check beyond finiteness: float32 ones
+    (range), integers narrower than int64 (range), those with known categories."""
+    narrow = [j for j, f in enumerate(features) if f.dtype.kind == "f" and f.dtype.itemsize < 8]
+    small = [j for j, f in enumerate(features) if f.dtype.itemsize < 8]
+    known = [j for j, f in enumerate(features) if f.categories is not None]
+    return narrow, small, known

@@ -127,3 +127,31 @@ def test_schema_file_with_an_unknown_type_names_it(
 
     with pytest.raises(ModelLoadError, match=r"churn.schema.json.*'text'"):
         load_model(path)
+
+
+def test_once_per_features_works_out_a_schema_once_per_features_object() -> None:
+    import numpy as np
+
+    from serving.model.schema import feature, once_per_features
+
+    calls: list[int] = []
+
+    @once_per_features
+    def width(features: Any) -> int:
+        calls.append(len(features))
+        return len(features)
+
+    features = tuple(feature(str(j), "float", np.float64) for j in range(30))
+    equal = tuple(features)[:]  # the same object: a tuple copy is the tuple itself
+    other = tuple(feature(str(j), "float", np.float64) for j in range(30))
+
+    assert [width(features) for _ in range(3)] == [30, 30, 30]
+    assert width(equal) == 30 and width(other) == 30
+    assert calls == [30, 30]  # once for features, once for the other object
+
+
+def test_a_model_without_a_schema_gets_the_same_float_features_every_request() -> None:
+    from serving.conform import _floats
+
+    assert _floats(30) is _floats(30)
+    assert [f.name for f in _floats(3)] == ["0", "1", "2"]

@@ -20,11 +20,12 @@ pandas only to build a DataFrame (``frame_builder``).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -228,6 +229,33 @@ def structured_dtype(features: Sequence[Feature]) -> np.dtype[Any]:
     return np.dtype([(f.name, column_dtype(f)) for f in features])
 
 
+_R = TypeVar("_R")
+
+
+def once_per_features(
+    work_out: Callable[[Sequence[Feature]], _R],
+) -> Callable[[Sequence[Feature]], _R]:
+    """``work_out(features)``, computed once per features object (a model's, the same tuple
+    on every request) and kept by its id beside it, so an id is never reused: what a
+    request asks of a model's schema costs a dict lookup, not a pass over every feature
+    (a dataclass hash each, were the tuple a cache key)."""
+    found: dict[int, tuple[Sequence[Feature], _R]] = {}
+
+    @functools.wraps(work_out)
+    def cached(features: Sequence[Feature]) -> _R:
+        entry = found.get(id(features))
+        if entry is not None and entry[0] is features:
+            return entry[1]
+        result = work_out(features)
+        if len(found) >= 64:  # the features of models no longer served
+            found.clear()
+        found[id(features)] = (features, result)
+        return result
+
+    return cached
+
+
+@once_per_features
 def uniform_dtype(features: Sequence[Feature]) -> np.dtype[Any] | None:
     """The one element type of a ``(n_instances, n_features)`` matrix that holds every
     feature exactly: the features' own when they all have one (float32 for a float32
