@@ -509,6 +509,22 @@ def recording(calls: list[tuple[str, int]], delay_s: float = 0.0) -> Any:
     return model
 
 
+def second_call_held(
+    calls: list[tuple[str, int]], started: threading.Event, release: threading.Event
+) -> Any:
+    """A ``recording`` model whose second call (a caller's own, after the first measured
+    one) sets ``started`` and waits for ``release``."""
+    record = recording(calls)
+
+    def model(rows: np.ndarray) -> dict[str, np.ndarray]:
+        if len(calls) == 1:
+            started.set()
+            assert release.wait(WAIT_S)
+        return record(rows)
+
+    return model
+
+
 def test_adaptive_policy_runs_a_lone_request_on_its_callers_thread_at_low_load(
     stop_after: Any,
 ) -> None:
@@ -530,13 +546,7 @@ def test_adaptive_policy_batches_what_arrives_while_a_caller_runs_its_own_rows(
 ) -> None:
     started, release = threading.Event(), threading.Event()
     calls: list[tuple[str, int]] = []
-    record = recording(calls)
-
-    def model(rows: np.ndarray) -> dict[str, np.ndarray]:
-        if len(calls) == 1:  # the second call: the caller's own
-            started.set()
-            assert release.wait(WAIT_S)
-        return record(rows)
+    model = second_call_held(calls, started, release)
 
     batcher = ThreadedBatcher(model, max_batch_size=8, name="the-batcher")
     stop_after(batcher.start())
@@ -782,13 +792,7 @@ def test_batcher_reports_the_queue_depth_of_queued_requests_only(stop_after: Any
     started, release = threading.Event(), threading.Event()
     depths: list[int] = []
     calls: list[tuple[str, int]] = []
-    record = recording(calls)
-
-    def model(rows: np.ndarray) -> dict[str, np.ndarray]:
-        if len(calls) == 1:  # the second call: the caller's own
-            started.set()
-            assert release.wait(WAIT_S)
-        return record(rows)
+    model = second_call_held(calls, started, release)
 
     batcher = ThreadedBatcher(model, max_batch_size=8, on_queue=depths.append)
     stop_after(batcher.start())
