@@ -118,43 +118,13 @@ def python_handle(
         raise ModelLoadError(source, f"{type(model).__name__} has no predict(instances)")
     preprocess = getattr(model, "preprocess", None)
     postprocess = getattr(model, "postprocess", None)
-    names = getattr(model, "feature_names", None)
-    if names is not None and (
-        isinstance(names, str)
-        or not isinstance(names, Sequence)
-        or not all(isinstance(n, str) for n in names)
-    ):
-        raise ModelLoadError(source, "feature_names must be a sequence of str")
     features = declared_schema(model, source)
-    feature_names = tuple(names) if names is not None else None
-    if features is not None:
-        declared = tuple(f.name for f in features)
-        if feature_names is not None and feature_names != declared:
-            raise ModelLoadError(
-                source, f"feature_names {list(feature_names)} differ from the input schema's "
-                f"columns {list(declared)}",
-            )  # fmt: skip
-        feature_names = declared
+    feature_names = _feature_names(model, source, features)
     n_features = getattr(model, "n_features", None)
     if n_features is None and feature_names is not None:
         n_features = len(feature_names)
     classes = getattr(model, "classes", None)
-    input_format = getattr(model, "input_format", "batch")
-    if input_format not in ("batch", "dataframe"):
-        raise ModelLoadError(
-            source, f"input_format must be 'batch' or 'dataframe', not {input_format!r}"
-        )
-    if input_format == "dataframe" and features is None and feature_names is None:
-        raise ModelLoadError(
-            source,
-            "input_format 'dataframe' needs the columns: an input_schema, a schema file "
-            "or feature_names",
-        )
-    to_input: Callable[[npt.NDArray[Any]], Any] | None = None
-    if input_format == "dataframe":
-        assert feature_names is not None
-        columns = features or tuple(feature(name, "float", np.float64) for name in feature_names)
-        to_input = frame_builder(columns)
+    to_input = _input_builder(model, source, features, feature_names)
 
     def predict_batch(rows: npt.NDArray[Any]) -> Outputs:
         batch = to_input(rows) if to_input is not None else rows
@@ -177,6 +147,63 @@ def python_handle(
         feature_names=feature_names,
         features=features,
     )
+
+
+def _feature_names(
+    model: Any, source: Path | None, features: tuple[Feature, ...] | None
+) -> tuple[str, ...] | None:
+    """The model's column names: its input schema's, else its ``feature_names``; both
+    must agree where both are given.
+
+    :raises ModelLoadError: for ``feature_names`` that are not a sequence of str, or that
+        differ from the schema's columns.
+    """
+    names = getattr(model, "feature_names", None)
+    if names is not None and (
+        isinstance(names, str)
+        or not isinstance(names, Sequence)
+        or not all(isinstance(n, str) for n in names)
+    ):
+        raise ModelLoadError(source, "feature_names must be a sequence of str")
+    feature_names = tuple(names) if names is not None else None
+    if features is None:
+        return feature_names
+    declared = tuple(f.name for f in features)
+    if feature_names is not None and feature_names != declared:
+        raise ModelLoadError(
+            source, f"feature_names {list(feature_names)} differ from the input schema's "
+            f"columns {list(declared)}",
+        )  # fmt: skip
+    return declared
+
+
+def _input_builder(
+    model: Any,
+    source: Path | None,
+    features: tuple[Feature, ...] | None,
+    feature_names: tuple[str, ...] | None,
+) -> Callable[[npt.NDArray[Any]], Any] | None:
+    """What turns the typed batch into the model's input: a pandas DataFrame of its
+    columns for ``input_format = "dataframe"``, else None (the batch as it is).
+
+    :raises ModelLoadError: for another ``input_format``, or ``dataframe`` without columns.
+    """
+    input_format = getattr(model, "input_format", "batch")
+    if input_format not in ("batch", "dataframe"):
+        raise ModelLoadError(
+            source, f"input_format must be 'batch' or 'dataframe', not {input_format!r}"
+        )
+    if input_format == "batch":
+        return None
+    if features is None and feature_names is None:
+        raise ModelLoadError(
+            source,
+            "input_format 'dataframe' needs the columns: an input_schema, a schema file "
+            "or feature_names",
+        )
+    assert feature_names is not None
+    columns = features or tuple(feature(name, "float", np.float64) for name in feature_names)
+    return frame_builder(columns)
 
 
 def declared_schema(model: Any, source: Path | None) -> tuple[Feature, ...] | None:
