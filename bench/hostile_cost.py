@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from bench.typed_path import cpu_model  # noqa: E402
+from bench.host import cpu_model  # noqa: E402
 from serving.app import create_app  # noqa: E402
 from serving.model.handle import ModelHandle  # noqa: E402
 from serving.model.schema import feature  # noqa: E402

@@ -56,6 +56,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.host import cpu_model  # noqa: E402
 from bench.models import RESULTS, batch_totals, model_path, real_rows, write_bodies  # noqa: E402
 
 GUNICORN = Path(sys.executable).parent / "gunicorn"
@@ -324,11 +325,7 @@ def machine(when: str = "at start") -> str:
     load average: ratios from one run mean something only next to their machine."""
     from threadpoolctl import threadpool_info  # numpy is loaded: bench.models imports it
 
-    cpu = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
+    cpu = cpu_model()
     blas = ", ".join(
         f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture', '?')}, "
         f"{i.get('num_threads')} threads)"

@@ -30,9 +30,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.host import cpu_model  # noqa: E402
 from bench.http_load import Server, request, wrk  # noqa: E402
 from bench.models import RESULTS, write_bodies  # noqa: E402
-from bench.typed_path import cpu_model  # noqa: E402
 
 
 class Receiver:

@@ -30,6 +30,7 @@ from sklearn.impute import SimpleImputer  # noqa: E402
 from sklearn.pipeline import Pipeline  # noqa: E402
 from sklearn.preprocessing import OneHotEncoder  # noqa: E402
 
+from bench.host import cpu_model  # noqa: E402
 from serving.model.handle import ModelHandle  # noqa: E402
 from serving.model.loaders import estimator_handle  # noqa: E402
 from tests.tabular import churn_module  # noqa: E402
@@ -54,13 +55,6 @@ def batch_of(handle: ModelHandle, frame: Any, n: int) -> np.ndarray:
     for name in batch.dtype.names or ():
         batch[name] = frame[name].to_numpy()[:n]
     return batch
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def main() -> None:

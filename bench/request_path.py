@@ -36,6 +36,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.host import cpu_model  # noqa: E402
 
 _RUN = r"""
 import io, json, sys, time
@@ -134,10 +137,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float64", "float32"], default="float64",
                         help="the model's feature type (and the V2 tensor's)")  # fmt: skip
     args = parser.parse_args()
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")), "unknown",
-    )  # fmt: skip
+    cpu = cpu_model()
     print(f"CPU: {cpu}; metrics: {args.metrics}")
     print(f"body: {args.body}, {args.rows} x {args.width} {args.dtype}")
     targets: dict[str, tuple[Path, str]] = {"echo": (ROOT, "echo"), "ours": (ROOT, "ours")}

@@ -36,6 +36,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.host import cpu_model  # noqa: E402
 from bench.http_load import free_port  # noqa: E402
 from bench.models import RESULTS, big_rows, model_path  # noqa: E402
 
@@ -170,10 +171,7 @@ def main() -> None:
     forest = joblib.load(path)
     rows = big_rows()[:2000]
     expected = forest.predict_proba(rows)
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")), "unknown",
-    )  # fmt: skip
+    cpu = cpu_model()
     print(f"CPU: {cpu}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}")
     print(f"model: {path.name}, {path.stat().st_size / 2**20:.0f} MiB file, 300 trees")
     if args.compare:

@@ -28,16 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.host import cpu_model  # noqa: E402
 from bench.http_load import GUNICORN, free_port, request, wrk  # noqa: E402
 from bench.models import real_rows  # noqa: E402
 from tests.tabular import churn_rows, write_churn  # noqa: E402
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def start(tree: Path, model: Path, body: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
