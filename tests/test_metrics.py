@@ -115,10 +115,10 @@ def test_queue_depth_is_written_only_when_it_changes() -> None:
 
     metrics = ServingMetrics(CollectorRegistry())
     writes: list[float] = []
+    value = metrics.queue_depth.labels("m", "1")._value  # what the gauge's writes reach
+    real = value.set
+    value.set = lambda depth, timestamp=None: (writes.append(depth), real(depth))
     observe = metrics.queue_observer("m", "1")
-    child = metrics.queue_depth.labels("m", "1")
-    real = child.set
-    child.set = lambda value: (writes.append(value), real(value))  # type: ignore[method-assign]
 
     for depth in (3, 3, 0, 0, 5):
         observe(depth)
@@ -147,3 +147,95 @@ def test_multiprocess_metric_files_have_their_blocks_reserved(tmp_path: Path) ->
     assert size > 1 << 16
     assert blocks * 512 >= size  # every block allocated: no page left to fault on
     assert len(list(values.MmapedDict.read_all_values_from_file(str(path)))) == 2000
+
+
+SAME_WRITES = """
+import sys, threading
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, values
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.openmetrics.exposition import generate_latest
+if sys.argv[1] == "serving":
+    from serving.observe.metric_files import MultiProcessValue
+    values.ValueClass = MultiProcessValue
+else:
+    values.ValueClass = values.MultiProcessValue()
+from serving.observe import writes
+
+registry = CollectorRegistry()
+counter = Counter("c", "c", ["k"], registry=registry).labels("a")
+gauge = Gauge("g", "g", ["k"], multiprocess_mode="max", registry=registry).labels("a")
+summary = Summary("s", "s", ["k"], registry=registry).labels("a")
+histogram = Histogram("h", "h", ["k"], buckets=(1, 2, 4), registry=registry).labels("a")
+inc, put = writes.counter_inc(counter), writes.gauge_set(gauge)
+observe, bucket = writes.summary_observe(summary), writes.histogram_observe(histogram)
+
+def hammer():
+    for _ in range(2000):
+        inc(1)
+threads = [threading.Thread(target=hammer) for _ in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+for amount in (0.0, 0.5, 1.0, 1.5, 2.0, 3.9, 4.0, 4.1, 1e9, -1.0):
+    inc(1); put(amount); observe(amount); bucket(amount)
+print(generate_latest(MultiProcessCollector(CollectorRegistry())).decode())
+"""
+
+
+def test_metric_writes_in_multiprocess_mode_read_back_as_the_librarys(tmp_path: Path) -> None:
+    """The request path's writes (serving.observe.writes) through the service's value class
+    (serving.observe.metric_files) expose exactly what prometheus-client's own value class
+    exposes for the same writes: the same files, keys, buckets (a bound is in its own
+    bucket, above the last in +Inf), no increment lost between four threads."""
+    exposed = {}
+    for kind in ("serving", "library"):
+        directory = tmp_path / kind
+        directory.mkdir()
+        env = {"PROMETHEUS_MULTIPROC_DIR": str(directory), "PYTHONPATH": str(Path.cwd())}
+        out = subprocess.run(
+            [sys.executable, "-c", SAME_WRITES, kind], env=env, capture_output=True,
+            text=True, timeout=60, check=True,
+        )  # fmt: skip
+        exposed[kind] = sorted(out.stdout.splitlines())  # metric order follows file names
+        assert sorted(p.name.split("_")[0] for p in directory.iterdir()) == [
+            "counter", "gauge", "histogram", "summary",
+        ]  # fmt: skip
+    assert exposed["serving"] == exposed["library"]
+    assert 'c_total{k="a"} 8010.0' in exposed["serving"]
+    assert 'h_bucket{k="a",le="1.0"} 4.0' in exposed["serving"]  # -1, 0, 0.5, 1.0
+    assert 'h_bucket{k="a",le="+Inf"} 10.0' in exposed["serving"]
+
+
+def test_metric_writes_in_one_process_equal_the_librarys_methods() -> None:
+    """Without PROMETHEUS_MULTIPROC_DIR (tests, one process), each write of
+    serving.observe.writes leaves a registry as the library's own method does."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
+
+    from serving.observe import writes
+
+    def registry_after(fast: bool) -> dict[tuple[str, str], float]:
+        registry = CollectorRegistry()
+        c = Counter("c", "c", ["k"], registry=registry).labels("a")
+        g = Gauge("g", "g", ["k"], registry=registry).labels("a")
+        s = Summary("s", "s", ["k"], registry=registry).labels("a")
+        h = Histogram("h", "h", ["k"], buckets=(1, 2, 4), registry=registry).labels("a")
+        if fast:
+            calls = [writes.counter_inc(c), writes.gauge_set(g)]
+            calls += [writes.summary_observe(s), writes.histogram_observe(h)]
+        else:
+            calls = [c.inc, g.set, s.observe, h.observe]
+        for amount in (0.0, 1.0, 1.5, 4.0, 4.5, 7.0):
+            for call in calls:
+                call(amount)
+        return {
+            (sample.name, str(sample.labels)): sample.value
+            for metric in registry.collect()
+            for sample in metric.samples
+            if not sample.name.endswith("_created")
+        }
+
+    library = registry_after(fast=False)
+    assert registry_after(fast=True) == library
+    assert library[("h_bucket", "{'k': 'a', 'le': '4.0'}")] == 4.0
+    assert library[("c_total", "{'k': 'a'}")] == 18.0

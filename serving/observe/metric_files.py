@@ -1,4 +1,5 @@
-"""Multiprocess metric files whose blocks are reserved on disk before they are used.
+"""Multiprocess metric files: their blocks reserved on disk before they are used, and
+the value class that writes them.
 
 prometheus-client keeps each worker's samples in a memory-mapped file
 (``prometheus_client.mmap_dict.MmapedDict``) that it creates and grows with
@@ -10,17 +11,29 @@ dies at once, with every request it was serving, and its replacement dies the sa
 directory is an ``OSError`` from the metric write instead (the file and its mapping are
 left as they were), which the server logs and survives.
 
-Boundary: standard library and prometheus-client only.
+``MultiProcessValue`` is prometheus-client's value class of the multiprocess mode
+(``prometheus_client.values.MultiProcessValue``: the same files, keys and fork rule)
+with the cost of a write cut to what it must do. The library's ``inc`` calls the process
+id function, looks the key's position up and packs through a helper on every write, and
+a request makes about fifteen writes; this one keeps the position and the mapping's
+owner, and compares the process id that ``serving.observe.process`` keeps. The
+collector reads its files as the library's (``tests/test_metrics.py``).
+
+Boundary: standard library, prometheus-client and ``serving.observe.process`` only.
 """
 
 from __future__ import annotations
 
 import os
+import struct
+import threading
 from typing import Any
 
-from prometheus_client.mmap_dict import MmapedDict
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
-__all__ = ["ReservedMmapedDict"]
+from serving.observe import process
+
+__all__ = ["MultiProcessValue", "ReservedMmapedDict"]
 
 #: The size prometheus-client gives a new file (``mmap_dict._INITIAL_MMAP_SIZE``).
 INITIAL_SIZE_BYTES = 1 << 16
@@ -68,3 +81,104 @@ class ReservedMmapedDict(MmapedDict):
         except OSError:  # the file did not grow: the old mapping and size still hold
             self._capacity = capacity
             raise
+
+
+_pack = struct.Struct("dd").pack
+#: One lock for every value and file of the process, as prometheus-client has it: a new
+#: key may grow (and remap) the file another value writes through.
+_lock = threading.Lock()
+#: The process the files below belong to, and its files by name prefix (``counter``,
+#: ``gauge_livesum``, ...) and values: a fork starts the child's own files at 0.
+_owner = [process.pid()]
+_files: dict[str, ReservedMmapedDict] = {}
+_values: list[MultiProcessValue] = []
+
+
+def _check_for_fork() -> None:
+    """After a fork (the process id changed), reopen every value in this process's own
+    files. Called under ``_lock``."""
+    pid = process.pid()
+    if _owner[0] == pid:
+        return
+    _owner[0] = pid
+    for metric_file in _files.values():
+        metric_file.close()  # type: ignore[no-untyped-call]
+    _files.clear()
+    for value in _values:
+        value._open()
+
+
+class MultiProcessValue:
+    """A float kept in this process's file of ``PROMETHEUS_MULTIPROC_DIR`` (the
+    directory is read at the value's first write to a file), as prometheus-client's
+    ``MmapedValue``: same constructor, ``inc``, ``set``, ``get``; exemplars are not kept
+    in multiprocess mode, there or here.
+
+    Usage (``serving.observe.metrics`` installs it when the directory is set)::
+
+        prometheus_client.values.ValueClass = MultiProcessValue
+    """
+
+    _multiprocess = True
+    __slots__ = ("_file", "_key", "_params", "_pos", "_timestamp", "_value")
+
+    def __init__(  # noqa: PLR0917  (prometheus-client calls it with these positionally)
+        self,
+        typ: str,
+        metric_name: str,
+        name: str,
+        labelnames: Any,
+        labelvalues: Any,
+        help_text: str,
+        multiprocess_mode: str = "",
+        **kwargs: Any,
+    ) -> None:
+        self._params = typ, metric_name, name, labelnames, labelvalues, help_text, multiprocess_mode
+        with _lock:
+            _check_for_fork()
+            self._open()
+            _values.append(self)
+
+    def _open(self) -> None:
+        """Find (or add) this value's key in this process's file. Called under ``_lock``."""
+        typ, metric_name, name, labelnames, labelvalues, help_text, mode = self._params
+        prefix = f"{typ}_{mode}" if typ == "gauge" else typ
+        metric_file = _files.get(prefix)
+        if metric_file is None:
+            directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+            path = os.path.join(directory, f"{prefix}_{_owner[0]}.db")
+            metric_file = _files[prefix] = ReservedMmapedDict(path)
+        self._file = metric_file
+        self._key = mmap_key(metric_name, name, labelnames, labelvalues, help_text)
+        self._value, self._timestamp = metric_file.read_value(self._key)  # type: ignore[no-untyped-call]
+        self._pos: int = metric_file._positions[self._key]
+
+    def inc(self, amount: float) -> None:
+        with _lock:
+            if _owner[0] != process.pid():
+                _check_for_fork()
+            self._value += amount
+            self._timestamp = 0.0
+            pos = self._pos
+            self._file._m[pos : pos + 16] = _pack(self._value, 0.0)
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        with _lock:
+            if _owner[0] != process.pid():
+                _check_for_fork()
+            self._value = value
+            self._timestamp = timestamp or 0.0
+            pos = self._pos
+            self._file._m[pos : pos + 16] = _pack(value, self._timestamp)
+
+    def set_exemplar(self, exemplar: Any) -> None:
+        return
+
+    def get(self) -> float:
+        with _lock:
+            if _owner[0] != process.pid():
+                _check_for_fork()
+            return float(self._value)
+
+    def get_exemplar(self) -> None:
+        return None

@@ -37,18 +37,22 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from serving.batching.batcher import FlushStats
 from serving.context import REQUEST_STAGES, Timing, stage_seconds
 from serving.model.handle import ModelHandle
-from serving.observe import process
 from serving.observe.complaint import Complaint
-from serving.observe.metric_files import ReservedMmapedDict
+from serving.observe.metric_files import MultiProcessValue, ReservedMmapedDict
+from serving.observe.writes import (
+    Write,
+    counter_inc,
+    gauge_set,
+    histogram_observe,
+    summary_observe,
+)
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics", "default_metrics"]
 
-# Multiprocess mode checks the process id on every write (a fork resets the values), with
-# os.getpid(), a system call; the same check against serving.observe.process's id (kept
-# by an at-fork hook; prometheus-client's documented process_identifier argument) costs
-# nothing.
+# Multiprocess mode's value class, with a write cut to what it must do (about fifteen per
+# request): serving.observe.metric_files.
 if values.ValueClass.__name__ == "MmapedValue":  # PROMETHEUS_MULTIPROC_DIR was set at import
-    values.ValueClass = values.MultiProcessValue(process_identifier=process.pid)  # type: ignore[no-untyped-call]
+    values.ValueClass = MultiProcessValue
 # Its files with their blocks reserved: a full directory is an OSError, not a SIGBUS that
 # kills the worker (serving.observe.metric_files).
 values.MmapedDict = ReservedMmapedDict  # type: ignore[attr-defined]
@@ -98,12 +102,12 @@ class _Depth:
     __slots__ = ("_child", "_value")
 
     def __init__(self, child: Any) -> None:
-        self._child, self._value = child, -1
+        self._child, self._value = gauge_set(child), -1
 
     def set(self, depth: int) -> None:
         if depth != self._value:
             self._value = depth
-            self._child.set(depth)
+            self._child(depth)
 
 
 class ServingMetrics:
@@ -118,7 +122,7 @@ class ServingMetrics:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.registry = registry
-        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._children: dict[tuple[str, str, int], tuple[Write, Write]] = {}
         self._depth_children: dict[tuple[str, str], _Depth] = {}
         self.requests = Counter(
             "http_requests_total",
@@ -254,12 +258,12 @@ class ServingMetrics:
         children = self._children.get(key)
         if children is None:  # labels() takes a lock and builds keys: once per label set
             children = (
-                self.requests.labels(method, route, str(status)),
-                self.request_duration.labels(method, route),
+                counter_inc(self.requests.labels(method, route, str(status))),
+                histogram_observe(self.request_duration.labels(method, route)),
             )
             self._children[key] = children
-        children[0].inc()
-        children[1].observe(duration_s)
+        children[0](1)
+        children[1](duration_s)
 
     def _depth(self, model: str, version: str) -> _Depth:
         depth = self._depth_children.get((model, version))
@@ -278,36 +282,36 @@ class ServingMetrics:
         """The ``ThreadedBatcher`` ``on_flush`` observer of one model version: each predict
         call sets its batch size, duration, queue depth, the time of the last answer and
         (when it failed) the error count."""
-        batch_size = self.batch_size.labels(model, version)
-        duration = self.inference_duration.labels(model, version)
+        batch_size = histogram_observe(self.batch_size.labels(model, version))
+        duration = histogram_observe(self.inference_duration.labels(model, version))
         depth = self._depth(model, version)
-        errors = self.inference_errors.labels(model, version)
-        last = self.last_inference.labels(model, version)
-        by_size: dict[int, Any] = {}  # labels() takes a lock and builds keys: once per size
+        errors = counter_inc(self.inference_errors.labels(model, version))
+        last = gauge_set(self.last_inference.labels(model, version))
+        by_size: dict[int, Write] = {}  # labels() takes a lock and builds keys: once per size
         answered = self._stage_children(model, version, True)
         self.rejected.labels(model, version)  # exposed at 0 from the start, so rate() works
         depth.set(0)
 
         @_never_raises
         def observe(stats: FlushStats) -> None:
-            batch_size.observe(stats.batch_size)
-            duration.observe(stats.duration_s)
+            batch_size(stats.batch_size)
+            duration(stats.duration_s)
             depth.set(stats.queue_depth)
             if stats.error is not None:
-                errors.inc()
+                errors(1)
                 return
             compute = by_size.get(stats.batch_size)
             if compute is None:
-                compute = by_size[stats.batch_size] = self.batch_compute.labels(
-                    model, version, str(stats.batch_size)
+                compute = by_size[stats.batch_size] = summary_observe(
+                    self.batch_compute.labels(model, version, str(stats.batch_size))
                 )
-            compute.observe(stats.duration_s)
-            last.set_to_current_time()
+            compute(stats.duration_s)
+            last(time.time())
             self._count_answered(answered, stats)
 
         return observe
 
-    def _count_answered(self, children: tuple[Any, ...], stats: FlushStats) -> None:
+    def _count_answered(self, children: tuple[Write, ...], stats: FlushStats) -> None:
         """Count the requests a predict call answered, in six writes for the whole batch
         (a request's ``Timing`` is its ``submit`` tag, from the data plane): each one's
         queue wait and input check, the call's time, and ``compute_output`` from the call's
@@ -339,7 +343,7 @@ class ServingMetrics:
         """Count one request refused at once with 503 overloaded (its queue was full)."""
         self.rejected.labels(model, version).inc()
 
-    def _stage_children(self, model: str, version: str, ok: bool) -> tuple[Any, ...]:
+    def _stage_children(self, model: str, version: str, ok: bool) -> tuple[Write, ...]:
         """The outcome's counter, then the seconds of each of ``REQUEST_STAGES`` in its
         order (success) or of the whole request (fail)."""
         children = self._stages.get((model, version, ok))
@@ -347,8 +351,8 @@ class ServingMetrics:
             outcome = "success" if ok else "fail"
             stages = REQUEST_STAGES if ok else ("fail",)
             children = (
-                self.request_outcomes.labels(model, version, outcome),
-                *(self.request_stage.labels(model, version, s) for s in stages),
+                counter_inc(self.request_outcomes.labels(model, version, outcome)),
+                *(counter_inc(self.request_stage.labels(model, version, s)) for s in stages),
             )
             self._stages[(model, version, ok)] = children
         return children
@@ -374,15 +378,15 @@ class ServingMetrics:
         self._write_stages(self._stage_children(model, version, ok), 1, seconds)
 
     @staticmethod
-    def _write_stages(children: tuple[Any, ...], requests: int, seconds: Sequence[float]) -> None:
+    def _write_stages(children: tuple[Write, ...], requests: int, seconds: Sequence[float]) -> None:
         """Count ``requests`` and their ``seconds`` per stage of ``REQUEST_STAGES`` (for
         failed ones, their sum): five writes, or two, for any number of requests."""
-        children[0].inc(requests)
+        children[0](requests)
         if len(children) == 2:
-            children[1].inc(sum(seconds))
+            children[1](sum(seconds))
             return
         for child, value in zip(children[1:], seconds, strict=True):
-            child.inc(value)
+            child(value)
 
     def collect(self) -> list[Metric]:
         """The metric families of all workers (multiprocess mode) or of ``registry``."""
