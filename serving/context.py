@@ -94,7 +94,7 @@ def stage_seconds(
     return (max(answered - conformed - infer_s, 0.0), conformed - started, infer_s, now - answered)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Call:
     """Who asks and by when: one request as the data plane sees it.
 

@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 _MAX_IGNORED = 1024
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Inference:
     """One request's answer: the model that gave it, its named outputs (each with one
     entry per instance along the first axis) and the call's ``Timing`` (instances, batch

@@ -30,7 +30,7 @@ __all__ = ["Columns", "Frame", "Instances", "Records", "Tensors", "Unnamed"]
 Unnamed = Literal["refuse", "key_order"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Frame:
     """Row-major instances: each row one value per column. ``columns`` names them (a CSV
     header, ``dataframe_split.columns``); ``None`` means the model's feature order."""
@@ -47,7 +47,7 @@ class Frame:
         return len(self.rows)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Records:
     """One object per instance, keyed by feature name (one value each) or by input name
     (a list of the input's values, for models whose inputs are several columns wide)."""
@@ -60,7 +60,7 @@ class Records:
         return len(self.rows)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Columns:
     """Column-major instances: each feature or input name -> one value per instance.
     Every column has ``n`` values (the codec checks that, naming the column)."""
@@ -74,7 +74,7 @@ class Columns:
         return self.n
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Tensors:
     """KServe V2 input tensors in request order: ``(name, values)``, each ``values`` of
     shape ``(n_instances,)`` or ``(n_instances, width)`` and the element type the request

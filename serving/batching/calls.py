@@ -37,7 +37,7 @@ PredictBatch = Callable[[npt.NDArray[Any]], BatchOutputs]
 _AVERAGE_WEIGHT: Final = 0.1
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class FlushStats:
     """What one flush did, handed to the ``on_flush`` observer after the predict call and
     before its requests are answered (so an answer's caller finds it counted).

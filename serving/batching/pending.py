@@ -29,7 +29,7 @@ __all__ = ["Answer", "BatchOutputs", "PendingRequest", "split_outputs"]
 BatchOutputs = Mapping[str, npt.NDArray[Any]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Answer:
     """One caller's outputs and the predict call that gave them.
 
