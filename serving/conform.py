@@ -144,7 +144,7 @@ def _frame(
         return rows, lambda i, j: f"{field}[{i}].{names[j]}"
     check_names(names, handle.feature_names, frame.columns_field, "feature", rules)
     order = [names.index(name) for name in handle.feature_names]
-    if order != list(range(len(order))):
+    if order != list(range(len(names))):  # reordered, or with columns the rules ignore
         rows = [[row[j] for j in order] for row in rows]
     model_names = handle.feature_names
     return rows, lambda i, j: f"{field}[{i}].{model_names[j]}"

@@ -133,6 +133,31 @@ def test_rules_invocations_follow_mlflow_extra_columns_and_numbers_as_strings(
     assert "seats" in bad.get_json()["message"]
 
 
+def test_rules_an_extra_column_after_the_models_in_order_is_dropped_too(
+    strict: FlaskClient, churn: tuple[Any, Path]
+) -> None:
+    """Found by the new-user trial: an extra column after the model's own, which came in
+    the model's order, reached the model (422 'has 5 features; the model expects 4') on
+    dataframe_split and CSV, while the same column first or in the middle was dropped."""
+    model, _ = churn
+    rows = [row for row in churn_rows() if None not in row.values()]
+    labels = model.predict(frame_of(rows)).tolist()
+    split = {
+        "columns": [*COLUMNS, "customer_id"],
+        "data": [[*(r[c] for c in COLUMNS), 1000 + i] for i, r in enumerate(rows)],
+    }
+    csv = ",".join(split["columns"]) + "\n" + "\n".join(
+        ",".join(str(v) for v in line) for line in split["data"]
+    )
+
+    frame = strict.post("/invocations", json={"dataframe_split": split})
+    text = strict.post("/invocations", data=csv, headers={"Content-Type": "text/csv"})
+
+    for answer in (frame, text):
+        assert answer.status_code == 200, answer.get_data(as_text=True)
+        assert answer.get_json()["predictions"] == labels
+
+
 def test_rules_missing_feature_names_what_was_given_instead() -> None:
     """From the new-user trial: a misspelt column said only 'missing feature'."""
     with pytest.raises(Exception, match=r"missing feature 'seats'; given but unknown: 'seets'"):
