@@ -272,9 +272,18 @@ def _template(rule: str) -> str:
     return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule)
 
 
+def _request_id() -> str | None:
+    """The current request's id, for the log (None before the request hook ran)."""
+    call: Call | None = g.get("call")
+    return call.request_id if call is not None else None
+
+
 def _serving_error(bodies: ErrorBodies, exc: ServingError) -> Response:
     if exc.status >= 500 and exc.status != 503:  # 503s are expected; metrics count them
-        log.error("request %s failed: %s %s", g.get("request_id"), exc.code, exc.message)
+        log.error(  # with the model's own traceback, when it raised
+            "request %s failed: %s %s", _request_id(), exc.code, exc.message,
+            exc_info=exc.__cause__,
+        )  # fmt: skip
     body = bodies.build(exc.status, exc.code, exc.message, exc.details)
     response = json_response(body, exc.status)
     if exc.status == 503:
@@ -302,5 +311,5 @@ def _http_error(bodies: ErrorBodies, exc: HTTPException) -> Response:
 
 
 def _unexpected_error(bodies: ErrorBodies, exc: Exception) -> Response:
-    log.exception("request %s failed with an unexpected error", g.get("request_id"))
+    log.exception("request %s failed with an unexpected error", _request_id())
     return json_response(bodies.build(500, "internal_error", "internal server error", []), 500)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from typing import Any
 
 import numpy as np
@@ -155,6 +157,32 @@ def test_model_failure_is_500_inference_error_and_counted(settings: Settings) ->
     assert "negative first feature" in error["message"]
     labels = {"model": "f", "version": "1"}
     assert metrics.registry.get_sample_value("inference_errors_total", labels) == 1.0
+
+
+def test_model_failure_is_logged_with_its_request_id_and_the_models_traceback(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the new-user trial: a 500 was logged as 'request None failed', without
+    the X-Request-ID the client sent, and without the model's traceback (a custom class
+    could not be debugged from the log)."""
+    model = FailsOnNegative(n_features=3)
+    handle = ModelHandle.from_callable(model.predict, name="f", version="1", n_features=3)
+    app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
+    try:
+        with caplog.at_level(logging.ERROR, logger="serving"):
+            response = app.test_client().post(
+                "/predict", json={"instances": [[-1, 0, 0]]},
+                headers={"X-Request-ID": "trial-abc-123"},
+            )  # fmt: skip
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    assert response.status_code == 500
+    assert "model failed on 1 instance: " in error_of(response)["message"]
+    (record,) = [r for r in caplog.records if "trial-abc-123" in r.getMessage()]
+    assert record.getMessage().startswith("request trial-abc-123 failed: inference_error")
+    assert record.exc_info is not None
+    assert "negative first feature" in str(record.exc_info[1])
 
 
 def test_healthz_is_503_until_the_model_is_ready_then_200(settings: Settings) -> None:

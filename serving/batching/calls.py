@@ -115,7 +115,8 @@ class PredictCalls:
             message = error.message
         else:
             rows = len(batch[0].rows)
-            message = f"model failed on {rows} instances: {type(error).__name__}: {error}"
+            instances = "1 instance" if rows == 1 else f"{rows} instances"
+            message = f"model failed on {instances}: {type(error).__name__}: {error}"
         batch[0].fail(message, error)
 
     def _call(self, batch: list[PendingRequest]) -> BaseException | None:
