@@ -104,6 +104,53 @@ def test_a_missing_category_is_answered_alike_alone_or_in_a_batch(
     assert alone["predictions"][0] == beside["predictions"][0] == 1
 
 
+def test_a_missing_category_reaches_an_encoder_fitted_on_none_as_none(
+    settings: Any, metrics: Any
+) -> None:
+    """Found by the new-user trial: a OneHotEncoder fitted on an object column holding
+    None (categories ['sedan', 'suv', 'truck', None]) was sent NaN for a null, an unknown
+    category to it: 500 'Found unknown categories [nan]', for the valid rows of the same
+    request too. In-process the model takes None, as it was fitted."""
+    import numpy as np
+    from sklearn.compose import make_column_transformer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder
+
+    from serving.app import create_app
+    from serving.model.loaders import estimator_handle
+
+    rng = np.random.default_rng(7)
+    vehicle = rng.choice(np.array(["sedan", "suv", "truck", None], dtype=object), 300)
+    frame = pd.DataFrame(
+        {"vehicle": pd.Series(vehicle, dtype=object), "amount": rng.normal(5, 2, 300)}
+    )
+    target = (frame["amount"] > 5).astype(int) ^ frame["vehicle"].isna().astype(int)
+    encode = make_column_transformer(
+        (OneHotEncoder(sparse_output=False), ["vehicle"]), ("passthrough", ["amount"])
+    )
+    model = make_pipeline(encode, LogisticRegression()).fit(frame, target)
+    assert None in model[0].named_transformers_["onehotencoder"].categories_[0].tolist()
+    handle = estimator_handle(model, name="claims", version="1", format="pickle")
+    app = create_app(settings, models=[handle], metrics=metrics)
+    try:
+        client = app.test_client()
+        lone = {"vehicle": None, "amount": 3.0}
+        other = {"vehicle": "suv", "amount": 7.0}
+        alone = client.post("/predict", json={"instances": [lone]})
+        beside = client.post("/predict", json={"instances": [lone, other]})
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    assert alone.status_code == beside.status_code == 200, beside.get_data(as_text=True)
+    rows = pd.DataFrame(
+        {"vehicle": pd.Series([None, "suv"], dtype=object), "amount": [3.0, 7.0]}
+    )
+    expected = model.predict_proba(rows).tolist()
+    assert alone.get_json()["probabilities"] == expected[:1]
+    assert beside.get_json()["probabilities"] == expected
+
+
 def test_boolean_and_integer_columns_of_a_dataframe_model_take_json_true_and_false(
     settings: Any, metrics: Any
 ) -> None:

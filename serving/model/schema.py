@@ -63,6 +63,9 @@ class Feature:
     :param booleans: ``true`` and ``false`` are taken as 1 and 0: a number feature whose
         type was guessed from a scikit-learn model (which keeps no column types, and
         casts a bool column to numbers itself).
+    :param missing_is_none: a missing string reaches the model as ``None`` (in an object
+        column), not NaN: its encoder was fitted on ``None``, which it knows as a
+        category, and would take NaN for an unknown one.
     """
 
     name: str
@@ -71,6 +74,7 @@ class Feature:
     missing: bool = False
     categories: frozenset[Any] | None = None
     booleans: bool = False
+    missing_is_none: bool = False
 
 
 _MLFLOW_TYPES: dict[str, tuple[Kind, type[np.generic] | type[object]]] = {
@@ -160,11 +164,17 @@ def frame_builder(features: Sequence[Feature]) -> Callable[[npt.NDArray[Any]], A
     Left to inference, a column of missing values only stayed object ``None`` while one
     holding a string became NaN: scikit-learn takes ``None`` for an unknown category and
     NaN for a missing value, so a request with a null category was answered one way alone
-    and another way batched with others (found by a new user's trial)."""
+    and another way batched with others (found by a new user's trial). A feature whose
+    encoder was fitted on ``None`` (``Feature.missing_is_none``) gets ``None`` instead,
+    in an object column, in every batch (found by the next trial)."""
     import pandas as pd
 
     columns = [f.name for f in features]
-    strings = [f.name for f in features if f.dtype.kind == "O" and f.kind == "string"]
+    strings = [
+        f.name for f in features
+        if f.dtype.kind == "O" and f.kind == "string" and not f.missing_is_none
+    ]  # fmt: skip
+    nones = [f.name for f in features if f.dtype.kind == "O" and f.missing_is_none]
     # pandas 3 infers its str dtype (NaN for missing) from strings; pandas 2 keeps object
     inferred = pd.Series(np.array(["a"], dtype=object)).dtype
     string_dtype = inferred if inferred != np.dtype(object) else None
@@ -179,12 +189,24 @@ def frame_builder(features: Sequence[Feature]) -> Callable[[npt.NDArray[Any]], A
         values[nan] = np.nan
         return values
 
+    def missing_as_none(values: npt.NDArray[Any]) -> Any:
+        nan = pd.isna(values)
+        if nan.any():
+            values = values.copy()
+            values[nan] = None
+        return pd.Series(values, dtype=object, copy=False)  # not inferred as str: None stays
+
     def to_frame(batch: npt.NDArray[Any]) -> Any:
-        if batch.dtype.names is None:
+        if batch.dtype.names is None and not nones:
             return pd.DataFrame(batch, columns=columns, copy=False)
-        data = {name: batch[name] for name in columns}
+        if batch.dtype.names is None:
+            data = {name: batch[:, j] for j, name in enumerate(columns)}
+        else:
+            data = {name: batch[name] for name in columns}
         for name in strings:
             data[name] = missing_as_nan(data[name])
+        for name in nones:
+            data[name] = missing_as_none(data[name])
         return pd.DataFrame(data)
 
     return to_frame
@@ -193,8 +215,9 @@ def frame_builder(features: Sequence[Feature]) -> Callable[[npt.NDArray[Any]], A
 def merge_features(
     declared: Sequence[Feature] | None, inferred: Sequence[Feature] | None
 ) -> tuple[Feature, ...] | None:
-    """A schema file's features, with the categories the estimator knows for each; the
-    estimator's when there is no file.
+    """A schema file's features, with the categories the estimator knows for each (and
+    whether its encoder takes a missing string as ``None``); the estimator's when there
+    is no file.
 
     :raises ValueError: when the file names features the estimator was not fitted on.
     """
@@ -208,7 +231,13 @@ def merge_features(
             f"the schema file names features {[f.name for f in declared]}, but the model was "
             f"fitted on {list(known)}"
         )
-    merged = [replace(f, categories=known[f.name].categories) for f in declared]
+    merged = [
+        replace(
+            f, categories=known[f.name].categories,
+            missing_is_none=known[f.name].missing_is_none and f.dtype.kind == "O",
+        )
+        for f in declared
+    ]  # fmt: skip
     by_name = {f.name: f for f in merged}
     return tuple(by_name[name] for name in known)  # the model's column order
 

@@ -157,5 +157,10 @@ def _column_feature(
     categories = encoder.categories_[position]
     kind, dtype = _category_kind(categories)
     strict = getattr(encoder, "handle_unknown", "error") == "error"
-    known = frozenset(v for v in categories.tolist() if not _is_missing(v)) if strict else None
-    return Feature(name, kind, dtype, missing, known)
+    values = categories.tolist()
+    known = frozenset(v for v in values if not _is_missing(v)) if strict else None
+    # fitted on None, not NaN (an object column, not as pandas reads one): None it knows
+    none = any(v is None for v in values) and not any(
+        _is_missing(v) for v in values if v is not None
+    )
+    return Feature(name, kind, dtype, missing, known, missing_is_none=none and dtype.kind == "O")
