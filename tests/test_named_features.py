@@ -143,9 +143,7 @@ def test_a_missing_category_reaches_an_encoder_fitted_on_none_as_none(
         app.extensions["serving"].get_models().stop(timeout_s=10)
 
     assert alone.status_code == beside.status_code == 200, beside.get_data(as_text=True)
-    rows = pd.DataFrame(
-        {"vehicle": pd.Series([None, "suv"], dtype=object), "amount": [3.0, 7.0]}
-    )
+    rows = pd.DataFrame({"vehicle": pd.Series([None, "suv"], dtype=object), "amount": [3.0, 7.0]})
     expected = model.predict_proba(rows).tolist()
     assert alone.get_json()["probabilities"] == expected[:1]
     assert beside.get_json()["probabilities"] == expected

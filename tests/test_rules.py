@@ -146,8 +146,10 @@ def test_rules_an_extra_column_after_the_models_in_order_is_dropped_too(
         "columns": [*COLUMNS, "customer_id"],
         "data": [[*(r[c] for c in COLUMNS), 1000 + i] for i, r in enumerate(rows)],
     }
-    csv = ",".join(split["columns"]) + "\n" + "\n".join(
-        ",".join(str(v) for v in line) for line in split["data"]
+    csv = (
+        ",".join(split["columns"])
+        + "\n"
+        + "\n".join(",".join(str(v) for v in line) for line in split["data"])
     )
 
     frame = strict.post("/invocations", json={"dataframe_split": split})

@@ -725,3 +725,50 @@ def test_v2_binary_bool_bytes_other_than_0_and_1_are_400_naming_the_value(
     assert response.status_code == 400
     assert error_of(response).error.startswith("inputs[0].data[2]")
     assert "2 is not a BOOL" in error_of(response).error
+
+
+class ReportRisk:
+    """A class taking a DataFrame with a boolean column that may be missing."""
+
+    input_format = "dataframe"
+    input_schema = [  # noqa: RUF012
+        {"name": "amount", "type": "double"},
+        {"name": "police_report", "type": "boolean", "required": False},
+    ]
+
+    def predict(self, frame: Any) -> Any:
+        report = frame["police_report"]
+        return np.where(report.isna(), -1.0, np.where(report == True, 1.0, 0.0)) * frame["amount"]  # noqa: E712
+
+
+def test_v2_bool_null_is_a_missing_value_as_on_predict(settings: Any) -> None:
+    """Found by the new-user trial: V2 refused null in a BOOL input that may be missing
+    (400 'data[0] = null is not true or false') while /predict and MLflow answered the
+    same row. null is a missing value in every JSON tensor; conform refuses it where the
+    feature may not be missing."""
+    import pandas as pd
+
+    from serving.model.custom import python_handle
+
+    model = ReportRisk()
+    handle = python_handle(model, name="risk", version="1")
+    app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
+    bools = {"name": "police_report", "shape": [3], "datatype": "BOOL", "data": [True, None, False]}
+    amounts = {"name": "amount", "shape": [3], "datatype": "FP64", "data": [2.0, 3.0, 4.0]}
+    try:
+        client = app.test_client()
+        v2 = client.post("/v2/models/risk/infer", json={"inputs": [amounts, bools]})
+        pairs = zip(amounts["data"], bools["data"], strict=True)
+        rows = [{"amount": a, "police_report": p} for a, p in pairs]
+        predict = client.post("/predict", json={"instances": rows})
+        required = {**bools, "name": "amount", "datatype": "BOOL"}
+        refused = client.post("/v2/models/risk/infer", json={"inputs": [required, bools]})
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    frame = pd.DataFrame({"amount": [2.0, 3.0, 4.0], "police_report": [True, None, False]})
+    expected = model.predict(frame).tolist()
+    assert v2.status_code == 200, v2.get_data(as_text=True)
+    assert v2.get_json()["outputs"][0]["data"] == predict.get_json()["predictions"] == expected
+    assert expected == [2.0, -3.0, 0.0]
+    assert refused.status_code == 400

@@ -172,7 +172,8 @@ def _strings(flat: list[Any]) -> npt.NDArray[Any]:
 
 def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.NDArray[Any]:
     """``tensor.data`` as a flat array of its ``datatype`` (``BYTES`` as ``str`` objects;
-    an integer datatype with ``null`` as float64 with NaN), built once by numpy from the
+    an integer datatype with ``null`` as float64 with NaN, ``BOOL`` with ``null`` as
+    objects, ``None`` for null), built once by numpy from the
     JSON values; a value of another type, or one the datatype cannot hold, is refused.
 
     The values are looked at in Python only to name a refused one, or to build an integer
@@ -194,8 +195,8 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
         fits = [type(value) is str or value is None for value in flat]
         want = "a string (or null): BYTES elements are JSON strings"
     elif kind.kind == "b":
-        fits = [type(value) is bool for value in flat]
-        want = "true or false"
+        fits = [type(value) is bool or value is None for value in flat]
+        want = "true or false, or null"
     elif kind.kind in "iu":
         info = np.iinfo(kind)
         # null is a missing value (an integer feature that may be missing is float64 with
@@ -223,6 +224,8 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
             where += " (instance {}, column {})".format(*divmod(index, tensor.shape[1]))
         msg = f"input {tensor.name!r}: {where} = {show(flat[index])} is not {want}"
         raise InvalidInput.at(loc, msg, "datatype")
+    if kind.kind == "b":  # holding null: objects, as /predict's booleans with a missing one
+        return _strings(flat)
     # Every value fits: an integer tensor holding null (float64, NaN for null)
     return np.array([math.nan if v is None else v for v in flat], dtype=np.float64)
 
