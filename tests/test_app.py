@@ -85,6 +85,37 @@ def test_predict_names_the_first_bad_value_and_stops_there(client: FlaskClient) 
     assert [(d["loc"], d["type"]) for d in details] == [("instances[0][1]", "float_type")]
 
 
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            {"dataframe_split": {"columns": ["a"], "data": [[1]]}},
+            "instances: Field required; given but unknown: 'dataframe_split' "
+            "(MLflow's body: POST it to /invocations)",
+        ),
+        (
+            {"inputs": [{"name": "input-0"}], "id": "1"},
+            "instances: Field required; given but unknown: 'id', 'inputs' (KServe V2's or "
+            "TF Serving's body: POST it to /v2/models/{name}/infer or "
+            "/v1/models/{name}:predict)",
+        ),
+        ({"instance": [[1, 2, 3]]}, "instances: Field required; given but unknown: 'instance'"),
+        ({"instances": []}, "instances: needs at least 1 item, got 0"),
+    ],
+)
+def test_predict_a_body_of_another_shape_names_what_it_holds(
+    client: FlaskClient, body: dict[str, Any], message: str
+) -> None:
+    """Found by the new-user trial: an MLflow or V2 body, or a misspelt 'instance', got
+    only 'instances: Field required' (the unknown field was never named, nor where such
+    a body goes), and an empty list pydantic's 'List should have at least 1 item after
+    validation, not 0'."""
+    response = client.post("/predict", json=body)
+
+    assert response.status_code == 422
+    assert error_of(response)["message"] == message
+
+
 def test_predict_refuses_a_body_that_is_not_json(client: FlaskClient) -> None:
     response = client.post("/predict", data="instances=1", content_type="text/plain")
     assert response.status_code == 415

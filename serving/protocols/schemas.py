@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Self, TypeVar
 
+import orjson
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -191,6 +192,44 @@ def _relevant(errors: list[Any]) -> list[Any]:
 
 M = TypeVar("M", bound=BaseModel)
 
+#: Where a body holding one of these fields goes, for a route that does not know them.
+_ELSEWHERE = {
+    "dataframe_split": "MLflow's body: POST it to /invocations",
+    "dataframe_records": "MLflow's body: POST it to /invocations",
+    "inputs": "KServe V2's or TF Serving's body: POST it to /v2/models/{name}/infer or "
+    "/v1/models/{name}:predict",
+    "instances": "the body of /predict, or TF Serving's /v1/models/{name}:predict",
+}
+#: Most unknown field names said in a message.
+_MAX_NAMED = 5
+
+
+def _unknown_fields(model: type[BaseModel], body: bytes) -> str:
+    """``; given but unknown: 'a', 'b'`` (and where such a body goes) for the top-level
+    fields of the JSON object ``body`` that ``model`` does not have; empty when none."""
+    try:
+        given = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return ""
+    if not isinstance(given, dict):
+        return ""
+    unknown = [name for name in given if name not in model.model_fields]
+    if not unknown:
+        return ""
+    named = ", ".join(repr(name[:64]) for name in unknown[:_MAX_NAMED])
+    more = f" (and {len(unknown) - _MAX_NAMED} more)" if len(unknown) > _MAX_NAMED else ""
+    hint = next((_ELSEWHERE[name] for name in unknown if name in _ELSEWHERE), None)
+    return f"; given but unknown: {named}{more}" + (f" ({hint})" if hint else "")
+
+
+def _message(error: Any) -> str:
+    """pydantic's message, in the service's words where they are unclear."""
+    ctx = error.get("ctx") or {}
+    if error["type"] == "too_short" and "min_length" in ctx:
+        least = ctx["min_length"]
+        return f"needs at least {least} item{'s' if least != 1 else ''}, got {ctx['actual_length']}"
+    return str(error["msg"])
+
 
 def parse_body(model: type[M], body: bytes) -> M:
     """Validate raw JSON ``body`` bytes into ``model`` in one pass.
@@ -207,9 +246,11 @@ def parse_body(model: type[M], body: bytes) -> M:
             raise MalformedJSON(f"request body is not valid JSON: {errors[0]['msg']}") from None
         errors = _relevant(errors)
         details = [
-            {"loc": _loc(err["loc"]), "msg": err["msg"], "type": err["type"]}
+            {"loc": _loc(err["loc"]), "msg": _message(err), "type": err["type"]}
             for err in errors[:MAX_ERROR_DETAILS]
         ]
         first = details[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        if errors[0]["type"] == "missing" and len(errors[0]["loc"]) == 1:  # a field of the body
+            more += _unknown_fields(model, body)  # error path only: parsed once more
         raise InvalidInput(f"{first['loc']}: {first['msg']}{more}", details) from None
