@@ -21,6 +21,8 @@ from serving.values import Locate, show
 
 #: Most characters of a client's name put in an error's location.
 _NAME_CHARS = 64
+#: Most names a message lists (missing features, unknown keys), then a count.
+_LISTED = 5
 
 __all__ = ["MLFLOW", "STRICT", "Rules", "check_names", "numbers_from_strings"]
 
@@ -48,6 +50,12 @@ STRICT = Rules()
 MLFLOW = Rules(extra="ignore", numbers_from_strings=True)
 
 
+def _listed(names: Sequence[str]) -> str:
+    """The first ``_LISTED`` of ``names``, each cut as a value is, and how many more."""
+    more = f" (and {len(names) - _LISTED} more)" if len(names) > _LISTED else ""
+    return ", ".join(map(show, names[:_LISTED])) + more
+
+
 def check_names(
     keys: Sequence[str], names: Sequence[str], loc: str, what: str, rules: Rules = STRICT
 ) -> list[str]:
@@ -63,9 +71,10 @@ def check_names(
     unknown = [key for key in keys if key not in known]
     missing = [name for name in names if name not in keys]
     if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        given = f"; given but unknown: {', '.join(map(show, unknown[:3]))}" if unknown else ""
-        raise InvalidInput.at(loc, f"missing {what} {missing[0]!r}{more}{given}", f"missing_{what}")
+        plural = "s" if len(missing) > 1 else ""
+        given = f"; given but unknown: {_listed(unknown)}" if unknown else ""
+        msg = f"missing {what}{plural} {_listed(missing)}{given}"
+        raise InvalidInput.at(loc, msg, f"missing_{what}")
     if unknown and rules.extra == "refuse":
         # a client's name is cut, as a value is: a 2 MB key made an 8 MB error body
         msg = f"unknown {what} {show(unknown[0])}; the model's {what}s are {', '.join(names)}"

@@ -70,7 +70,8 @@ def value_error(value: Any, f: Feature) -> tuple[str, str] | None:  # noqa: PLR0
         return None
     if f.kind == "string":
         if type(value) is not str:
-            return f"{show(value)} is not a string (the feature is categorical)", "string_type"
+            what = "categorical" if f.categories is not None else "a string column"
+            return f"{show(value)} is not a string (the feature is {what})", "string_type"
     elif f.kind == "boolean":
         if type(value) is not bool:
             return f"{show(value)} is not true or false", "bool_type"

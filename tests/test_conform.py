@@ -83,7 +83,19 @@ def test_conform_onnx_string_inputs_answer_as_onnxruntime(churn: Any) -> None:
     [
         ({"plan": "gold"}, "instances[0].plan", "unknown_category", "unknown category 'gold'"),
         ({"plan": None}, "instances[0].plan", "missing_value", "this feature may not be missing"),
-        ({"plan": 3}, "instances[0].plan", "string_type", "3 is not a string"),
+        (
+            {"plan": 3},
+            "instances[0].plan",
+            "string_type",
+            "3 is not a string (the feature is categorical)",
+        ),
+        # from the new-user trial: a string column taking any value is not 'categorical'
+        (
+            {"region": 3},
+            "instances[0].region",
+            "string_type",
+            "3 is not a string (the feature is a string column)",
+        ),
         ({"usage_hours": "12"}, "instances[0].usage_hours", "float_type", "'12' is not a number"),
         ({"seats": 1e999}, "instances[0].seats", "finite_number", "Infinity is not a finite"),
         ({"plan": False}, "instances[0].plan", "string_type", "false is not a string"),

@@ -172,6 +172,23 @@ def test_rules_missing_feature_names_what_was_given_instead() -> None:
     assert kept == ["plan", "seats"] and ignored == ["x"]
 
 
+def test_rules_several_missing_features_are_named_up_to_five_with_a_count() -> None:
+    """From the new-user trial: 'missing feature 'make' (and 5 more); given but unknown:
+    'vehicle_type', 'state', 'driver_age'' hid the other missing names, and cut the
+    unknown ones with no count."""
+    names = ["make", "model", "year", "mileage_km", "fuel", "doors", "color"]
+    given = ["vehicle_type", "state", "driver_age", "a", "b", "c", "d"]
+    with pytest.raises(Exception) as caught:
+        check_names(given, names, "instances[0]", "feature")
+    assert str(caught.value) == (
+        "instances[0]: missing features 'make', 'model', 'year', 'mileage_km', 'fuel' "
+        "(and 2 more); given but unknown: 'vehicle_type', 'state', 'driver_age', 'a', 'b' "
+        "(and 2 more)"
+    )
+    with pytest.raises(Exception, match=r"missing features 'make', 'model'; given but"):
+        check_names(["plan"], ["make", "model"], "loc", "feature")
+
+
 def test_rules_a_huge_unknown_name_is_cut_in_the_error(strict: FlaskClient) -> None:
     """Found by the attack: a 2 MB key came back in full, four times: an 8 MB 422."""
     row = {**churn_rows()[0], "x" * 50_000: 1}  # the body limit here is 64 KiB
