@@ -578,3 +578,29 @@ def test_a_metric_write_that_fails_fails_no_request(
     assert answered.status_code == 200, answered.get_data(as_text=True)
     assert refused.status_code == 422
     assert probe.status_code == 200
+
+
+def test_the_app_asks_once_per_function_whether_it_is_a_coroutine(
+    app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """create_app's Flask caches ensure_sync (Flask's asks inspect on every request, for
+    every hook and the view): a plain function is itself, asked about once; an async one
+    is still handed to Flask's async_to_sync."""
+    import flask.app
+
+    asked: list[Any] = []
+    real = flask.app.iscoroutinefunction
+    monkeypatch.setattr(flask.app, "iscoroutinefunction", lambda f: asked.append(f) or real(f))
+
+    def view() -> str:
+        return "ok"
+
+    async def coroutine() -> str:
+        return "ok"
+
+    assert app.ensure_sync(view) is view and app.ensure_sync(view) is view
+    assert asked == [view]
+    handed: list[Any] = []
+    monkeypatch.setattr(app, "async_to_sync", lambda f: handed.append(f) or f)
+    app.ensure_sync(coroutine)
+    assert handed == [coroutine]

@@ -16,7 +16,7 @@ left as they were), which the server logs and survives.
 with the cost of a write cut to what it must do. The library's ``inc`` calls the process
 id function, looks the key's position up and packs through a helper on every write, and
 a request makes about fifteen writes; this one keeps the position and the mapping's
-owner, and compares the process id that ``serving.observe.process`` keeps. The
+owner, and learns of a fork from an at-fork hook instead of asking for the process id. The
 collector reads its files as the library's (``tests/test_metrics.py``).
 
 Boundary: standard library, prometheus-client and ``serving.observe.process`` only.
@@ -92,11 +92,16 @@ _lock = threading.Lock()
 _owner = [process.pid()]
 _files: dict[str, ReservedMmapedDict] = {}
 _values: list[MultiProcessValue] = []
+#: Set in a forked child until its first write reopens the files (an at-fork hook: a
+#: write then checks a flag, not the process id).
+_forked = [False]
+os.register_at_fork(after_in_child=lambda: _forked.__setitem__(0, True))
 
 
 def _check_for_fork() -> None:
     """After a fork (the process id changed), reopen every value in this process's own
     files. Called under ``_lock``."""
+    _forked[0] = False
     pid = process.pid()
     if _owner[0] == pid:
         return
@@ -155,16 +160,15 @@ class MultiProcessValue:
 
     def inc(self, amount: float) -> None:
         with _lock:
-            if _owner[0] != process.pid():
+            if _forked[0]:
                 _check_for_fork()
             self._value += amount
-            self._timestamp = 0.0
             pos = self._pos
             self._file._m[pos : pos + 16] = _pack(self._value, 0.0)
 
     def set(self, value: float, timestamp: float | None = None) -> None:
         with _lock:
-            if _owner[0] != process.pid():
+            if _forked[0]:
                 _check_for_fork()
             self._value = value
             self._timestamp = timestamp or 0.0
@@ -176,7 +180,7 @@ class MultiProcessValue:
 
     def get(self) -> float:
         with _lock:
-            if _owner[0] != process.pid():
+            if _forked[0]:
                 _check_for_fork()
             return float(self._value)
 
