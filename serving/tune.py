@@ -379,7 +379,7 @@ def load_as_served(
     )
 
 
-def main() -> None:
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m serving.tune", description=__doc__.splitlines()[0]
     )
@@ -400,25 +400,24 @@ def main() -> None:
     parser.add_argument(
         "--plot", type=Path, default=Path("tune.png"), help="where to save the plot"
     )
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
-    from sklearn.datasets import load_breast_cancer  # real rows when the model takes 30 features
 
-    from serving.errors import ModelLoadError, SettingsError
+def _sweep_rows(handle: ModelHandle) -> npt.NDArray[Any]:
+    """Rows to time ``handle`` on: typed rows from its schema; the breast cancer data set
+    for a model of 30 numbers (the demo's); else normal noise of its width."""
+    from sklearn.datasets import load_breast_cancer
 
-    try:
-        handle = load_as_served(args.model, args.format, args.model_class)
-    except (ModelLoadError, SettingsError) as exc:
-        raise SystemExit(f"serving.tune: {exc}") from None
     n_features = handle.n_features or 30
-    data = load_breast_cancer().data
     if handle.features is not None and handle.matrix_dtype is None:  # typed columns
-        rows = schema_rows(handle.features, 1024)
-    elif n_features == data.shape[1]:
-        rows = data
-    else:
-        rows = np.random.default_rng(0).normal(size=(1024, n_features))
-    points = sweep(handle, rows)
+        return schema_rows(handle.features, 1024)
+    data: npt.NDArray[Any] = load_breast_cancer().data
+    if n_features == data.shape[1]:
+        return data
+    return np.random.default_rng(0).normal(size=(1024, n_features))
+
+
+def _print_sweep(points: list[SweepPoint]) -> None:
     print(
         f"{'batch':>6} {'ms/call':>9} {'p10-p90 ms':>17} {'calls':>5} {'rows/s':>12} {'us/row':>9}"
     )
@@ -432,9 +431,11 @@ def main() -> None:
             f"{p.rows_per_s:>12,.0f} {p.us_per_row:>9.1f}{mark}"
         )
     print("(median of the calls after a warmup, sizes timed in interleaved rounds)")
-    rec = recommend(points, args.p99_ms, os.cpu_count() or 1, args.clients)
+
+
+def _print_recommendation(rec: Recommendation, p99_ms: float) -> None:
     verdict = "" if rec.meets_budget else " (cannot be met: see below)"
-    print(f"\nfor p99 <= {args.p99_ms} ms on {os.cpu_count()} cores{verdict}:")
+    print(f"\nfor p99 <= {p99_ms} ms on {os.cpu_count()} cores{verdict}:")
     print(f"  SERVING_MAX_BATCH_SIZE={rec.max_batch_size}")
     print("  SERVING_BATCH_POLICY=adaptive")
     print(f"  SERVING_MAX_BATCH_LATENCY_MS={rec.max_batch_latency_ms}  (window policy only)")
@@ -443,6 +444,26 @@ def main() -> None:
     print("because:")
     for reason in rec.reasons:
         print(f"  - {reason}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m serving.tune``: time the model's predict call per batch size, print the
+    sweep and the settings it recommends, save the plot.
+
+    :param argv: the arguments (default: ``sys.argv[1:]``).
+    :raises SystemExit: with a one-line reason when the model cannot be loaded.
+    """
+    args = _arguments(argv)
+    from serving.errors import ModelLoadError, SettingsError
+
+    try:
+        handle = load_as_served(args.model, args.format, args.model_class)
+    except (ModelLoadError, SettingsError) as exc:
+        raise SystemExit(f"serving.tune: {exc}") from None
+    points = sweep(handle, _sweep_rows(handle))
+    _print_sweep(points)
+    rec = recommend(points, args.p99_ms, os.cpu_count() or 1, args.clients)
+    _print_recommendation(rec, args.p99_ms)
     try:
         plot(points, args.plot, f"{handle.name}: predict_batch sweep")
         print(f"plot saved to {args.plot}")

@@ -15,6 +15,7 @@ from serving.model.loaders import ModelHandle, load_model
 from serving.tune import (
     SweepPoint,
     load_as_served,
+    main,
     monotone,
     plateau_start,
     recommend,
@@ -181,15 +182,18 @@ def test_sweep_times_a_typed_dataframe_model_on_varied_rows_from_its_schema(
     np.testing.assert_array_equal(handle.predict_batch(rows)["predictions"], expected)
 
 
-def test_tune_command_recommends_settings_for_the_readme_churn_model(tmp_path: Path) -> None:
+def test_tune_command_recommends_settings_for_the_readme_churn_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's command, run in-process (the next test runs it as a process)."""
     _, path, _ = write_churn(tmp_path)
-    result = subprocess.run(
-        [sys.executable, "-m", "serving.tune", "--model", str(path), "--plot",
-         str(tmp_path / "tune.png")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert "SERVING_MAX_BATCH_SIZE=" in result.stdout
+    main(["--model", str(path), "--plot", str(tmp_path / "tune.png")])
+
+    out = capsys.readouterr().out
+    assert "SERVING_MAX_BATCH_SIZE=" in out and "<- plateau start" in out
+    saved = (tmp_path / "tune.png").exists()  # matplotlib is the bench extra's, not the test's
+    assert (f"plot saved to {tmp_path / 'tune.png'}" in out) == saved
+    assert ("no plot: matplotlib is not installed" in out) == (not saved)
 
 
 def test_tune_loads_an_mlflow_folder_and_a_class_as_the_server_does(
