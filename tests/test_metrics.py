@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 CHILD_WRITES = """
 import os, sys
@@ -147,3 +151,29 @@ def test_multiprocess_metric_files_have_their_blocks_reserved(tmp_path: Path) ->
     assert size > 1 << 16
     assert blocks * 512 >= size  # every block allocated: no page left to fault on
     assert len(list(values.MmapedDict.read_all_values_from_file(str(path)))) == 2000
+
+
+def test_a_metric_file_that_cannot_be_reserved_is_not_left_behind_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the attack: on a full PROMETHEUS_MULTIPROC_DIR a worker's new metric file
+    was created, then its blocks could not be reserved (ENOSPC), and the empty file stayed:
+    every /metrics scrape failed on it (struct.error), and so did the master's fold of the
+    dead worker's files, which killed the master (exit 1 on the next SIGTERM)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    from serving.observe.metric_files import ReservedMmapedDict
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    path = tmp_path / "counter_1.db"
+    with pytest.raises(OSError, match="No space left"):
+        ReservedMmapedDict(str(path))
+
+    assert not path.exists()
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(tmp_path))  # type: ignore[no-untyped-call]
+    generate_latest(registry)  # raised struct.error on the empty file
