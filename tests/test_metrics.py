@@ -177,3 +177,23 @@ def test_a_metric_file_that_cannot_be_reserved_is_not_left_behind_empty(
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(tmp_path))  # type: ignore[no-untyped-call]
     generate_latest(registry)  # raised struct.error on the empty file
+
+
+def test_a_metric_file_that_cannot_be_reserved_is_named_in_the_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the attack: a worker forked onto a full PROMETHEUS_MULTIPROC_DIR logged
+    only ``worker N: [Errno 28] No space left on device; retrying in 1 s`` (or ``stopping
+    the server`` at the first boot), which named neither the directory nor the file."""
+    from serving.observe.metric_files import ReservedMmapedDict
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    path = tmp_path / "counter_1.db"
+    with pytest.raises(OSError) as refused:
+        ReservedMmapedDict(str(path))
+
+    assert refused.value.errno == errno.ENOSPC
+    assert str(path) in str(refused.value)

@@ -56,10 +56,10 @@ class ReservedMmapedDict(MmapedDict):
                 size = os.fstat(fd).st_size
                 try:
                     os.posix_fallocate(fd, 0, size or INITIAL_SIZE_BYTES)
-                except OSError:
+                except OSError as exc:
                     if size == 0:  # new: left empty, it breaks every reader of the folder
                         os.unlink(filename)
-                    raise
+                    raise OSError(exc.errno, exc.strerror, filename) from exc
             finally:
                 os.close(fd)
         super().__init__(filename, read_mode)  # type: ignore[no-untyped-call]
