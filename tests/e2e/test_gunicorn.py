@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +19,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from serving.settings import DEMO_MODEL_PATH
 from tests.e2e.server import GunicornServer
-from tests.models import HangsOn42, RowEcho, SlowLoading
+from tests.models import HangsOn42, RowEcho, RowOffset, SlowLoading
 from tests.waiting import until
 
 Start = Callable[..., GunicornServer]
@@ -216,6 +218,63 @@ def test_sigterm_during_a_burst_answers_every_accepted_request(
         assert response.status_code == 200, response.text
         assert response.json()["predictions"] == [float(caller)]
     assert server.wait_exit() == 0
+
+
+def test_sigterm_under_keep_alive_traffic_resets_no_request_it_let_in(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Found by the attack: clients on keep-alive connections, told ``Connection: close``
+    by a stopping worker, reconnected at once; the worker, draining for up to 2 s, still
+    held its copy of the listening socket, so the kernel took their connections into the
+    backlog and their requests were sent, and when the worker closed it at exit each was
+    reset (13-16 of 16 clients, with one worker). A stopping worker now stops listening
+    when it stops accepting: a client that comes after is refused, before it sends."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, workers=1)
+    server.wait_ready(workers=1)
+    body = b'{"instances": [[1.0]]}'
+    stop = threading.Event()
+    outcomes: list[str] = []
+
+    def loop() -> None:
+        connection: http.client.HTTPConnection | None = None
+        while not stop.is_set():
+            try:
+                if connection is None:
+                    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+                    connection.connect()
+            except ConnectionRefusedError:
+                outcomes.append("refused")
+                connection = None
+                time.sleep(0.01)
+                continue
+            try:
+                connection.request("POST", "/predict", body, {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                response.read()
+                outcomes.append(str(response.status))
+                if response.getheader("Connection", "").lower() == "close":
+                    connection.close()
+                    connection = None
+            except (OSError, http.client.HTTPException) as exc:
+                outcomes.append(f"{type(exc).__name__} after the request was sent")
+                connection.close()
+                connection = None
+
+    clients = [threading.Thread(target=loop, daemon=True) for _ in range(16)]
+    for client in clients:
+        client.start()
+    try:
+        server.wait_answered(200)
+        assert server.terminate() == 0
+        until(lambda: outcomes.count("refused") >= 16, 10, what="clients refused")
+    finally:
+        stop.set()
+        for client in clients:
+            client.join(40)
+
+    assert outcomes.count("200") >= 200
+    assert set(outcomes) == {"200", "refused"}, [o for o in outcomes if o != "200"][:20]
 
 
 def test_a_model_that_fails_to_load_stops_the_server_with_a_clear_line(
