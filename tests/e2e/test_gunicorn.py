@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import http.client
 import shutil
+import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -275,6 +277,36 @@ def test_sigterm_under_keep_alive_traffic_resets_no_request_it_let_in(
 
     assert outcomes.count("200") >= 200
     assert set(outcomes) == {"200", "refused"}, [o for o in outcomes if o != "200"][:20]
+
+
+def test_sigterm_while_a_reload_loads_lets_no_client_in_to_be_reset(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Found by the attack: a worker a reload had forked, still loading, left on SIGTERM
+    with its copy of the listening socket open until it exited (its model load goes on
+    meanwhile): the kernel took new connections into the backlog and reset them then (8 of
+    8 keep-alive clients with SIGTERM 0.3 s after SIGHUP). It closes it when it leaves."""
+    model = pickled(SlowLoading(n_features=1, load_s=4.0), "slow.pkl")
+    server = gunicorn(model_path=model, share_model="off")
+    server.wait_ready()
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGHUP)
+    server.wait_for_log("loading before accepting", 2)
+    server.proc.send_signal(signal.SIGTERM)
+    server.wait_for_log("stopping while loading", 2)
+    time.sleep(0.5)  # the old workers have stopped listening, the master too
+
+    outcome = "answered"
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+            client.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+            client.recv(1)
+    except ConnectionRefusedError:
+        outcome = "refused"
+    except OSError as exc:
+        outcome = f"{type(exc).__name__} after the request was sent"
+    assert outcome == "refused"
+    assert server.wait_exit() == 0
 
 
 def test_a_model_that_fails_to_load_stops_the_server_with_a_clear_line(
