@@ -39,6 +39,7 @@ def test_on_starting_removes_only_prometheus_files(
         reap_workers=None,
         manage_workers=None,
         reload=None,
+        stop=None,
         num_workers=2,
     )
     hooks.on_starting(server)
@@ -57,6 +58,7 @@ def test_on_starting_after_usr2_keeps_the_old_generations_files(
         reap_workers=None,
         manage_workers=None,
         reload=None,
+        stop=None,
         num_workers=2,
     )
     hooks.on_starting(server)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 CHILD_WRITES = """
 import os, sys
@@ -239,3 +243,49 @@ def test_metric_writes_in_one_process_equal_the_librarys_methods() -> None:
     assert registry_after(fast=True) == library
     assert library[("h_bucket", "{'k': 'a', 'le': '4.0'}")] == 4.0
     assert library[("c_total", "{'k': 'a'}")] == 18.0
+
+
+def test_a_metric_file_that_cannot_be_reserved_is_not_left_behind_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the attack: on a full PROMETHEUS_MULTIPROC_DIR a worker's new metric file
+    was created, then its blocks could not be reserved (ENOSPC), and the empty file stayed:
+    every /metrics scrape failed on it (struct.error), and so did the master's fold of the
+    dead worker's files, which killed the master (exit 1 on the next SIGTERM)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    from serving.observe.metric_files import ReservedMmapedDict
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    path = tmp_path / "counter_1.db"
+    with pytest.raises(OSError, match="No space left"):
+        ReservedMmapedDict(str(path))
+
+    assert not path.exists()
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(tmp_path))  # type: ignore[no-untyped-call]
+    generate_latest(registry)  # raised struct.error on the empty file
+
+
+def test_a_metric_file_that_cannot_be_reserved_is_named_in_the_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the attack: a worker forked onto a full PROMETHEUS_MULTIPROC_DIR logged
+    only ``worker N: [Errno 28] No space left on device; retrying in 1 s`` (or ``stopping
+    the server`` at the first boot), which named neither the directory nor the file."""
+    from serving.observe.metric_files import ReservedMmapedDict
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    path = tmp_path / "counter_1.db"
+    with pytest.raises(OSError) as refused:
+        ReservedMmapedDict(str(path))
+
+    assert refused.value.errno == errno.ENOSPC
+    assert str(path) in str(refused.value)

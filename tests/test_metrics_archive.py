@@ -88,3 +88,15 @@ def test_archive_dead_worker_refuses_to_grow_on_a_full_filesystem(
     assert refused.value.errno == errno.ENOSPC and "needed to fold" in str(refused.value)
     assert sorted(p.name for p in tmp_path.glob("*.db")) == files  # nothing touched
     assert scrape(tmp_path) == before
+
+
+def test_archive_dead_worker_removes_an_empty_file(tmp_path: Path) -> None:
+    """A worker killed between creating a metric file and sizing it (prometheus-client
+    opens it, then truncates it to 64 KiB) leaves it empty: the master's fold raised
+    struct.error on it out of child_exit, which ended the master. It holds no samples."""
+    (tmp_path / "counter_7.db").touch()
+
+    assert archive_dead_worker(tmp_path, 7, "1") == 0
+
+    assert list(tmp_path.glob("*.db")) == []
+    assert scrape(tmp_path) == {}

@@ -67,7 +67,12 @@ class ReservedMmapedDict(MmapedDict):
             fd = os.open(filename, os.O_RDWR | os.O_CREAT, 0o666)
             try:
                 size = os.fstat(fd).st_size
-                os.posix_fallocate(fd, 0, size or INITIAL_SIZE_BYTES)
+                try:
+                    os.posix_fallocate(fd, 0, size or INITIAL_SIZE_BYTES)
+                except OSError as exc:
+                    if size == 0:  # new: left empty, it breaks every reader of the folder
+                        os.unlink(filename)
+                    raise OSError(exc.errno, exc.strerror, filename) from exc
             finally:
                 os.close(fd)
         super().__init__(filename, read_mode)  # type: ignore[no-untyped-call]

@@ -204,8 +204,8 @@ def _recycle_on_problem(server: Any, worker: Any) -> Callable[[str], None]:
 
 def _guard_connections(server: Any, worker: Any, settings: Settings) -> None:
     """Worker: time limits on a request's headers and body and graceful closes off the main
-    loop (``slow_clients``), and each response's headers and body in one write
-    (``one_write``)."""
+    loop (``slow_clients``), no listening once stopping (``listeners``), and each
+    response's headers and body in one write (``one_write``)."""
     if hasattr(worker, "handle_request"):  # Gunicorn's gthread worker
         from serving.server import slow_clients
 
@@ -214,6 +214,9 @@ def _guard_connections(server: Any, worker: Any, settings: Settings) -> None:
             worker, settings.request_timeout_ms / 1000, settings.header_timeout_s
         )
         slow_clients.close_gracefully_off_the_main_loop()
+        from serving.server.listeners import stop_listening_when_stopping
+
+        stop_listening_when_stopping(worker)
         from serving.server.arrivals import count_arrivals
 
         count_arrivals(worker, process_arrivals())

@@ -56,6 +56,9 @@ def archive_dead_worker(directory: Path, pid: int, tag: str) -> int:
         dead = directory / f"{kind}_{pid}.db"
         if not dead.exists():
             continue
+        if dead.stat().st_size == 0:  # killed between creating and sizing it: no samples
+            dead.unlink()
+            continue
         path = directory / f"{kind}_archive-{tag}.db"
         _check_room(directory, path, dead)
         samples = MmapedDict.read_all_values_from_file(str(dead))  # type: ignore[no-untyped-call]

@@ -68,12 +68,23 @@ class _RollOver:
         self.retiring: set[int] = set()
         self.booted = False
         self.reloading = self.spawned = False
-        self._reap, self._reload = server.reap_workers, server.reload
+        self._reap, self._reload, self._stop_all = server.reap_workers, server.reload, server.stop
 
     def install(self) -> None:
         self.server.reap_workers = self.reap_workers
         self.server.manage_workers = self.manage_workers
         self.server.reload = self.reload
+        self.server.stop = self.stop
+
+    def stop(self, graceful: bool = True) -> None:
+        """Gunicorn's ``stop`` (one signal to each worker, then reaps until they exit), with
+        every worker marked as stopping first: one a reload forked just before may not have
+        its handler yet and lose the signal, then load and serve until the graceful
+        timeout kills it; ``sync``, at each reap, sends it again as to any stopped worker."""
+        for pid in self.server.WORKERS:
+            self.retiring.add(pid)
+            self.board.write(pid, "stopping")
+        self._stop_all(graceful)
 
     def reap_workers(self) -> None:
         self.sync()

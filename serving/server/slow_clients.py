@@ -20,7 +20,8 @@ the request body from the socket waits at most until ``body_timeout_s`` seconds 
 headers (``SERVING_REQUEST_TIMEOUT_MS``, the deadline the request path answers by). A read
 past it raises ``TimeoutError``, which ``serving.protocols.base.read_body`` answers with
 408 ``request_timeout``; Gunicorn then closes the connection (a body read that failed
-leaves no place for the next request to start), and the thread is free.
+leaves no place for the next request to start), and the thread is free. A body the
+application did not read is drained by the same deadline before the next request.
 
 ``close_gracefully_off_the_main_loop`` moves Gunicorn's graceful close of a connection
 (``Connection: close``, RFC 9112 section 9.6: half-close, then read until the client
@@ -141,11 +142,18 @@ def limit_body_phase(worker: Any, body_timeout_s: float, send_timeout_s: float) 
         sock: Any = getattr(unreader, "sock", None)
         if not hasattr(sock, "recv") or not hasattr(sock, "settimeout"):
             return handle_request(req, conn)
-        unreader.sock = _BodyDeadline(sock, time.monotonic() + body_timeout_s)
+        deadline = time.monotonic() + body_timeout_s
+        unreader.sock = _BodyDeadline(sock, deadline)
         previous = sock.gettimeout()
         sock.settimeout(send_timeout_s)
         try:
-            return handle_request(req, conn)
+            keepalive = handle_request(req, conn)
+            # A body the application left unread is drained before the next request, by
+            # the same deadline: Gunicorn's own drain waits for each 1 KiB in full, so a
+            # client trickling it held the thread for as long as it went on.
+            if keepalive and hasattr(conn.parser, "finish_body"):
+                return conn.parser.finish_body(deadline=deadline)
+            return keepalive
         except TimeoutError:  # the body's own deadline is answered 408 inside the app
             log.info(
                 "closing a connection whose client has not read its response for %g s "

@@ -16,6 +16,7 @@ nor the Flask app at module level (the master imports it through ``hooks``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing
 import os
@@ -98,6 +99,9 @@ def stop_on_signal_until_serving(server: Any) -> None:
 
     def leave(signum: int, frame: Any) -> None:
         server.log.info("worker %s: stopping while loading (signal %s)", pid, signum)
+        for listener in server.LISTENERS:  # now, not at exit: see serving.server.listeners
+            with contextlib.suppress(OSError):
+                listener.close()
         sys.exit(0)
 
     for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):

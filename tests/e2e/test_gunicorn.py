@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
 import shutil
+import signal
+import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +21,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from serving.settings import DEMO_MODEL_PATH
 from tests.e2e.server import GunicornServer
-from tests.models import HangsOn42, RowEcho, SlowLoading
+from tests.models import HangsOn42, RowEcho, RowOffset, SlowLoading
 from tests.waiting import until
 
 Start = Callable[..., GunicornServer]
@@ -215,6 +219,93 @@ def test_sigterm_during_a_burst_answers_every_accepted_request(
     for caller, response in enumerate(responses):
         assert response.status_code == 200, response.text
         assert response.json()["predictions"] == [float(caller)]
+    assert server.wait_exit() == 0
+
+
+def test_sigterm_under_keep_alive_traffic_resets_no_request_it_let_in(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Found by the attack: clients on keep-alive connections, told ``Connection: close``
+    by a stopping worker, reconnected at once; the worker, draining for up to 2 s, still
+    held its copy of the listening socket, so the kernel took their connections into the
+    backlog and their requests were sent, and when the worker closed it at exit each was
+    reset (13-16 of 16 clients, with one worker). A stopping worker now stops listening
+    when it stops accepting: a client that comes after is refused, before it sends."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, workers=1)
+    server.wait_ready(workers=1)
+    body = b'{"instances": [[1.0]]}'
+    stop = threading.Event()
+    outcomes: list[str] = []
+
+    def loop() -> None:
+        connection: http.client.HTTPConnection | None = None
+        while not stop.is_set():
+            try:
+                if connection is None:
+                    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+                    connection.connect()
+            except ConnectionRefusedError:
+                outcomes.append("refused")
+                connection = None
+                time.sleep(0.01)
+                continue
+            try:
+                connection.request("POST", "/predict", body, {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                response.read()
+                outcomes.append(str(response.status))
+                if response.getheader("Connection", "").lower() == "close":
+                    connection.close()
+                    connection = None
+            except (OSError, http.client.HTTPException) as exc:
+                outcomes.append(f"{type(exc).__name__} after the request was sent")
+                connection.close()
+                connection = None
+
+    clients = [threading.Thread(target=loop, daemon=True) for _ in range(16)]
+    for client in clients:
+        client.start()
+    try:
+        server.wait_answered(200)
+        assert server.terminate() == 0
+        until(lambda: outcomes.count("refused") >= 16, 10, what="clients refused")
+    finally:
+        stop.set()
+        for client in clients:
+            client.join(40)
+
+    assert outcomes.count("200") >= 200
+    assert set(outcomes) == {"200", "refused"}, [o for o in outcomes if o != "200"][:20]
+
+
+def test_sigterm_while_a_reload_loads_lets_no_client_in_to_be_reset(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Found by the attack: a worker a reload had forked, still loading, left on SIGTERM
+    with its copy of the listening socket open until it exited (its model load goes on
+    meanwhile): the kernel took new connections into the backlog and reset them then (8 of
+    8 keep-alive clients with SIGTERM 0.3 s after SIGHUP). It closes it when it leaves."""
+    model = pickled(SlowLoading(n_features=1, load_s=4.0), "slow.pkl")
+    server = gunicorn(model_path=model, share_model="off")
+    server.wait_ready()
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGHUP)
+    server.wait_for_log("loading before accepting", 2)
+    server.proc.send_signal(signal.SIGTERM)
+    server.wait_for_log("stopping while loading", 2)
+    time.sleep(0.5)  # the old workers have stopped listening, the master too
+
+    outcome = "answered"
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+            client.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+            client.recv(1)
+    except ConnectionRefusedError:
+        outcome = "refused"
+    except OSError as exc:
+        outcome = f"{type(exc).__name__} after the request was sent"
+    assert outcome == "refused"
     assert server.wait_exit() == 0
 
 

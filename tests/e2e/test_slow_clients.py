@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -220,3 +222,51 @@ def test_a_client_still_sending_does_not_make_other_requests_wait_for_it(
         assert lone_ms() < 150  # was 200: 100 ms more waiting for the stalled client
     finally:
         stalled.close()
+
+
+def test_a_body_left_unread_and_trickling_frees_its_thread_by_the_request_deadline(
+    gunicorn: Start,
+) -> None:
+    """Found by the attack: a request answered without its body being read (413 for a
+    declared Content-Length over SERVING_MAX_BODY_BYTES) kept its connection alive, and
+    Gunicorn then drained the body in the worker thread, each read of 1 KiB waiting for
+    1 KiB: a client trickling a byte a second held the thread for as long as it kept on,
+    past both the header and the request deadline. 8 such clients against 4 threads and
+    /livez went unanswered for as long as they stayed."""
+    server = gunicorn(workers=1, threads=4, request_timeout_ms=2000)
+    server.wait_ready(workers=1)
+    head = (
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 10000000\r\n\r\n"  # over SERVING_MAX_BODY_BYTES: 413 unread
+    )
+    trickling = []
+    for _ in range(8):  # twice the threads
+        client = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        client.sendall(head + b'{"instances": [')
+        trickling.append(client)
+    stop = time.monotonic() + 30
+
+    def trickle() -> None:
+        while time.monotonic() < stop:
+            for client in trickling:
+                with contextlib.suppress(OSError):  # closed by the server: the aim
+                    client.send(b" ")
+            time.sleep(0.2)
+
+    trickler = threading.Thread(target=trickle, daemon=True)
+    trickler.start()
+    try:
+
+        def live() -> bool:
+            try:
+                return requests.get(f"{server.url}/livez", timeout=1).status_code == 200
+            except requests.RequestException:
+                return False
+
+        time.sleep(1)  # every thread drains a trickling body
+        until(live, 15, interval_s=0.2, what=lambda: f"/livez answered:\n{server.output()}")
+    finally:
+        stop = 0.0
+        trickler.join(5)
+        for client in trickling:
+            client.close()
