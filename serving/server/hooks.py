@@ -204,8 +204,9 @@ def _recycle_on_problem(server: Any, worker: Any) -> Callable[[str], None]:
 
 def _guard_connections(server: Any, worker: Any, settings: Settings) -> None:
     """Worker: time limits on a request's headers and body and graceful closes off the main
-    loop (``slow_clients``), no listening once stopping (``listeners``), and each
-    response's headers and body in one write (``one_write``)."""
+    loop (``slow_clients``), no listening once stopping (``listeners``), a heartbeat
+    written at most once a second (``heartbeat``), and each response's headers and body
+    in one write (``one_write``)."""
     if hasattr(worker, "handle_request"):  # Gunicorn's gthread worker
         from serving.server import slow_clients
 
@@ -217,6 +218,9 @@ def _guard_connections(server: Any, worker: Any, settings: Settings) -> None:
         from serving.server.listeners import stop_listening_when_stopping
 
         stop_listening_when_stopping(worker)
+        from serving.server.heartbeat import throttle_heartbeat
+
+        throttle_heartbeat(worker, float(server.cfg.timeout))
         from serving.server.arrivals import count_arrivals
 
         count_arrivals(worker, process_arrivals())
