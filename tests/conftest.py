@@ -45,18 +45,22 @@ def breast_cancer() -> tuple[np.ndarray, np.ndarray]:
     return X, y
 
 
-@pytest.fixture
-def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
+def unit_settings(monkeypatch: pytest.MonkeyPatch, **overrides: Any) -> Settings:
+    """The unit tests' settings (small batches and limits, one worker), with no
+    ``SERVING_*`` variable of the environment (``monkeypatch`` removes them)."""
     for name in list(__import__("os").environ):
         if name.startswith("SERVING_"):
             monkeypatch.delenv(name)
-    return Settings(
-        max_batch_size=8,
-        max_batch_latency_ms=5,
-        max_instances_per_request=16,
-        max_body_bytes=4096,
-        workers=1,
-    )
+    defaults: dict[str, Any] = {
+        "max_batch_size": 8, "max_batch_latency_ms": 5, "max_instances_per_request": 16,
+        "max_body_bytes": 4096, "workers": 1,
+    }  # fmt: skip
+    return Settings(**{**defaults, **overrides})
+
+
+@pytest.fixture
+def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
+    return unit_settings(monkeypatch)
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from serving.protocols.predict.schemas import PredictRequest
 from serving.protocols.tfserving.schemas import TFPredictRequest
 from serving.protocols.v2 import codec as v2_codec
 from serving.protocols.v2.schemas import V2InferRequest
-from serving.settings import Settings
+from tests.conftest import unit_settings
 from tests.tabular import tier_pipeline
 
 #: Bad elements in each large hostile body: before the fix each became one pydantic error
@@ -53,15 +53,18 @@ def _zeros(rows: Any) -> dict[str, Any]:
     return {"predictions": np.zeros(len(rows))}
 
 
-@pytest.fixture
-def hostile_app(settings: Settings) -> Iterator[Flask]:
+@pytest.fixture(scope="module")
+def hostile_app() -> Iterator[Flask]:
     """Model ``m``: a string ``plan``, an int64 ``n``, a float ``x``; bodies up to 8 MB, 16
-    instances a request (the ``settings`` fixture's limit)."""
-    configured = Settings(**{**settings.model_dump(), "max_body_bytes": 8 * 1024 * 1024})
-    handle = ModelHandle("m", "1", "callable", _zeros, features=FEATURES)
-    app = create_app(configured, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
-    yield app
-    app.extensions["serving"].get_models().stop(timeout_s=10)
+    instances a request (the unit settings' limit). One app for the module: its tests only
+    send refused bodies and read their answers (building an app costs ~25 ms, most of it
+    werkzeug compiling the routes' URL builders)."""
+    with pytest.MonkeyPatch.context() as env:
+        configured = unit_settings(env, max_body_bytes=8 * 1024 * 1024)
+        handle = ModelHandle("m", "1", "callable", _zeros, features=FEATURES)
+        app = create_app(configured, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
+        yield app
+        app.extensions["serving"].get_models().stop(timeout_s=10)
 
 
 @pytest.fixture
