@@ -30,6 +30,9 @@ preload_app = False
 # Kubernetes, systemd and signals manage this service; delete this line to have one
 # anyway.
 control_socket_disable = True
+# Its error log on stderr drops lines instead of blocking when nobody reads the pipe
+# (serving/server/error_log.py): a blocked master handles no signal.
+logger_class = "serving.server.error_log.NonBlockingLogger"
 
 hooks.prepare_metrics_dir(settings)
 
