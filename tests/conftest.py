@@ -120,3 +120,17 @@ def serve_runtimes(settings: Settings, metrics: ServingMetrics, runtimes: list[A
 
     models = ModelCache(settings, metrics, runtimes=runtimes)
     return create_app(settings, models=models, metrics=metrics)
+
+
+def sleeping_processes(count: int) -> Iterator[list[int]]:
+    """``count`` live processes' pids, standing for workers (a board skips the state of a
+    process that is gone); killed afterwards. For a fixture to ``yield from``."""
+    import subprocess
+    import sys
+
+    code = "import time; time.sleep(60)"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
+    yield [proc.pid for proc in procs]
+    for proc in procs:
+        proc.kill()
+        proc.wait(10)

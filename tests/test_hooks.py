@@ -16,6 +16,7 @@ from serving.server import hooks, pinning
 from serving.server.board import Board
 from serving.server.recycling import RecycleGate
 from serving.settings import Settings
+from tests.conftest import sleeping_processes
 
 
 @pytest.fixture(autouse=True)
@@ -253,16 +254,7 @@ def test_stop_children_ends_a_child_that_ignores_sigterm_and_reaps_it() -> None:
 @pytest.fixture
 def live_pids() -> Iterator[list[int]]:
     """Four live processes' pids (the board skips the state of a process that is gone)."""
-    import subprocess
-    import sys
-
-    procs = [
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(4)
-    ]
-    yield [proc.pid for proc in procs]
-    for proc in procs:
-        proc.kill()
-        proc.wait(10)
+    yield from sleeping_processes(4)
 
 
 def test_recycle_gate_lets_one_worker_away_at_a_time_and_holds_no_slot(

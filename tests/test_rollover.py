@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +12,7 @@ import pytest
 
 from serving.server.board import Board
 from serving.server.rollover import roll_over
+from tests.conftest import sleeping_processes
 
 
 class Arbiter:
@@ -49,13 +48,7 @@ class Arbiter:
 @pytest.fixture
 def workers() -> Iterator[list[int]]:
     """Two live processes standing for workers (the board skips dead pids)."""
-    procs = [
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)
-    ]
-    yield [proc.pid for proc in procs]
-    for proc in procs:
-        proc.kill()
-        proc.wait(10)
+    yield from sleeping_processes(2)
 
 
 def test_roll_over_stop_signals_again_a_worker_forked_too_late_for_the_first(

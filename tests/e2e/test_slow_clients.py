@@ -17,6 +17,15 @@ from tests.e2e.server import GunicornServer
 from tests.models import RowEcho, RowOffset
 from tests.waiting import until
 
+
+def _live(server: GunicornServer) -> bool:
+    """Whether ``/livez`` answers 200 within a second."""
+    try:
+        return requests.get(f"{server.url}/livez", timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
 Start = Callable[..., GunicornServer]
 Pickled = Callable[[Any, str], Path]
 
@@ -164,14 +173,12 @@ def test_clients_that_never_read_their_responses_free_their_threads(
         sock.sendall(request)
         stalled.append(sock)
     try:
-
-        def live() -> bool:
-            try:
-                return requests.get(f"{server.url}/livez", timeout=1).status_code == 200
-            except requests.RequestException:
-                return False
-
-        until(live, 20, interval_s=0.2, what=lambda: f"/livez answered:\n{server.output()}")
+        until(
+            lambda: _live(server),
+            20,
+            interval_s=0.2,
+            what=lambda: f"/livez answered:\n{server.output()}",
+        )
         server.wait_for_log("has not read its response", 1, timeout_s=20)
         assert "Traceback" not in server.output()
     finally:
@@ -256,15 +263,13 @@ def test_a_body_left_unread_and_trickling_frees_its_thread_by_the_request_deadli
     trickler = threading.Thread(target=trickle, daemon=True)
     trickler.start()
     try:
-
-        def live() -> bool:
-            try:
-                return requests.get(f"{server.url}/livez", timeout=1).status_code == 200
-            except requests.RequestException:
-                return False
-
         time.sleep(1)  # every thread drains a trickling body
-        until(live, 15, interval_s=0.2, what=lambda: f"/livez answered:\n{server.output()}")
+        until(
+            lambda: _live(server),
+            15,
+            interval_s=0.2,
+            what=lambda: f"/livez answered:\n{server.output()}",
+        )
     finally:
         stop = 0.0
         trickler.join(5)
