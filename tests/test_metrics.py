@@ -172,6 +172,8 @@ summary = Summary("s", "s", ["k"], registry=registry).labels("a")
 histogram = Histogram("h", "h", ["k"], buckets=(1, 2, 4), registry=registry).labels("a")
 inc, put = writes.counter_inc(counter), writes.gauge_set(gauge)
 observe, bucket = writes.summary_observe(summary), writes.histogram_observe(histogram)
+stages = Counter("d", "d", ["k"], registry=registry)
+each = writes.counters_inc([stages.labels("a"), stages.labels("b")])
 
 def hammer():
     for _ in range(2000):
@@ -182,7 +184,7 @@ for thread in threads:
 for thread in threads:
     thread.join()
 for amount in (0.0, 0.5, 1.0, 1.5, 2.0, 3.9, 4.0, 4.1, 1e9, -1.0):
-    inc(1); put(amount); observe(amount); bucket(amount)
+    inc(1); put(amount); observe(amount); bucket(amount); each([1, abs(amount)])
 print(generate_latest(MultiProcessCollector(CollectorRegistry())).decode())
 """
 
@@ -209,6 +211,7 @@ def test_metric_writes_in_multiprocess_mode_read_back_as_the_librarys(tmp_path: 
     assert 'c_total{k="a"} 8010.0' in exposed["serving"]
     assert 'h_bucket{k="a",le="1.0"} 4.0' in exposed["serving"]  # -1, 0, 0.5, 1.0
     assert 'h_bucket{k="a",le="+Inf"} 10.0' in exposed["serving"]
+    assert 'd_total{k="a"} 10.0' in exposed["serving"]
 
 
 def test_metric_writes_in_one_process_equal_the_librarys_methods() -> None:
@@ -224,11 +227,15 @@ def test_metric_writes_in_one_process_equal_the_librarys_methods() -> None:
         g = Gauge("g", "g", ["k"], registry=registry).labels("a")
         s = Summary("s", "s", ["k"], registry=registry).labels("a")
         h = Histogram("h", "h", ["k"], buckets=(1, 2, 4), registry=registry).labels("a")
+        d = Counter("d", "d", ["k"], registry=registry)
         if fast:
             calls = [writes.counter_inc(c), writes.gauge_set(g)]
             calls += [writes.summary_observe(s), writes.histogram_observe(h)]
+            each = writes.counters_inc([d.labels("a"), d.labels("b")])
+            calls.append(lambda amount: each([amount, 2 * amount]))
         else:
             calls = [c.inc, g.set, s.observe, h.observe]
+            calls.append(lambda amount: (d.labels("a").inc(amount), d.labels("b").inc(2 * amount)))
         for amount in (0.0, 1.0, 1.5, 4.0, 4.5, 7.0):
             for call in calls:
                 call(amount)

@@ -27,13 +27,14 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
 from serving.observe import process
 
-__all__ = ["MultiProcessValue", "ReservedMmapedDict"]
+__all__ = ["MultiProcessValue", "ReservedMmapedDict", "inc_each", "inc_pair"]
 
 #: The size prometheus-client gives a new file (``mmap_dict._INITIAL_MMAP_SIZE``).
 INITIAL_SIZE_BYTES = 1 << 16
@@ -116,6 +117,32 @@ def _check_for_fork() -> None:
     _files.clear()
     for value in _values:
         value._open()
+
+
+def inc_pair(first: MultiProcessValue, x: float, second: MultiProcessValue, y: float) -> None:
+    """``first.inc(x)`` and ``second.inc(y)`` under one lock: a histogram's sum and bucket,
+    a summary's count and sum."""
+    with _lock:
+        if _forked[0]:
+            _check_for_fork()
+        first._value += x
+        pos = first._pos
+        first._file._m[pos : pos + 16] = _pack(first._value, 0.0)
+        second._value += y
+        pos = second._pos
+        second._file._m[pos : pos + 16] = _pack(second._value, 0.0)
+
+
+def inc_each(values: Sequence[MultiProcessValue], amounts: Sequence[float]) -> None:
+    """``value.inc(amount)`` for each pair, under one lock: a predict call's five stage
+    counters."""
+    with _lock:
+        if _forked[0]:
+            _check_for_fork()
+        for value, amount in zip(values, amounts, strict=True):
+            value._value += amount
+            pos = value._pos
+            value._file._m[pos : pos + 16] = _pack(value._value, 0.0)
 
 
 class MultiProcessValue:

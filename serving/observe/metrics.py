@@ -41,7 +41,9 @@ from serving.observe.complaint import Complaint
 from serving.observe.metric_files import MultiProcessValue, ReservedMmapedDict
 from serving.observe.writes import (
     Write,
+    WriteEach,
     counter_inc,
+    counters_inc,
     gauge_set,
     histogram_observe,
     summary_observe,
@@ -211,7 +213,7 @@ class ServingMetrics:
             ["reason"],
             registry=registry,
         )
-        self._stages: dict[tuple[str, str, bool], tuple[Any, ...]] = {}
+        self._stages: dict[tuple[str, str, bool], WriteEach] = {}
         #: Per request, as Triton counts them (nv_inference_request_success and _failure,
         #: nv_inference_queue_duration_us, ...), for its statistics extension
         #: (serving.protocols.v2.stats). Counters: one write per stage, and answered
@@ -311,7 +313,7 @@ class ServingMetrics:
 
         return observe
 
-    def _count_answered(self, children: tuple[Write, ...], stats: FlushStats) -> None:
+    def _count_answered(self, children: WriteEach, stats: FlushStats) -> None:
         """Count the requests a predict call answered, in six writes for the whole batch
         (a request's ``Timing`` is its ``submit`` tag, from the data plane): each one's
         queue wait and input check, the call's time, and ``compute_output`` from the call's
@@ -343,19 +345,19 @@ class ServingMetrics:
         """Count one request refused at once with 503 overloaded (its queue was full)."""
         self.rejected.labels(model, version).inc()
 
-    def _stage_children(self, model: str, version: str, ok: bool) -> tuple[Write, ...]:
-        """The outcome's counter, then the seconds of each of ``REQUEST_STAGES`` in its
-        order (success) or of the whole request (fail)."""
-        children = self._stages.get((model, version, ok))
-        if children is None:  # labels() takes a lock and builds keys: once per model and outcome
+    def _stage_children(self, model: str, version: str, ok: bool) -> WriteEach:
+        """The write of the outcome's counter, then of the seconds of each of
+        ``REQUEST_STAGES`` in its order (success) or of the whole request (fail)."""
+        write = self._stages.get((model, version, ok))
+        if write is None:  # labels() takes a lock and builds keys: once per model and outcome
             outcome = "success" if ok else "fail"
             stages = REQUEST_STAGES if ok else ("fail",)
-            children = (
-                counter_inc(self.request_outcomes.labels(model, version, outcome)),
-                *(counter_inc(self.request_stage.labels(model, version, s)) for s in stages),
-            )
-            self._stages[(model, version, ok)] = children
-        return children
+            write = counters_inc([
+                self.request_outcomes.labels(model, version, outcome),
+                *(self.request_stage.labels(model, version, s) for s in stages),
+            ])  # fmt: skip
+            self._stages[(model, version, ok)] = write
+        return write
 
     @_never_raises
     def observe_stages(
@@ -375,18 +377,15 @@ class ServingMetrics:
         Triton counts them). Requests a batcher answered are counted by its flush
         observer instead, per predict call."""
         seconds = (queue, compute_input, compute_infer, compute_output)
-        self._write_stages(self._stage_children(model, version, ok), 1, seconds)
+        self._write_stages(self._stage_children(model, version, ok), 1, seconds, ok=ok)
 
     @staticmethod
-    def _write_stages(children: tuple[Write, ...], requests: int, seconds: Sequence[float]) -> None:
+    def _write_stages(
+        write: WriteEach, requests: int, seconds: Sequence[float], *, ok: bool = True
+    ) -> None:
         """Count ``requests`` and their ``seconds`` per stage of ``REQUEST_STAGES`` (for
         failed ones, their sum): five writes, or two, for any number of requests."""
-        children[0](requests)
-        if len(children) == 2:
-            children[1](sum(seconds))
-            return
-        for child, value in zip(children[1:], seconds, strict=True):
-            child(value)
+        write([requests, *seconds] if ok else [requests, sum(seconds)])
 
     def collect(self) -> list[Metric]:
         """The metric families of all workers (multiprocess mode) or of ``registry``."""
