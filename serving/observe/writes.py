@@ -5,7 +5,8 @@ prometheus-client's ``Counter.inc``, ``Histogram.observe``, ``Summary.observe`` 
 amount, an exemplar), and a histogram walks its bounds one by one; under Gunicorn a
 request pays about fifteen such writes. These functions take a child once (after
 ``labels()``) and return the write of its values: the same ``inc``/``set`` of the same
-value objects (``MmapedValue`` in multiprocess mode, ``MutexValue`` otherwise), so the
+value objects (the service's ``MultiProcessValue`` in multiprocess mode, prometheus-client's
+``MutexValue`` otherwise), so the
 exposition is what the library's own methods give (``tests/test_metrics.py`` compares
 them). A child without those values (another prometheus-client layout) gets its public
 method instead.
