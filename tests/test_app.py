@@ -604,3 +604,25 @@ def test_the_app_asks_once_per_function_whether_it_is_a_coroutine(
     monkeypatch.setattr(app, "async_to_sync", lambda f: handed.append(f) or f)
     app.ensure_sync(coroutine)
     assert handed == [coroutine]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/predict/claim", {"instances": []}),
+        ("/v2/models/claim/infer", {"inputs": []}),
+        ("/v2/models/claim/versions/7/infer", {"inputs": "x"}),
+        ("/v1/models/claim:predict", {"instance": [[1, 2, 3]]}),
+    ],
+)
+def test_an_unknown_model_is_404_whatever_the_body(
+    client: FlaskClient, path: str, body: dict[str, Any]
+) -> None:
+    """Found by the new-user trial: a misspelt model name with a bad body got the body's
+    422/400, so the client fixed the body first and only then learnt of the name. The
+    name is checked only once the body is refused: a good request looks its model up
+    once, in the data plane."""
+    response = client.post(path, json=body)
+
+    assert response.status_code == 404, response.get_data(as_text=True)
+    assert "claim" in response.get_data(as_text=True)

@@ -31,6 +31,7 @@ __all__ = [
     "dataplane",
     "json_response",
     "jsonable",
+    "model_before_body",
     "read_body",
     "read_json_body",
     "service_error_body",
@@ -103,6 +104,16 @@ def with_call(view: Callable[..., Response]) -> Callable[..., Response]:
 
     wrapped.predicts = True  # type: ignore[attr-defined]  # counted as arriving (serving.app)
     return wrapped
+
+
+def model_before_body(plane: DataPlane, model_name: str | None, version: str | None) -> None:
+    """Called while refusing a request's body: raise ``ModelNotFound`` (404) or
+    ``VersionConflict`` (409) instead when the route names a model (``model_name``) this
+    server does not serve, as a good body would get; else return, and the body's own
+    error stands. Only on that path: a good request looks its model up once, in the data
+    plane."""
+    if model_name is not None:
+        plane.models.resolve(model_name, version)
 
 
 def dataplane() -> DataPlane:

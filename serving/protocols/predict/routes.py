@@ -7,12 +7,13 @@ import time
 from flask import Blueprint, Response
 
 from serving.context import Call
-from serving.errors import InvalidInput
+from serving.errors import InvalidInput, ServingError
 from serving.openapi import Operation, errors
 from serving.protocols.base import (
     ProtocolSpec,
     dataplane,
     json_response,
+    model_before_body,
     read_json_body,
     with_call,
 )
@@ -54,7 +55,11 @@ def predict(call: Call, model_name: str | None) -> Response:
     :raises InvalidInput: (422) when the path and the body name different models.
     """
     plane = dataplane()
-    body = parse_body(PredictRequest, read_json_body(plane.settings.max_body_bytes))
+    try:
+        body = parse_body(PredictRequest, read_json_body(plane.settings.max_body_bytes))
+    except ServingError:
+        model_before_body(plane, model_name, None)
+        raise
     if model_name is not None and body.model not in (None, model_name):
         msg = f"names model {body.model!r}, but the path names {model_name!r}"
         raise InvalidInput.at("model", msg, "model")

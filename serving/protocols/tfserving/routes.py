@@ -23,10 +23,17 @@ from flask.blueprints import BlueprintSetupState
 from werkzeug.routing import BaseConverter
 
 from serving.context import Call
-from serving.errors import InvalidInput, LabelNotFound
+from serving.errors import InvalidInput, LabelNotFound, ServingError
 from serving.model.handle import TensorSpec
 from serving.openapi import Operation, errors
-from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_json_body, with_call
+from serving.protocols.base import (
+    ProtocolSpec,
+    dataplane,
+    json_response,
+    model_before_body,
+    read_json_body,
+    with_call,
+)
 from serving.protocols.schemas import parse_body
 from serving.protocols.tfserving.codec import columnar_outputs, decode, row_predictions
 from serving.protocols.tfserving.schemas import (
@@ -138,7 +145,11 @@ def predict(
     """Row format answers ``{"predictions": ...}``, columnar ``{"outputs": ...}``."""
     plane = dataplane()
     model_version = _version(model_name, model_version, label)
-    body = parse_body(TFPredictRequest, read_json_body(plane.settings.max_body_bytes))
+    try:
+        body = parse_body(TFPredictRequest, read_json_body(plane.settings.max_body_bytes))
+    except ServingError:
+        model_before_body(plane, model_name, model_version)
+        raise
     if body.signature_name not in (None, "", SIGNATURE):
         msg = f"signature {body.signature_name!r} not found; the model has {SIGNATURE!r}"
         raise InvalidInput.at("signature_name", msg, "signature")

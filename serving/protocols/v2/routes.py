@@ -23,10 +23,17 @@ from flask import Blueprint, Response, request
 
 from serving import __version__
 from serving.context import Call
-from serving.errors import InvalidInput, UnreadableBody
+from serving.errors import InvalidInput, ServingError, UnreadableBody
 from serving.model.handle import ModelHandle, TensorSpec
 from serving.openapi import Operation, errors
-from serving.protocols.base import ProtocolSpec, dataplane, json_response, read_body, with_call
+from serving.protocols.base import (
+    ProtocolSpec,
+    dataplane,
+    json_response,
+    model_before_body,
+    read_body,
+    with_call,
+)
 from serving.protocols.schemas import parse_body
 from serving.protocols.v2.codec import (
     HEADER_LENGTH,
@@ -215,21 +222,31 @@ def infer(call: Call, model_name: str, model_version: str | None) -> Response:
     :raises UnreadableBody: (400) for a compressed body (Content-Encoding is not supported).
     """
     plane = dataplane()
+    try:
+        body, binary = _read(plane.settings.max_body_bytes)
+        wanted = [out.name for out in body.outputs] if body.outputs else None
+        inputs = decode(body, binary, plane.settings.max_instances_per_request)
+    except ServingError:
+        model_before_body(plane, model_name, model_version)
+        raise
+    answer = plane.infer(call, model_name, model_version, inputs, outputs=wanted)
+    binary_default = bool(body.parameters and body.parameters.binary_data_output)
+    tensors, tail = encode_outputs(answer.outputs, body.outputs, binary_default)
+    return _infer_response(answer.handle, body.id, tensors, tail)
+
+
+def _read(max_body_bytes: int) -> tuple[V2InferRequest, bytearray]:
+    """The request's JSON header, validated, and its binary tensor data (empty without).
+
+    :raises UnreadableBody: (400) for a compressed body.
+    """
     encoding = request.content_encoding
     if encoding not in (None, "", "identity"):
         raise UnreadableBody(
             f"Content-Encoding {encoding[:32]!r} is not supported: send the body uncompressed"
         )
-    header, binary = split_body(
-        read_body(plane.settings.max_body_bytes), request.headers.get(HEADER_LENGTH)
-    )
-    body = parse_body(V2InferRequest, header)
-    wanted = [out.name for out in body.outputs] if body.outputs else None
-    inputs = decode(body, binary, plane.settings.max_instances_per_request)
-    answer = plane.infer(call, model_name, model_version, inputs, outputs=wanted)
-    binary_default = bool(body.parameters and body.parameters.binary_data_output)
-    tensors, tail = encode_outputs(answer.outputs, body.outputs, binary_default)
-    return _infer_response(answer.handle, body.id, tensors, tail)
+    header, binary = split_body(read_body(max_body_bytes), request.headers.get(HEADER_LENGTH))
+    return parse_body(V2InferRequest, header), binary
 
 
 def _infer_response(
