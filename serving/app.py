@@ -5,9 +5,7 @@ access log and request metrics."""
 from __future__ import annotations
 
 import functools
-import logging
 import re
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -20,24 +18,28 @@ from werkzeug.exceptions import HTTPException
 from serving import __version__
 from serving.auth import check_api_key, load_api_keys
 from serving.cache import ModelCache, current_cache
-from serving.context import Call, new_request_id
+from serving.context import Call
 from serving.dataplane import DataPlane
 from serving.errors import ServingError
 from serving.model.loaders import ModelHandle
 from serving.model.schema import instance_json_schema
-from serving.observe import access_log, tracing
+from serving.observe import tracing
 from serving.observe.metrics import ServingMetrics, default_metrics
 from serving.openapi import Operation, build_document
 from serving.protocols import docs, mlflow, predict, probes, tfserving, v2
-from serving.protocols.base import ErrorBodies, ProtocolSpec, json_response
+from serving.protocols.base import (
+    ErrorBodies,
+    ProtocolSpec,
+    error_answer,
+    json_response,
+    unexpected_answer,
+)
+from serving.protocols.hooks import RequestHooks
+from serving.protocols.predict.fast import FastPredict
 from serving.runtime import ModelRuntime
 from serving.settings import Settings, load_settings
 
 __all__ = ["create_app"]
-
-log = logging.getLogger("serving")
-
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 #: Every protocol served, in registration order.
@@ -123,43 +125,37 @@ def create_app(
     app.register_error_handler(HTTPException, functools.partial(_http_error, bodies))
     app.register_error_handler(Exception, functools.partial(_unexpected_error, bodies))
 
-    _install_request_hooks(app, plane, metrics, api_keys=api_keys, open_routes=open_routes)
+    hooks = RequestHooks(plane, metrics)
+    _install_request_hooks(app, hooks, api_keys=api_keys, open_routes=open_routes)
+    # POST /predict without Flask's per-request machinery, answered as Flask would.
+    app.wsgi_app = FastPredict(  # type: ignore[method-assign]
+        app.wsgi_app, plane, hooks, api_keys, open_routes
+    )
 
     return app
 
 
 def _install_request_hooks(
     app: Flask,
-    plane: DataPlane,
-    metrics: ServingMetrics,
+    hooks: RequestHooks,
     *,
     api_keys: tuple[bytes, ...],
     open_routes: set[str],
 ) -> None:
-    """Per request: before it, the request's ``Call`` (request id, deadline, route,
-    payload-log draw; ``g.call``, the one thing the views take from ``g``, through
-    ``serving.protocols.base.with_call``), its trace and the API key check; after it, the
-    X-Request-ID header, the request metrics and the access log line, from the call's
-    ``Timing`` as the data plane filled it in."""
-    settings = plane.settings
+    """Per request: before it, the request's ``Call`` (``RequestHooks.start``; ``g.call``,
+    the one thing the views take from ``g``, through ``serving.protocols.base.with_call``),
+    its trace and the API key check; after it, the X-Request-ID header, then the request
+    metrics and the access log line (``RequestHooks.finish``)."""
 
     @app.before_request
     def _start() -> None:
         # The objects behind Flask's proxies, looked up once: each proxy access costs ~1 us.
         state, req = _current(g), _current(request)
-        incoming = req.environ.get("HTTP_X_REQUEST_ID", "")  # req.headers costs ~3 us
-        request_id = incoming if _REQUEST_ID.fullmatch(incoming) else new_request_id()
         url_rule = req.url_rule
         rule = _template(url_rule.rule) if url_rule is not None else "<unmatched>"
-        state.call = plane.call(request_id, protocol=req.blueprint or "", route=rule)
-        # A prediction view's request is on its way to a batcher until the data plane
-        # queues it (under Gunicorn counted already, from its thread taking it up); any
-        # other (a probe, /metrics, the docs, a 404) is not, and no batch may wait for it.
         view = app.view_functions.get(url_rule.endpoint) if url_rule is not None else None
-        if getattr(view, "predicts", False):
-            plane.arrivals.enter()
-        else:
-            plane.arrivals.leave()
+        predicts = getattr(view, "predicts", False)
+        state.call = hooks.start(req.environ, req.blueprint or "", rule, predicts=predicts)
         state.trace = tracing.start_request(req.headers, req.method[:16], rule) if (
             tracing.active()
         ) else None  # fmt: skip
@@ -172,34 +168,9 @@ def _install_request_hooks(
         call: Call | None = getattr(state, "call", None)
         if call is None:  # before_request never ran (Flask answered on its own)
             return response
-        plane.arrivals.leave()  # when it failed before a batcher (every error is answered,
-        # by the handlers create_app registers, so this hook runs)
-        timing = call.timing
-        trace = getattr(state, "trace", None)
-        status = response.status_code
-        if trace is not None:
-            tracing.end_request(trace, status, timing)
         response.headers.add("X-Request-ID", call.request_id)  # no view sets it: no set()
-        duration_s = time.perf_counter() - timing.started
-        metrics.observe_request(req.method, call.route, status, duration_s)
-        if settings.access_log:
-            served = plane.models
-            fields = {
-                "request_id": call.request_id,
-                "method": req.method[:16],
-                "route": call.route,
-                "status": status,
-                "latency_ms": round(duration_s * 1000, 3),
-                "model": timing.model or served.model_name,
-                "model_version": timing.version or served.model_version,
-            }
-            if trace is not None:
-                fields["trace_id"] = trace[2]
-            if timing.instances:
-                fields["instances"] = timing.instances
-            if timing.batch_size:
-                fields["batch_size"] = timing.batch_size
-            access_log.record(fields)
+        # Every error is answered, by the handlers create_app registers, so this runs.
+        hooks.finish(call, req.method, response.status_code, getattr(state, "trace", None))
         return response
 
 
@@ -296,17 +267,10 @@ def _request_id() -> str | None:
 
 
 def _serving_error(bodies: ErrorBodies, exc: ServingError) -> Response:
-    if exc.status >= 500 and exc.status != 503:  # 503s are expected; metrics count them
-        log.error(  # with the model's own traceback, when it raised
-            "request %s failed: %s %s", _request_id(), exc.code, exc.message,
-            exc_info=exc.__cause__,
-        )  # fmt: skip
-    body = bodies.build(exc.status, exc.code, exc.message, exc.details)
-    response = json_response(body, exc.status)
-    if exc.status == 503:
-        response.headers["Retry-After"] = "1"
-    elif exc.status == 401:
-        response.headers["WWW-Authenticate"] = 'Bearer realm="serving"'
+    data, headers = error_answer(exc, bodies.current(), _request_id())
+    response = Response(data, status=exc.status, mimetype="application/json")
+    for name, value in headers:
+        response.headers[name] = value
     return response
 
 
@@ -328,5 +292,5 @@ def _http_error(bodies: ErrorBodies, exc: HTTPException) -> Response:
 
 
 def _unexpected_error(bodies: ErrorBodies, exc: Exception) -> Response:
-    log.exception("request %s failed with an unexpected error", _request_id())
-    return json_response(bodies.build(500, "internal_error", "internal server error", []), 500)
+    data = unexpected_answer(bodies.current(), _request_id())
+    return Response(data, status=500, mimetype="application/json")

@@ -11,6 +11,7 @@ error body, and the path prefixes whose unmatched requests (404, 405) are its er
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,22 +22,34 @@ import orjson
 from flask import Blueprint, Response, current_app, g, request
 
 from serving.dataplane import DataPlane
-from serving.errors import PayloadTooLarge, RequestTimeout, UnreadableBody, UnsupportedMediaType
+from serving.errors import (
+    PayloadTooLarge,
+    RequestTimeout,
+    ServingError,
+    UnreadableBody,
+    UnsupportedMediaType,
+)
 from serving.openapi import Operation
+from serving.settings import Settings
 
 __all__ = [
     "ErrorBodies",
     "ErrorBody",
     "ProtocolSpec",
     "dataplane",
+    "error_answer",
+    "json_bytes",
     "json_response",
     "jsonable",
     "model_before_body",
     "read_body",
     "read_json_body",
     "service_error_body",
+    "unexpected_answer",
     "with_call",
 ]
+
+log = logging.getLogger("serving")
 
 _BODY_SETTING = "SERVING_MAX_BODY_BYTES"
 
@@ -85,11 +98,44 @@ class ErrorBodies:
 
     def build(self, status: int, code: str, message: str, details: list[dict[str, Any]]) -> Any:
         """The error body for the current request, in its route's protocol."""
+        return self.current()(status, code, message, details)
+
+    def current(self) -> ErrorBody:
+        """How the current request's protocol spells an error (by its route's blueprint,
+        else its path), the service's shape by default."""
         build = self.by_blueprint.get(request.blueprint or "") if request else None
         if build is None and request and request.blueprint is None:
             path = request.path
             build = next((b for p, b in self.by_prefix.items() if path.startswith(p)), None)
-        return (build or service_error_body)(status, code, message, details)
+        return build or service_error_body
+
+
+def error_answer(
+    exc: ServingError, body_of: ErrorBody, request_id: str | None
+) -> tuple[bytes, list[tuple[str, str]]]:
+    """The JSON body (in ``body_of``'s shape) and the headers besides Content-Type and
+    Content-Length of the answer to a request that failed with ``exc`` (its status); a
+    server error other than 503 is logged first, with the model's own traceback when it
+    raised. For the app's error handler and the ``/predict`` fast path alike."""
+    status = exc.status
+    if status >= 500 and status != 503:  # 503s are expected; metrics count them
+        log.error(
+            "request %s failed: %s %s", request_id, exc.code, exc.message,
+            exc_info=exc.__cause__,
+        )  # fmt: skip
+    data = json_bytes(body_of(status, exc.code, exc.message, exc.details))
+    if status == 503:
+        return data, [("Retry-After", "1")]
+    if status == 401:
+        return data, [("WWW-Authenticate", 'Bearer realm="serving"')]
+    return data, []
+
+
+def unexpected_answer(body_of: ErrorBody, request_id: str | None) -> bytes:
+    """The 500 body for an exception no handler expected, logged with its traceback:
+    call it while handling the exception."""
+    log.exception("request %s failed with an unexpected error", request_id)
+    return json_bytes(body_of(500, "internal_error", "internal server error", []))
 
 
 def with_call(view: Callable[..., Response]) -> Callable[..., Response]:
@@ -122,8 +168,9 @@ def dataplane() -> DataPlane:
     return plane
 
 
-def read_json_body(max_body_bytes: int) -> bytes:
-    """The raw request body, checked to be ``application/json`` and at most ``max_body_bytes``.
+def read_json_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
+    """The raw body of the request of WSGI ``environ``, checked to be ``application/json``
+    and at most ``SERVING_MAX_BODY_BYTES``.
 
     :raises UnsupportedMediaType: (415) for another or no Content-Type.
     :raises PayloadTooLarge: (413) over the limit, declared or while reading.
@@ -133,16 +180,18 @@ def read_json_body(max_body_bytes: int) -> bytes:
     # request.mimetype, without building the request's headers (~4 us): the media type is
     # what comes before any parameter, trimmed and lowercased (RFC 9110, 8.3.1).
     # JSON as werkzeug's is_json has it: application/json or application/<any>+json.
-    mimetype = request.environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
+    content_type = environ.get("CONTENT_TYPE", "")
+    mimetype = content_type.partition(";")[0].strip().lower()
     if mimetype != "application/json" and not (
         mimetype.startswith("application/") and mimetype.endswith("+json")
     ):
-        raise UnsupportedMediaType(request.content_type)
-    return read_body(max_body_bytes)
+        raise UnsupportedMediaType(content_type or None)
+    return read_body(environ, settings)
 
 
-def read_body(max_body_bytes: int) -> bytes:
-    """The raw request body, whatever its Content-Type, at most ``max_body_bytes``.
+def read_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
+    """The raw body of the request of WSGI ``environ``, whatever its Content-Type, at most
+    ``SERVING_MAX_BODY_BYTES``.
 
     Chunked bodies (no Content-Length) are cut off at the same limit while they are read.
     For protocols whose clients send no or a non-JSON Content-Type (KServe V2's binary
@@ -155,7 +204,7 @@ def read_body(max_body_bytes: int) -> bytes:
         read waits at most ``SERVING_REQUEST_TIMEOUT_MS`` after the headers
         (``serving.server.slow_clients.limit_body_phase``).
     """
-    environ = request.environ
+    max_body_bytes = settings.max_body_bytes
     declared = environ.get("CONTENT_LENGTH", "")  # werkzeug's content_length costs ~10 us
     length = int(declared) if declared.isdigit() else None
     if length is not None and length > max_body_bytes:
@@ -177,7 +226,7 @@ def read_body(max_body_bytes: int) -> bytes:
             parts.append(part)
             got += len(part)
     except TimeoutError:
-        limit_ms = dataplane().settings.request_timeout_ms
+        limit_ms = settings.request_timeout_ms
         expected = f"the {length} bytes its Content-Length declared" if length else "its body"
         raise RequestTimeout(
             f"the request took more than {limit_ms:g} ms to arrive, past "
@@ -200,9 +249,13 @@ def read_body(max_body_bytes: int) -> bytes:
 
 
 def json_response(body: dict[str, Any], status: int = 200) -> Response:
+    """``body`` as a JSON response (``json_bytes``)."""
+    return Response(json_bytes(body), status=status, mimetype="application/json")
+
+
+def json_bytes(body: dict[str, Any]) -> bytes:
     """Serialize ``body`` with orjson (numpy arrays natively; NaN and Infinity become null)."""
-    data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-    return Response(data, status=status, mimetype="application/json")
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def jsonable(array: npt.NDArray[Any]) -> Any:

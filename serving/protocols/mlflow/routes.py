@@ -134,14 +134,14 @@ def invocations(call: Call) -> Response:
         name, or a value that is not a finite number.
     """
     plane = dataplane()
-    limit = plane.settings.max_body_bytes
     mimetype = request.mimetype
     if mimetype == "text/csv":
         instances: Instances = decode_csv(
-            read_body(limit), plane.settings.max_instances_per_request
+            read_body(request.environ, plane.settings), plane.settings.max_instances_per_request
         )
     elif mimetype == "application/json" or mimetype.endswith("+json"):
-        instances = decode(parse_body(MlflowRequest, read_json_body(limit)))
+        body = read_json_body(request.environ, plane.settings)
+        instances = decode(parse_body(MlflowRequest, body))
     else:
         raise UnsupportedMediaType(request.content_type, "application/json or text/csv")
     answer = plane.infer(call, None, None, instances, rules=MLFLOW)

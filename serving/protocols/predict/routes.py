@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
-from flask import Blueprint, Response
+from flask import Blueprint, Response, request
 
 from serving.context import Call
+from serving.dataplane import DataPlane
 from serving.errors import InvalidInput, ServingError
 from serving.openapi import Operation, errors
 from serving.protocols.base import (
@@ -21,7 +24,7 @@ from serving.protocols.predict import codec
 from serving.protocols.predict.schemas import PredictRequest, PredictResponse
 from serving.protocols.schemas import ErrorResponse, parse_body
 
-__all__ = ["OPERATIONS", "PROTOCOL", "bp"]
+__all__ = ["OPERATIONS", "PROTOCOL", "bp", "respond"]
 
 bp = Blueprint("predict", __name__)
 
@@ -48,15 +51,25 @@ PROTOCOL = ProtocolSpec(bp, OPERATIONS)
 @bp.post("/predict/<model_name>", provide_automatic_options=False)
 @with_call
 def predict(call: Call, model_name: str | None) -> Response:
-    """Predict with the model the path or ``model`` names (default: the first of
-    ``SERVING_MODELS``); ``model_version`` picks another version of it, or is refused with
-    409 when this replica lacks it.
+    """Predict with the model the path or ``model`` names (``respond``)."""
+    return json_response(respond(dataplane(), call, model_name, request.environ))
 
-    :raises InvalidInput: (422) when the path and the body name different models.
+
+def respond(
+    plane: DataPlane, call: Call, model_name: str | None, environ: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The answer to the ``/predict`` request of WSGI ``environ``, by the model the path
+    (``model_name``) or the body's ``model`` names (default: the first of
+    ``SERVING_MODELS``); the body's ``model_version`` picks another version of it, or is
+    refused with 409 when this replica lacks it. The Flask view and the fast path
+    (``serving.protocols.predict.fast``) both answer with it.
+
+    :raises InvalidInput: (422) when the path and the body name different models; as
+        ``DataPlane.infer`` for the rest (each ``ServingError`` is answered with its
+        status).
     """
-    plane = dataplane()
     try:
-        body = parse_body(PredictRequest, read_json_body(plane.settings.max_body_bytes))
+        body = parse_body(PredictRequest, read_json_body(environ, plane.settings))
     except ServingError:
         model_before_body(plane, model_name, None)
         raise
@@ -68,4 +81,4 @@ def predict(call: Call, model_name: str | None) -> Response:
         outputs=body.outputs,
     )  # fmt: skip
     latency_ms = round((time.perf_counter() - answer.timing.started) * 1000.0, 3)
-    return json_response(codec.encode(answer, body.outputs, latency_ms))
+    return codec.encode(answer, body.outputs, latency_ms)

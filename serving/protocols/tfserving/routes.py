@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flask import Blueprint, Response
+from flask import Blueprint, Response, request
 from flask.blueprints import BlueprintSetupState
 from werkzeug.routing import BaseConverter
 
@@ -146,7 +146,7 @@ def predict(
     plane = dataplane()
     model_version = _version(model_name, model_version, label)
     try:
-        body = parse_body(TFPredictRequest, read_json_body(plane.settings.max_body_bytes))
+        body = parse_body(TFPredictRequest, read_json_body(request.environ, plane.settings))
     except ServingError:
         model_before_body(plane, model_name, model_version)
         raise

@@ -62,6 +62,7 @@ from serving.protocols.v2.schemas import (
 )
 from serving.protocols.v2.stats import V2InferenceStatistics, model_statistics
 from serving.server.board import readiness
+from serving.settings import Settings
 
 __all__ = ["EXTENSIONS", "OPERATIONS", "PROTOCOL", "bp"]
 
@@ -223,7 +224,7 @@ def infer(call: Call, model_name: str, model_version: str | None) -> Response:
     """
     plane = dataplane()
     try:
-        body, binary = _read(plane.settings.max_body_bytes)
+        body, binary = _read(plane.settings)
         wanted = [out.name for out in body.outputs] if body.outputs else None
         inputs = decode(body, binary, plane.settings.max_instances_per_request)
     except ServingError:
@@ -235,7 +236,7 @@ def infer(call: Call, model_name: str, model_version: str | None) -> Response:
     return _infer_response(answer.handle, body.id, tensors, tail)
 
 
-def _read(max_body_bytes: int) -> tuple[V2InferRequest, bytearray]:
+def _read(settings: Settings) -> tuple[V2InferRequest, bytearray]:
     """The request's JSON header, validated, and its binary tensor data (empty without).
 
     :raises UnreadableBody: (400) for a compressed body.
@@ -245,7 +246,9 @@ def _read(max_body_bytes: int) -> tuple[V2InferRequest, bytearray]:
         raise UnreadableBody(
             f"Content-Encoding {encoding[:32]!r} is not supported: send the body uncompressed"
         )
-    header, binary = split_body(read_body(max_body_bytes), request.headers.get(HEADER_LENGTH))
+    header, binary = split_body(
+        read_body(request.environ, settings), request.headers.get(HEADER_LENGTH)
+    )
     return parse_body(V2InferRequest, header), binary
 
 
@@ -305,7 +308,7 @@ def repository() -> Response:
     :raises InvalidInput: (400 here) for a body that is not ``{"ready": bool}``.
     """
     plane = dataplane()
-    body = read_body(plane.settings.max_body_bytes)
+    body = read_body(request.environ, plane.settings)
     wanted = parse_body(V2RepositoryIndexRequest, body) if body else None
     index = repository_index(plane.models, bool(wanted and wanted.ready))
     data = orjson.dumps(index)
