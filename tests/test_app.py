@@ -359,6 +359,42 @@ def test_an_overflowing_request_fails_alone_and_co_batched_requests_succeed(
         assert responses[caller].get_json()["predictions"] == [expected[caller]]
 
 
+def test_an_overflowing_instance_is_named_on_every_protocol(
+    settings: Settings, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """1.7e308 is finite JSON but overflows in the demo's scaler: the refusal names the
+    instance among the request's three (the model is bisected by row on this error path)."""
+    from serving.model.loaders import load_model
+    from serving.settings import DEMO_MODEL_PATH
+
+    X, _ = breast_cancer
+    rows = X[:3].copy()
+    rows[1, 4] = 1.7e308
+    app = create_app(
+        settings, models=[load_model(DEMO_MODEL_PATH)], metrics=ServingMetrics(CollectorRegistry())
+    )
+    client = app.test_client()
+    tensor = {
+        "name": "input-0",
+        "shape": [3, 30],
+        "datatype": "FP64",
+        "data": rows.ravel().tolist(),
+    }
+    try:
+        predict = client.post("/predict", json={"instances": rows.tolist()})
+        v2 = client.post("/v2/models/breast_cancer/infer", json={"inputs": [tensor]})
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    assert predict.status_code == 422
+    assert error_of(predict)["message"].startswith("instances[1]: the model cannot compute")
+    assert error_of(predict)["details"][0]["loc"] == "instances[1]"
+    assert v2.status_code == 400
+    assert v2.get_json()["error"].startswith("instances[1]: the model cannot compute"), (
+        v2.get_json()
+    )
+
+
 def test_values_outside_a_float32_models_range_are_422(settings: Settings) -> None:
     handle = ModelHandle.from_callable(lambda X: X[:, 0], name="f32", version="1", n_features=2)
     handle = ModelHandle(**{**handle.__dict__, "input_dtype": np.float32, "features": None})

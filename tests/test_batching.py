@@ -12,7 +12,7 @@ import pytest
 
 from serving.batching.arrivals import Arrivals
 from serving.batching.batcher import FlushStats, ThreadedBatcher, split_outputs
-from serving.errors import InferenceError, InferenceTimeout, NotReady, Overloaded
+from serving.errors import InferenceError, InferenceTimeout, InvalidInput, NotReady, Overloaded
 from tests.models import FailsOnNegative, ReusedBuffer, RowEcho, WrongLength
 from tests.waiting import until
 
@@ -212,6 +212,66 @@ def test_batcher_isolates_a_failing_request_and_answers_the_others(stop_after: A
     # The batcher survives: the next (full) batch is answered.
     following = batcher.submit_many(rows_for(9, 8), timeout_s=WAIT_S)
     np.testing.assert_array_equal(following["predictions"], 9000 + np.arange(8))
+
+
+@pytest.mark.parametrize("bad", [0, 5, 12])
+def test_a_failing_request_names_the_instance_the_model_fails_on(stop_after: Any, bad: int) -> None:
+    calls: list[int] = []
+    model = FailsOnNegative()
+
+    def predict(rows: np.ndarray) -> dict[str, np.ndarray]:
+        calls.append(len(rows))
+        return {"predictions": model.predict(rows)}
+
+    batcher = ThreadedBatcher(predict, max_batch_latency_ms=0)
+    stop_after(batcher.start())
+    rows = rows_for(1, 13)
+    rows[bad, 0] = -1.0
+
+    with pytest.raises(InferenceError) as caught:
+        batcher.submit_many(rows, timeout_s=WAIT_S)
+
+    message = caught.value.message
+    assert message.startswith(f"model failed on instances[{bad}] of 13: ValueError: "), message
+    assert calls[0] == 13 and len(calls) <= 1 + 2 * 4, calls  # bisection: log2(13) levels
+    assert sum(n > 1 for n in calls[1:]) <= 2 * 3, calls  # never the whole request again
+
+
+def test_a_request_failing_only_as_a_whole_names_no_instance(stop_after: Any) -> None:
+    def predict(rows: np.ndarray) -> dict[str, np.ndarray]:
+        if len(rows) > 2:
+            raise MemoryError("too many rows at once")
+        return {"predictions": rows[:, 0]}
+
+    batcher = ThreadedBatcher(predict, max_batch_latency_ms=0).start()
+    stop_after(batcher)
+
+    with pytest.raises(InferenceError) as caught:
+        batcher.submit_many(rows_for(1, 8), timeout_s=WAIT_S)
+
+    assert caught.value.message == "model failed on 8 instances: MemoryError: too many rows at once"
+
+
+def test_values_the_model_cannot_compute_name_their_instance(stop_after: Any) -> None:
+    def predict(rows: np.ndarray) -> dict[str, np.ndarray]:
+        if (rows[:, 1] > 1e300).any():
+            raise InvalidInput("the model cannot compute with these values", [
+                {"loc": "instances", "msg": "overflow", "type": "model_overflow"}
+            ])  # fmt: skip
+        return {"predictions": rows[:, 0]}
+
+    batcher = ThreadedBatcher(predict, max_batch_latency_ms=0).start()
+    stop_after(batcher)
+    rows = rows_for(1, 4)
+    rows[2, 1] = 1.7e308
+
+    with pytest.raises(InvalidInput) as caught:
+        batcher.submit_many(rows, timeout_s=WAIT_S)
+
+    assert caught.value.message == "instances[2]: the model cannot compute with these values"
+    assert caught.value.details == [
+        {"loc": "instances[2]", "msg": "overflow", "type": "model_overflow"}
+    ]
 
 
 def test_batcher_survives_a_model_raising_system_exit(stop_after: Any) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.batching.pending import BatchOutputs, PendingRequest, split_outputs
-from serving.errors import InferenceTimeout, ServingError
+from serving.errors import InferenceTimeout, InvalidInput, ServingError
 
 __all__ = ["FlushStats", "PredictBatch", "PredictCalls"]
 
@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 #: ``predict_batch(rows)``: rows ``(n_instances, n_features)`` -> outputs of ``n_instances`` rows.
 PredictBatch = Callable[[npt.NDArray[Any]], BatchOutputs]
+
+#: Most predict calls spent naming the instance a failing request fails on.
+_MAX_PROBES: Final = 24
 
 #: Weight of the newest call in the moving average of a predict call's duration.
 _AVERAGE_WEIGHT: Final = 0.1
@@ -111,13 +114,53 @@ class PredictCalls:
             self._isolate(batch[:middle])
             self._isolate(batch[middle:])
             return
+        request = batch[0]
+        rows = len(request.rows)
+        named = isinstance(error, InvalidInput) or not isinstance(error, ServingError)
+        where = (0 if rows == 1 else self._first_failing(request.rows)) if named else None
         if isinstance(error, ServingError):
             message = error.message
+            if isinstance(error, InvalidInput) and where is not None:
+                loc = f"instances[{where}]"
+                details = [{**detail, "loc": loc} for detail in error.details]
+                error, message = InvalidInput(f"{loc}: {message}", details), f"{loc}: {message}"
         else:
-            rows = len(batch[0].rows)
-            instances = "1 instance" if rows == 1 else f"{rows} instances"
+            instances = (
+                "1 instance" if rows == 1
+                else f"{rows} instances" if where is None
+                else f"instances[{where}] of {rows}"
+            )  # fmt: skip
             message = f"model failed on {instances}: {type(error).__name__}: {error}"
-        batch[0].fail(message, error)
+        request.fail(message, error)
+
+    def _first_failing(self, rows: npt.NDArray[Any]) -> int | None:
+        """The index of a row of ``rows`` (a request whose predict call failed) on which
+        the model fails alone, found by bisection: at most ``2 log2(len(rows))`` calls on
+        ever smaller parts, only on this error path, answering nobody. None when no part
+        fails alone (the model fails on the rows together) or after ``_MAX_PROBES`` calls."""
+        start, stop, probes = 0, len(rows), 0
+        self.busy_since = time.monotonic()  # a stuck probe is a stuck predict call
+        try:
+            while stop - start > 1 and probes < _MAX_PROBES:
+                middle = (start + stop) // 2
+                probes += 1
+                if not self._succeeds(rows[start:middle]):
+                    stop = middle
+                    continue
+                probes += 1
+                if self._succeeds(rows[middle:stop]):
+                    return None
+                start = middle
+        finally:
+            self.busy_since = None
+        return start if stop - start == 1 else None
+
+    def _succeeds(self, rows: npt.NDArray[Any]) -> bool:
+        try:
+            split_outputs(self._predict(rows), [len(rows)])
+        except BaseException:
+            return False
+        return True
 
     def _call(self, batch: list[PendingRequest]) -> BaseException | None:
         """One predict call: answers the requests of ``batch``, or returns the error."""
