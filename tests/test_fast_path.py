@@ -238,6 +238,16 @@ def exchange(
     )  # fmt: skip
 
 
+def both(
+    app: Flask, sent: Sent, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> tuple[Exchange, Exchange]:
+    """``sent`` to the app's WSGI callable (the fast path), then to the Flask app behind it."""
+    wsgi = app.wsgi_app
+    assert isinstance(wsgi, FastPredict)
+    ours = exchange(app, wsgi, sent, monkeypatch, caplog)
+    return ours, exchange(app, wsgi.flask_app, sent, monkeypatch, caplog)
+
+
 def _request_counts(app: Flask) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """The request metrics' counts: requests by method, route and status, durations by
     method and route."""
@@ -281,11 +291,7 @@ def test_fast_path_answers_as_flask_does(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    wsgi = app.wsgi_app
-    assert isinstance(wsgi, FastPredict)
-
-    ours = exchange(app, wsgi, sent, monkeypatch, caplog)
-    flasks = exchange(app, wsgi.flask_app, sent, monkeypatch, caplog)
+    ours, flasks = both(app, sent, monkeypatch, caplog)
 
     assert ours.flask_ran is not fast and flasks.flask_ran
     assert masked(ours, sent) == masked(flasks, sent)
@@ -310,13 +316,10 @@ def test_fast_path_checks_api_keys_as_flask_does(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    wsgi = keyed_app.wsgi_app
-    assert isinstance(wsgi, FastPredict)
     row = TIER if path.endswith("tier") else CANCER
     sent = Sent(path, json={"instances": [row]}, headers=headers)
 
-    ours = exchange(keyed_app, wsgi, sent, monkeypatch, caplog)
-    flasks = exchange(keyed_app, wsgi.flask_app, sent, monkeypatch, caplog)
+    ours, flasks = both(keyed_app, sent, monkeypatch, caplog)
 
     assert not ours.flask_ran
     assert masked(ours, sent) == masked(flasks, sent)
