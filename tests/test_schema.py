@@ -9,10 +9,14 @@ from typing import Any
 import joblib
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
+from serving.app import create_app
 from serving.errors import ModelLoadError
 from serving.model.loaders import load_model
 from serving.model.schema import Feature
+from serving.observe.metrics import ServingMetrics
+from serving.settings import Settings
 from tests.tabular import hgb_with_missing, write_churn
 
 
@@ -79,6 +83,94 @@ def test_schema_missing_values_follow_the_estimator_tags(tmp_path: Path) -> None
         False,
         False,
     ]  # NaN reaches LogisticRegression
+
+
+@pytest.mark.parametrize("output", ["default", "pandas"])
+def test_a_passthrough_column_may_be_missing_when_the_model_takes_nan(
+    tmp_path: Path, output: str, settings: Settings
+) -> None:
+    """A ColumnTransformer's ``"passthrough"`` is an identity ``FunctionTransformer`` once
+    fitted (scikit-learn 1.9), whose tag refuses NaN: the columns it hands to a model that
+    takes NaN may be missing, as in-process (trial: 20 % of a churn frame was refused)."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import OrdinalEncoder
+
+    model, frame = hgb_with_missing()
+    frame = frame.assign(plan=np.where(np.arange(len(frame)) % 3, "basic", "pro"))
+    columns = ColumnTransformer([
+        ("plan", OrdinalEncoder(), ["plan"]),
+        ("numbers", "passthrough", [c for c in frame.columns if c != "plan"]),
+    ])  # fmt: skip
+    if output == "pandas":
+        columns.set_output(transform="pandas")
+    pipeline = Pipeline([("columns", columns), ("model", HistGradientBoostingClassifier())])
+    pipeline.fit(frame, model.predict(frame.drop(columns="plan")))
+    joblib.dump(pipeline, tmp_path / "passthrough.joblib")
+    row = frame.iloc[:1].copy()
+    row.iloc[0, 0] = np.nan
+    expected = pipeline.predict_proba(row)  # in-process it takes the NaN
+
+    handle = load_model(tmp_path / "passthrough.joblib")
+
+    assert {f.name: f.missing for f in handle.features or ()} == {
+        name: name != "plan" for name in frame.columns
+    }
+    app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
+    instance = {**row.iloc[0].to_dict(), row.columns[0]: None}
+    try:
+        response = app.test_client().post("/predict", json={"instances": [instance]})
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+    assert response.status_code == 200, response.get_json()
+    assert response.get_json()["probabilities"] == expected.tolist()
+
+
+def test_gradient_boosting_on_pandas_categories_is_served_as_in_process(
+    tmp_path: Path, settings: Settings
+) -> None:
+    """``HistGradientBoostingClassifier(categorical_features="from_dtype")`` on ``category``
+    columns encodes them itself: string and integer categories, known values or not,
+    missing or not, answer as the model does on its own frame (trial: the server read
+    eight float features and the warm-up failed)."""
+    import pandas as pd
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    rng = np.random.default_rng(11)
+    frame = pd.DataFrame({
+        "plan": pd.Categorical(rng.choice(["basic", "pro", "team"], 300)),
+        "tier": pd.Categorical(rng.choice([1, 2, 3], 300)),
+        "usage": rng.gamma(2.0, 10.0, 300),
+    })  # fmt: skip
+    frame.loc[rng.random(300) < 0.1, "usage"] = np.nan
+    target = ((frame["plan"] == "pro") | (frame["usage"] > 25)).astype(int)
+    model = HistGradientBoostingClassifier(categorical_features="from_dtype", max_iter=20)
+    joblib.dump(model.fit(frame, target), tmp_path / "native.joblib")
+    records = [
+        {"plan": "pro", "tier": 2, "usage": 3.5},
+        {"plan": "enterprise", "tier": 9, "usage": None},
+        {"plan": None, "tier": None, "usage": 40.0},
+    ]
+    # in-process, a category the frame's dtype lacks is NaN (pandas makes it so)
+    rows = pd.DataFrame(records).astype({"usage": float})
+    for name in ("plan", "tier"):
+        known = rows[name].where(rows[name].isin(frame[name].cat.categories))
+        rows[name] = pd.Categorical(known, dtype=frame[name].dtype)
+
+    handle = load_model(tmp_path / "native.joblib")
+    app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
+    try:
+        response = app.test_client().post("/predict", json={"instances": records})
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    assert [(f.name, f.kind, f.missing) for f in handle.features or ()] == [
+        ("plan", "string", True), ("tier", "integer", True), ("usage", "float", True)
+    ]  # fmt: skip
+    assert response.status_code == 200, response.get_json()
+    assert response.get_json()["probabilities"] == model.predict_proba(rows).tolist()
+    assert response.get_json()["predictions"] == model.predict(rows).tolist()
 
 
 MLMODEL = """\

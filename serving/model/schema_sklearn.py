@@ -5,10 +5,13 @@
   ``Pipeline``) says which columns feed a ``OneHotEncoder``/``OrdinalEncoder``; their
   ``categories_`` give the kind (string or integer categories) and, when the encoder's
   ``handle_unknown`` is ``"error"``, the values it accepts. Dropped columns take any
-  value. Every other column is a float.
+  value. A ``HistGradientBoosting*`` fitted on pandas ``category`` columns
+  (``categorical_features="from_dtype"``) keeps its own such transformer. Every other
+  column is a float.
 - Missing values: a column may be missing when the steps it passes through accept NaN
   (scikit-learn's ``allow_nan`` estimator tag) until one of them fills it in (an imputer,
   or an encoder that saw missing values or ignores unknown ones), walking the pipeline.
+  A ``"passthrough"`` (fitted: an identity ``FunctionTransformer``) lets it pass.
 
 Boundary: standard library and numpy; scikit-learn is only looked at through the objects.
 """
@@ -66,9 +69,22 @@ def _walk(steps: Sequence[Any], column: int | None) -> Nan:
             return _encoder_nan(step, column)
         if name == "ColumnTransformer":
             return "pass"  # decided per column by the caller
+        if _identity(step):
+            continue
         if not _allows_nan(step):
             return "refuses"
     return "pass"
+
+
+def _identity(step: Any) -> bool:
+    """Whether ``step`` hands its input on as it is: a ``FunctionTransformer`` without a
+    function or validation, which a ``ColumnTransformer``'s ``"passthrough"`` becomes once
+    fitted (its ``allow_nan`` tag is False all the same)."""
+    return (
+        type(step).__name__ == "FunctionTransformer"
+        and getattr(step, "func", 0) is None
+        and not getattr(step, "validate", True)
+    )
 
 
 def _encoder(transformer: Any) -> Any:
@@ -100,6 +116,9 @@ def estimator_features(model: Any) -> tuple[Feature, ...] | None:
     if names is None:
         return None
     names = [str(name) for name in names]
+    native = _native_categories(model, names)
+    if native is not None:
+        return native
     steps = _steps(model)
     index = next(
         (i for i, step in enumerate(steps) if type(step).__name__ == "ColumnTransformer"), None
@@ -118,6 +137,28 @@ def estimator_features(model: Any) -> tuple[Feature, ...] | None:
                 name, entry, encoder, position, before=before, rest=rest
             )
     return tuple(by_name.get(name, _guessed(name, rest != "refuses")) for name in names)
+
+
+def _native_categories(model: Any, names: list[str]) -> tuple[Feature, ...] | None:
+    """The features of a gradient boosting model that encodes its own categories
+    (``HistGradientBoosting*(categorical_features="from_dtype")`` fitted on pandas
+    ``category`` columns): its fitted ``_preprocessor`` is a ``ColumnTransformer`` whose
+    ``OrdinalEncoder`` holds them, unknown values and NaN going to the model as missing.
+    Every other column is a float that may be missing (the model takes NaN). None for any
+    other model."""
+    preprocessor: Any = getattr(model, "_preprocessor", None)
+    if type(preprocessor).__name__ != "ColumnTransformer":
+        return None
+    if not hasattr(preprocessor, "transformers_") or not _allows_nan(model):
+        return None
+    by_name: dict[str, Feature] = {}
+    for _, entry, columns in preprocessor.transformers_:
+        if type(entry).__name__ == "OrdinalEncoder" and hasattr(entry, "categories_"):
+            for position, name in enumerate(_column_names(columns, names)):
+                by_name[name] = _column_feature(
+                    name, entry, entry, position, before=[], rest="pass"
+                )
+    return tuple(by_name.get(name, _guessed(name, True)) for name in names)
 
 
 def estimator_missing(model: Any) -> bool:
