@@ -162,6 +162,12 @@ def test_mlflow_missing_or_unknown_column_is_422_naming_it(
         ({"dataframe_split": {"data": [[1, 2, "x"]]}}, "dataframe_split.data[0][2]"),
         ({"instances": [[1, 2]]}, "instances[0] has 2 features"),
         ({"dataframe_records": [{"a": 1, "b": 2, "c": 3}], "extra": 1}, "extra"),
+        (  # a DataFrame's to_json(orient="split"), unwrapped (trial)
+            {"columns": ["a", "b", "c"], "index": [0], "data": [[1, 2, 3]]},
+            "columns: Extra inputs are not permitted (the body's fields: 'dataframe_split', "
+            "'dataframe_records', 'instances', 'inputs', 'params'; a DataFrame's "
+            "to_json(orient='split') goes under 'dataframe_split')",
+        ),
     ],
 )
 def test_mlflow_invocations_refuse_bad_json_in_mlflows_error_shape(

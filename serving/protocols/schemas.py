@@ -222,6 +222,15 @@ def _unknown_fields(model: type[BaseModel], body: bytes) -> str:
     return f"; given but unknown: {named}{more}" + (f" ({hint})" if hint else "")
 
 
+def _fields_taken(model: type[BaseModel], unknown: Any) -> str:
+    """`` (the body's fields: 'a', 'b')`` for a body holding the field ``unknown``, and
+    where a pandas DataFrame's ``to_json(orient="split")`` goes when it looks like one."""
+    fields = ", ".join(repr(name) for name in model.model_fields)
+    split = unknown in ("columns", "index", "data") and "dataframe_split" in model.model_fields
+    hint = "; a DataFrame's to_json(orient='split') goes under 'dataframe_split'" if split else ""
+    return f" (the body's fields: {fields}{hint})"
+
+
 def _message(error: Any) -> str:
     """pydantic's message, in the service's words where they are unclear."""
     ctx = error.get("ctx") or {}
@@ -251,6 +260,9 @@ def parse_body(model: type[M], body: bytes) -> M:
         ]
         first = details[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        if errors[0]["type"] == "missing" and len(errors[0]["loc"]) == 1:  # a field of the body
-            more += _unknown_fields(model, body)  # error path only: parsed once more
+        if len(errors[0]["loc"]) == 1:  # a field of the body
+            if errors[0]["type"] == "missing":
+                more += _unknown_fields(model, body)  # error path only: parsed once more
+            elif errors[0]["type"] == "extra_forbidden":
+                more += _fields_taken(model, errors[0]["loc"][0])
         raise InvalidInput(f"{first['loc']}: {first['msg']}{more}", details) from None
