@@ -149,13 +149,20 @@ def read_body(max_body_bytes: int) -> bytes:
     tensors); the JSON routes call ``read_json_body``.
 
     :raises PayloadTooLarge: (413) over the limit, declared or while reading.
-    :raises UnreadableBody: (400) when the server cannot read it (bad chunk encoding, the
-        client went away mid-body).
+    :raises UnreadableBody: (400) for a compressed body (a Content-Encoding other than
+        ``identity``: none is decoded, and a compressed body read as it is would be refused
+        for the wrong reason, or a plain one mislabelled answered), or when the server
+        cannot read it (bad chunk encoding, the client went away mid-body).
     :raises RequestTimeout: (408) when the body did not arrive in time: under Gunicorn a
         read waits at most ``SERVING_REQUEST_TIMEOUT_MS`` after the headers
         (``serving.server.slow_clients.limit_body_phase``).
     """
     environ = request.environ
+    encoding = environ.get("HTTP_CONTENT_ENCODING", "")
+    if encoding and encoding.strip().lower() != "identity":
+        raise UnreadableBody(
+            f"Content-Encoding {encoding[:32]!r} is not supported: send the body uncompressed"
+        )
     declared = environ.get("CONTENT_LENGTH", "")  # werkzeug's content_length costs ~10 us
     length = int(declared) if declared.isdigit() else None
     if length is not None and length > max_body_bytes:
