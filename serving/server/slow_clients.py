@@ -13,7 +13,8 @@ its first byte) and ``handle_request`` (headers parsed): a reaper thread shuts d
 socket of a connection still in between after ``header_timeout_s`` seconds, so the blocked
 read returns end-of-file and the thread is free (Gunicorn logs it at debug level as a
 premature disconnection). The time counts from the accept, so connections queued for a
-thread behind slow ones expire too.
+thread behind slow ones expire too, unless their headers have all arrived (peeked): a
+whole request that waited for a thread is answered, not closed.
 
 ``limit_body_phase`` wraps ``handle_request``: while the application runs, every read of
 the request body from the socket waits at most until ``body_timeout_s`` seconds after the
@@ -68,9 +69,13 @@ def limit_header_phase(worker: Any, header_timeout_s: float, interval_s: float =
     def timed_handle(conn: Any) -> Any:
         started = conn.__dict__.pop("serving_accepted_at", None) or time.monotonic()
         deadline = started + header_timeout_s
-        if deadline < time.monotonic():  # waited for a thread past its time: close now
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
+        now = time.monotonic()
+        if deadline < now:  # waited for a thread past its time
+            if _headers_arrived(conn.sock):  # the client was on time, the server was not
+                deadline = now + header_timeout_s
+            else:  # close now
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_RDWR)
         with lock:
             reading[conn] = deadline
         try:
@@ -98,6 +103,17 @@ def limit_header_phase(worker: Any, header_timeout_s: float, interval_s: float =
 
     worker.handle, worker.handle_request = timed_handle, headers_done
     threading.Thread(target=reap, name="serving-header-timeout", daemon=True).start()
+
+
+def _headers_arrived(sock: socket.socket, most_bytes: int = 65536) -> bool:
+    """Whether a connection's request line and headers are all in its receive buffer
+    (peeked, not read; within its first ``most_bytes`` bytes): such a request queued for a
+    thread past the header timeout is served, as the client sent it in time."""
+    try:
+        waiting = sock.recv(most_bytes, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (OSError, ValueError):  # nothing yet, reset, or a TLS socket (no peeking)
+        return False
+    return b"\r\n\r\n" in waiting
 
 
 class _BodyDeadline:
