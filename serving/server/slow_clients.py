@@ -151,7 +151,10 @@ def limit_body_phase(worker: Any, body_timeout_s: float, send_timeout_s: float) 
     found by the attack on this branch); its connection is closed, one log line. Does
     nothing to a connection whose parser does not read through ``parser.unreader.sock``
     (Gunicorn's HTTP/1 parser does)."""
+    from gunicorn.http import parser  # type: ignore[import-untyped]
+
     handle_request = worker.handle_request
+    drain_bytes: int = getattr(parser, "_DRAIN_MAX_BYTES", 64 * 1024)
 
     def with_body_deadline(req: Any, conn: Any) -> Any:
         unreader: Any = getattr(getattr(conn, "parser", None), "unreader", None)
@@ -160,6 +163,7 @@ def limit_body_phase(worker: Any, body_timeout_s: float, send_timeout_s: float) 
             return handle_request(req, conn)
         deadline = time.monotonic() + body_timeout_s
         unreader.sock = _BodyDeadline(sock, deadline)
+        _close_when_left_undrained(req, drain_bytes)
         previous = sock.gettimeout()
         sock.settimeout(send_timeout_s)
         try:
@@ -182,6 +186,26 @@ def limit_body_phase(worker: Any, body_timeout_s: float, send_timeout_s: float) 
             sock.settimeout(previous)
 
     worker.handle_request = with_body_deadline
+
+
+def _close_when_left_undrained(req: Any, drain_bytes: int) -> None:
+    """Make ``req`` (a Gunicorn request whose body has a Content-Length) say it closes its
+    connection when, as its response starts, ``drain_bytes`` or more of its body are
+    unread: Gunicorn drains at most that much before the next request (``finish_body``)
+    and then closes the connection, so the response must say ``Connection: close`` (RFC
+    9112 section 9.6), or the client sends its next request on a connection about to
+    close and loses it. A chunked body's unread length is unknown: unchanged."""
+    reader: Any = getattr(getattr(req, "body", None), "reader", None)
+    if not isinstance(getattr(reader, "length", None), int) or not callable(
+        getattr(req, "should_close", None)
+    ):
+        return
+    should_close = req.should_close
+
+    def or_left_undrained() -> bool:
+        return bool(should_close()) or reader.length >= drain_bytes
+
+    req.should_close = or_left_undrained
 
 
 class _Lingerer:
