@@ -194,16 +194,27 @@ def _close_when_left_undrained(req: Any, drain_bytes: int) -> None:
     unread: Gunicorn drains at most that much before the next request (``finish_body``)
     and then closes the connection, so the response must say ``Connection: close`` (RFC
     9112 section 9.6), or the client sends its next request on a connection about to
-    close and loses it. A chunked body's unread length is unknown: unchanged."""
+    close and loses it. A chunked body's unread length is unknown: one not read to its
+    end closes the connection."""
     reader: Any = getattr(getattr(req, "body", None), "reader", None)
-    if not isinstance(getattr(reader, "length", None), int) or not callable(
-        getattr(req, "should_close", None)
-    ):
+    should_close = getattr(req, "should_close", None)
+    if isinstance(getattr(reader, "length", None), int):  # Content-Length
+
+        def left_undrained() -> bool:
+            return bool(reader.length >= drain_bytes)
+
+    elif hasattr(reader, "parser"):  # chunked: its parser is None once at the end
+
+        def left_undrained() -> bool:
+            return reader.parser is not None
+
+    else:
         return
-    should_close = req.should_close
+    if not callable(should_close):
+        return
 
     def or_left_undrained() -> bool:
-        return bool(should_close()) or reader.length >= drain_bytes
+        return bool(should_close()) or left_undrained()
 
     req.should_close = or_left_undrained
 

@@ -252,7 +252,8 @@ def test_a_body_answered_unread_says_connection_close_when_it_is_not_drained(
     is drained before the next request on the connection, but at most 64 KiB: past that
     Gunicorn closes the connection. The answer said ``Connection: keep-alive``, so the
     client sent its next request on it and lost it (``RemoteDisconnected``: 3 of 4 after
-    a 3 MB body against the default 2 MiB limit)."""
+    a 3 MB body against the default 2 MiB limit); a chunked body not read to its end
+    (413 past the limit) is of unknown length, so it closes the connection too."""
     server = gunicorn(
         model_path=pickled(FailsOnNegative(n_features=3), "m.pkl"), max_body_bytes=1024
     )
@@ -265,6 +266,8 @@ def test_a_body_answered_unread_says_connection_close_when_it_is_not_drained(
         ("/predict", {"Content-Type": "text/plain"}, small + small, 415, True),
         ("/predict/nope", json_type, big, 404, False),
         ("/predict", {"Content-Type": "text/plain"}, big, 415, False),
+        ("/predict", json_type, (part for part in [big[:1000]] * 200), 413, False),  # chunked
+        ("/predict", json_type, (part for part in [big[:26]]), 200, True),  # chunked, read
     ]:
         with requests.Session() as session:
             refused = session.post(f"{server.url}{path}", data=body, headers=headers, timeout=30)
