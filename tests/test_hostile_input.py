@@ -437,3 +437,28 @@ def test_every_route_refuses_a_compressed_body_naming_its_content_encoding(
     message = message["message"] if isinstance(message, dict) else message
     assert f"Content-Encoding {encoding!r} is not supported" in message, message
     assert "unreadable_body" in labelled.get_data(as_text=True)
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/predict/nope", 404),
+        ("/v1/models/nope:predict", 404),
+        ("/v1/models/m/versions/9:predict", 409),
+        ("/v2/models/nope/infer", 404),
+    ],
+)
+def test_too_many_instances_for_a_model_not_served_here_is_404_or_409(
+    hostile: FlaskClient, path: str, status: int
+) -> None:
+    # The README: an unknown model is a 404 whatever the body; 17 instances (over the
+    # limit of 16) were a 413 first on /predict/<name> and TF Serving.
+    rows = [{"plan": "a", "n": 1, "x": 0.5}] * 17
+    body = (
+        {"inputs": [{"name": "x", "datatype": "FP64", "shape": [17], "data": [0.5] * 17}]}
+        if path.startswith("/v2")
+        else {"instances": rows}
+    )
+    response = hostile.post(path, json=body)
+
+    assert response.status_code == status, response.get_data()[:300]
