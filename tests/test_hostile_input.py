@@ -462,3 +462,21 @@ def test_too_many_instances_for_a_model_not_served_here_is_404_or_409(
     response = hostile.post(path, json=body)
 
     assert response.status_code == status, response.get_data()[:300]
+
+
+@pytest.mark.parametrize(("path", "content_type", "body"), GOOD_BODIES[:4])
+@pytest.mark.parametrize("charset", ["utf-16", "UTF-32LE", '"latin-1"'])
+def test_a_json_body_in_another_charset_is_415_naming_utf8(
+    hostile: FlaskClient, path: str, content_type: str, body: bytes, charset: str
+) -> None:
+    # JSON is UTF-8 (RFC 8259, section 8.1): a UTF-16 body was read as UTF-8 and refused
+    # as "not valid JSON: expected value at line 1 column 1".
+    encoding = charset.strip('"')
+    declared = f"{content_type}; charset={charset}"
+    other = hostile.post(path, data=body.decode().encode(encoding), content_type=declared)
+    utf8 = hostile.post(path, data=body, content_type=f"{content_type}; Charset=UTF-8")
+    parameter = hostile.post(path, data=body, content_type=f"{content_type}; foo")
+
+    assert other.status_code == 415, other.get_data()[:300]
+    assert "UTF-8" in other.get_data(as_text=True)
+    assert (utf8.status_code, parameter.status_code) == (200, 200)

@@ -125,7 +125,8 @@ def dataplane() -> DataPlane:
 def read_json_body(max_body_bytes: int) -> bytes:
     """The raw request body, checked to be ``application/json`` and at most ``max_body_bytes``.
 
-    :raises UnsupportedMediaType: (415) for another or no Content-Type.
+    :raises UnsupportedMediaType: (415) for another or no Content-Type, or a charset other
+        than UTF-8 (JSON is UTF-8: RFC 8259, section 8.1).
     :raises PayloadTooLarge: (413) over the limit, declared or while reading.
     :raises UnreadableBody: (400) as ``read_body``.
     :raises RequestTimeout: (408) as ``read_body``.
@@ -133,12 +134,25 @@ def read_json_body(max_body_bytes: int) -> bytes:
     # request.mimetype, without building the request's headers (~4 us): the media type is
     # what comes before any parameter, trimmed and lowercased (RFC 9110, 8.3.1).
     # JSON as werkzeug's is_json has it: application/json or application/<any>+json.
-    mimetype = request.environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
+    mimetype, _, parameters = request.environ.get("CONTENT_TYPE", "").partition(";")
+    mimetype = mimetype.strip().lower()
     if mimetype != "application/json" and not (
         mimetype.startswith("application/") and mimetype.endswith("+json")
     ):
         raise UnsupportedMediaType(request.content_type)
+    if parameters and _charset(parameters) not in (None, "utf-8", "utf8", "us-ascii"):
+        raise UnsupportedMediaType(request.content_type, "application/json in UTF-8")
     return read_body(max_body_bytes)
+
+
+def _charset(parameters: str) -> str | None:
+    """The ``charset`` of a Content-Type's parameters (``a=1; charset="UTF-16"``),
+    unquoted and lowercased; None without one."""
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return None
 
 
 def read_body(max_body_bytes: int) -> bytes:
