@@ -157,9 +157,9 @@ class DataPlane:
         :param outputs: output names the caller asked for; each must be one of the model's.
         :param rules: how the request's columns are taken (``serving.rules``; default:
             ``SERVING_EXTRA_COLUMNS``); each name ignored is logged once per model.
-        :raises PayloadTooLarge: (413) above ``SERVING_MAX_INSTANCES_PER_REQUEST``.
         :raises ModelNotFound: (404) no model called ``model_name``.
         :raises VersionConflict: (409) the model is served here, but not at ``version``.
+        :raises PayloadTooLarge: (413) above ``SERVING_MAX_INSTANCES_PER_REQUEST``.
         :raises NotReady: (503) the model is not loaded yet or is stopping.
         :raises InvalidInput: (422) an unknown output name, or instances that do not fit
             the model's inputs (``conform``), naming the instance and feature.
@@ -168,13 +168,13 @@ class DataPlane:
         :raises InferenceTimeout: (504) no answer by the deadline.
         :raises InferenceError: (500) the model failed on these instances.
         """
+        runtime = self.get_models().resolve(model_name, version)  # 404 whatever the body
         limit = self.settings.max_instances_per_request
         count = _count(instances)
         if count > limit:
             raise PayloadTooLarge(
                 "request", count, limit, "SERVING_MAX_INSTANCES_PER_REQUEST", "instances"
             )
-        runtime = self.get_models().resolve(model_name, version)
         handle, batcher = runtime.require_ready()
         timing = call.timing
         timing.model, timing.version = handle.name, handle.version

@@ -124,9 +124,11 @@ def test_dataplane_infer_refuses_a_model_not_served(
         plane.infer(soon(plane), name, version, Frame([[1.0, 2, 3]]))
 
 
-def test_dataplane_infer_counts_instances_before_anything_else(plane: DataPlane) -> None:
+def test_dataplane_infer_counts_instances_once_the_model_is_found(plane: DataPlane) -> None:
     too_many = Frame([[1.0, 2, 3]] * 17)  # settings: max_instances_per_request=16
     with pytest.raises(PayloadTooLarge, match="SERVING_MAX_INSTANCES_PER_REQUEST"):
+        plane.infer(soon(plane), None, None, too_many)
+    with pytest.raises(ModelNotFound):  # an unknown model is a 404 whatever the body
         plane.infer(soon(plane), "nope", None, too_many)
     tensors = Tensors([("input-0", np.zeros((1, 3))), ("b", np.zeros((17, 1)))])
     with pytest.raises(PayloadTooLarge):  # the largest input counts, as V2 declared it

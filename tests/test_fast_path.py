@@ -121,6 +121,12 @@ CORPUS: list[tuple[str, Sent, bool]] = [
     ("text-plain", Sent(json={"instances": [ROW]}, content_type="text/plain"), True),
     ("charset", Sent(json={"instances": [ROW]}, content_type=f"{JSON}; charset=utf-8"), True),
     ("plus-json", Sent(json={"instances": [ROW]}, content_type="application/vnd.x+json"), True),
+    ("gzip", Sent(json={"instances": [ROW]}, headers={"Content-Encoding": "gzip"}), True),
+    (
+        "utf-16",
+        Sent(body='{"instances": [[1]]}'.encode("utf-16"), content_type=f"{JSON}; charset=utf-16"),
+        True,
+    ),
     ("upper-case", Sent(json={"instances": [ROW]}, content_type="APPLICATION/JSON"), True),
     ("named", Sent("/predict/tier", json={"instances": [TIER]}), True),
     (

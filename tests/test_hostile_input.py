@@ -398,3 +398,85 @@ def test_invocations_csv_of_too_many_rows_is_413_before_reading_them_all(
     assert "SERVING_MAX_INSTANCES_PER_REQUEST" in answer.get_json()["message"]
     assert peak < 6 * len(body)  # the body, its text and a reader of it (was 70 MB: 35x)
     assert hostile.post("/invocations", data=few, content_type="text/csv").status_code == 200
+
+
+ROW = b'[{"plan": "a", "n": 1, "x": 0.5}]'
+GOOD_BODIES = [
+    ("/predict", "application/json", b'{"instances": %s}' % ROW),
+    ("/predict/m", "application/json", b'{"instances": %s}' % ROW),
+    ("/v1/models/m:predict", "application/json", b'{"instances": %s}' % ROW),
+    ("/invocations", "application/json", b'{"dataframe_records": %s}' % ROW),
+    ("/invocations", "text/csv", b"plan,n,x\na,1,0.5\n"),
+    (
+        "/v2/models/m/infer",
+        "application/json",
+        b'{"inputs": [{"name": "plan", "datatype": "BYTES", "shape": [1], "data": ["a"]},'
+        b' {"name": "n", "datatype": "INT64", "shape": [1], "data": [1]},'
+        b' {"name": "x", "datatype": "FP64", "shape": [1], "data": [0.5]}]}',
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "content_type", "body"), GOOD_BODIES)
+@pytest.mark.parametrize("encoding", ["gzip", "br", "deflate, gzip"])
+def test_every_route_refuses_a_compressed_body_naming_its_content_encoding(
+    hostile: FlaskClient, path: str, content_type: str, body: bytes, encoding: str
+) -> None:
+    plain = hostile.post(path, data=body, content_type=content_type)
+    # A body said to be compressed is not read as if it were not: a gzipped JSON body got
+    # "not valid JSON: expected value at line 1 column 1", a plain one labelled gzip was
+    # answered, on every route but V2's.
+    labelled = hostile.post(
+        path, data=body, content_type=content_type, headers={"Content-Encoding": encoding}
+    )
+
+    assert plain.status_code == 200, plain.get_data()[:300]
+    assert labelled.status_code == 400, labelled.get_data()[:300]
+    answer = labelled.get_json()
+    message = answer.get("message") or answer["error"]
+    message = message["message"] if isinstance(message, dict) else message
+    assert f"Content-Encoding {encoding!r} is not supported" in message, message
+    assert "unreadable_body" in labelled.get_data(as_text=True)
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/predict/nope", 404),
+        ("/v1/models/nope:predict", 404),
+        ("/v1/models/m/versions/9:predict", 409),
+        ("/v2/models/nope/infer", 404),
+    ],
+)
+def test_too_many_instances_for_a_model_not_served_here_is_404_or_409(
+    hostile: FlaskClient, path: str, status: int
+) -> None:
+    # The README: an unknown model is a 404 whatever the body; 17 instances (over the
+    # limit of 16) were a 413 first on /predict/<name> and TF Serving.
+    rows = [{"plan": "a", "n": 1, "x": 0.5}] * 17
+    body = (
+        {"inputs": [{"name": "x", "datatype": "FP64", "shape": [17], "data": [0.5] * 17}]}
+        if path.startswith("/v2")
+        else {"instances": rows}
+    )
+    response = hostile.post(path, json=body)
+
+    assert response.status_code == status, response.get_data()[:300]
+
+
+@pytest.mark.parametrize(("path", "content_type", "body"), GOOD_BODIES[:4])
+@pytest.mark.parametrize("charset", ["utf-16", "UTF-32LE", '"latin-1"'])
+def test_a_json_body_in_another_charset_is_415_naming_utf8(
+    hostile: FlaskClient, path: str, content_type: str, body: bytes, charset: str
+) -> None:
+    # JSON is UTF-8 (RFC 8259, section 8.1): a UTF-16 body was read as UTF-8 and refused
+    # as "not valid JSON: expected value at line 1 column 1".
+    encoding = charset.strip('"')
+    declared = f"{content_type}; charset={charset}"
+    other = hostile.post(path, data=body.decode().encode(encoding), content_type=declared)
+    utf8 = hostile.post(path, data=body, content_type=f"{content_type}; Charset=UTF-8")
+    parameter = hostile.post(path, data=body, content_type=f"{content_type}; foo")
+
+    assert other.status_code == 415, other.get_data()[:300]
+    assert "UTF-8" in other.get_data(as_text=True)
+    assert (utf8.status_code, parameter.status_code) == (200, 200)

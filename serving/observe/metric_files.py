@@ -9,7 +9,10 @@ tmpfs, a full disk), that write cannot be backed and the kernel sends SIGBUS: th
 dies at once, with every request it was serving, and its replacement dies the same way.
 ``ReservedMmapedDict`` reserves the blocks with ``os.posix_fallocate`` first, so a full
 directory is an ``OSError`` from the metric write instead (the file and its mapping are
-left as they were), which the server logs and survives.
+left as they were), which the server logs and survives. A directory removed while the
+server runs (a cleaner of ``/tmp``, where the default one is) is made again, by
+``made_again``: a worker started after it writes its files there, and ``/metrics`` reads
+them.
 
 ``MultiProcessValue`` is prometheus-client's value class of the multiprocess mode
 (``prometheus_client.values.MultiProcessValue``: the same files, keys and fork rule)
@@ -24,6 +27,7 @@ Boundary: standard library, prometheus-client and ``serving.observe.process`` on
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import threading
@@ -33,6 +37,8 @@ from typing import Any
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
 from serving.observe import process
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MultiProcessValue", "ReservedMmapedDict", "inc_each", "inc_pair"]
 
@@ -65,7 +71,12 @@ class ReservedMmapedDict(MmapedDict):
 
     def __init__(self, filename: str, read_mode: bool = False) -> None:
         if not read_mode:  # the first page is written as soon as the file is mapped
-            fd = os.open(filename, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fd = os.open(filename, os.O_RDWR | os.O_CREAT, 0o666)
+            except FileNotFoundError:
+                if not made_again(os.path.dirname(filename)):
+                    raise
+                fd = os.open(filename, os.O_RDWR | os.O_CREAT, 0o666)
             try:
                 size = os.fstat(fd).st_size
                 try:
@@ -102,6 +113,26 @@ _values: list[MultiProcessValue] = []
 #: write then checks a flag, not the process id).
 _forked = [False]
 os.register_at_fork(after_in_child=lambda: _forked.__setitem__(0, True))
+
+
+def made_again(directory: str) -> bool:
+    """Make the metrics ``directory`` (mode 0700, as a new temporary one) when it no longer
+    exists, logging a warning; whether it did. The files of the processes that wrote there
+    are gone with it: their counts are missing from ``/metrics`` until they are replaced
+    (``SIGHUP`` replaces every worker)."""
+    if os.path.isdir(directory):
+        return False
+    try:
+        os.makedirs(directory, mode=0o700)
+    except FileExistsError:  # another process made it first
+        return False
+    log.warning(
+        "metrics directory %s was removed while the server ran: made again; the counts "
+        "of the workers started before are missing from /metrics until they are replaced "
+        "(SIGHUP replaces every worker)",
+        directory,
+    )
+    return True
 
 
 def _check_for_fork() -> None:

@@ -38,7 +38,7 @@ from serving.batching.batcher import FlushStats
 from serving.context import REQUEST_STAGES, Timing, stage_seconds
 from serving.model.handle import ModelHandle
 from serving.observe.complaint import Complaint
-from serving.observe.metric_files import MultiProcessValue, ReservedMmapedDict
+from serving.observe.metric_files import MultiProcessValue, ReservedMmapedDict, made_again
 from serving.observe.writes import (
     Write,
     WriteEach,
@@ -391,6 +391,7 @@ class ServingMetrics:
         """The metric families of all workers (multiprocess mode) or of ``registry``."""
         registry = self.registry
         if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+            made_again(os.environ["PROMETHEUS_MULTIPROC_DIR"])  # removed while serving
             registry = CollectorRegistry()
             MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return list(registry.collect())
@@ -406,6 +407,7 @@ class ServingMetrics:
     def render(self) -> bytes:
         """The text exposition of all workers (multiprocess mode) or of ``registry``."""
         if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+            made_again(os.environ["PROMETHEUS_MULTIPROC_DIR"])  # removed while serving
             for attempt in range(3):
                 registry = CollectorRegistry()
                 MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

@@ -172,7 +172,8 @@ def read_json_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
     """The raw body of the request of WSGI ``environ``, checked to be ``application/json``
     and at most ``SERVING_MAX_BODY_BYTES``.
 
-    :raises UnsupportedMediaType: (415) for another or no Content-Type.
+    :raises UnsupportedMediaType: (415) for another or no Content-Type, or a charset other
+        than UTF-8 (JSON is UTF-8: RFC 8259, section 8.1).
     :raises PayloadTooLarge: (413) over the limit, declared or while reading.
     :raises UnreadableBody: (400) as ``read_body``.
     :raises RequestTimeout: (408) as ``read_body``.
@@ -181,12 +182,25 @@ def read_json_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
     # what comes before any parameter, trimmed and lowercased (RFC 9110, 8.3.1).
     # JSON as werkzeug's is_json has it: application/json or application/<any>+json.
     content_type = environ.get("CONTENT_TYPE", "")
-    mimetype = content_type.partition(";")[0].strip().lower()
+    mimetype, _, parameters = content_type.partition(";")
+    mimetype = mimetype.strip().lower()
     if mimetype != "application/json" and not (
         mimetype.startswith("application/") and mimetype.endswith("+json")
     ):
         raise UnsupportedMediaType(content_type or None)
+    if parameters and _charset(parameters) not in (None, "utf-8", "utf8", "us-ascii"):
+        raise UnsupportedMediaType(content_type, "application/json in UTF-8")
     return read_body(environ, settings)
+
+
+def _charset(parameters: str) -> str | None:
+    """The ``charset`` of a Content-Type's parameters (``a=1; charset="UTF-16"``),
+    unquoted and lowercased; None without one."""
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return None
 
 
 def read_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
@@ -198,13 +212,20 @@ def read_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
     tensors); the JSON routes call ``read_json_body``.
 
     :raises PayloadTooLarge: (413) over the limit, declared or while reading.
-    :raises UnreadableBody: (400) when the server cannot read it (bad chunk encoding, the
-        client went away mid-body).
+    :raises UnreadableBody: (400) for a compressed body (a Content-Encoding other than
+        ``identity``: none is decoded, and a compressed body read as it is would be refused
+        for the wrong reason, or a plain one mislabelled answered), or when the server
+        cannot read it (bad chunk encoding, the client went away mid-body).
     :raises RequestTimeout: (408) when the body did not arrive in time: under Gunicorn a
         read waits at most ``SERVING_REQUEST_TIMEOUT_MS`` after the headers
         (``serving.server.slow_clients.limit_body_phase``).
     """
     max_body_bytes = settings.max_body_bytes
+    encoding = environ.get("HTTP_CONTENT_ENCODING", "")
+    if encoding and encoding.strip().lower() != "identity":
+        raise UnreadableBody(
+            f"Content-Encoding {encoding[:32]!r} is not supported: send the body uncompressed"
+        )
     declared = environ.get("CONTENT_LENGTH", "")  # werkzeug's content_length costs ~10 us
     length = int(declared) if declared.isdigit() else None
     if length is not None and length > max_body_bytes:

@@ -13,7 +13,8 @@ its first byte) and ``handle_request`` (headers parsed): a reaper thread shuts d
 socket of a connection still in between after ``header_timeout_s`` seconds, so the blocked
 read returns end-of-file and the thread is free (Gunicorn logs it at debug level as a
 premature disconnection). The time counts from the accept, so connections queued for a
-thread behind slow ones expire too.
+thread behind slow ones expire too, unless their headers have all arrived (peeked): a
+whole request that waited for a thread is answered, not closed.
 
 ``limit_body_phase`` wraps ``handle_request``: while the application runs, every read of
 the request body from the socket waits at most until ``body_timeout_s`` seconds after the
@@ -68,9 +69,13 @@ def limit_header_phase(worker: Any, header_timeout_s: float, interval_s: float =
     def timed_handle(conn: Any) -> Any:
         started = conn.__dict__.pop("serving_accepted_at", None) or time.monotonic()
         deadline = started + header_timeout_s
-        if deadline < time.monotonic():  # waited for a thread past its time: close now
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
+        now = time.monotonic()
+        if deadline < now:  # waited for a thread past its time
+            if _headers_arrived(conn.sock):  # the client was on time, the server was not
+                deadline = now + header_timeout_s
+            else:  # close now
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_RDWR)
         with lock:
             reading[conn] = deadline
         try:
@@ -98,6 +103,17 @@ def limit_header_phase(worker: Any, header_timeout_s: float, interval_s: float =
 
     worker.handle, worker.handle_request = timed_handle, headers_done
     threading.Thread(target=reap, name="serving-header-timeout", daemon=True).start()
+
+
+def _headers_arrived(sock: socket.socket, most_bytes: int = 65536) -> bool:
+    """Whether a connection's request line and headers are all in its receive buffer
+    (peeked, not read; within its first ``most_bytes`` bytes): such a request queued for a
+    thread past the header timeout is served, as the client sent it in time."""
+    try:
+        waiting = sock.recv(most_bytes, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (OSError, ValueError):  # nothing yet, reset, or a TLS socket (no peeking)
+        return False
+    return b"\r\n\r\n" in waiting
 
 
 class _BodyDeadline:
@@ -135,7 +151,10 @@ def limit_body_phase(worker: Any, body_timeout_s: float, send_timeout_s: float) 
     found by the attack on this branch); its connection is closed, one log line. Does
     nothing to a connection whose parser does not read through ``parser.unreader.sock``
     (Gunicorn's HTTP/1 parser does)."""
+    from gunicorn.http import parser  # type: ignore[import-untyped]
+
     handle_request = worker.handle_request
+    drain_bytes: int = getattr(parser, "_DRAIN_MAX_BYTES", 64 * 1024)
 
     def with_body_deadline(req: Any, conn: Any) -> Any:
         unreader: Any = getattr(getattr(conn, "parser", None), "unreader", None)
@@ -144,6 +163,7 @@ def limit_body_phase(worker: Any, body_timeout_s: float, send_timeout_s: float) 
             return handle_request(req, conn)
         deadline = time.monotonic() + body_timeout_s
         unreader.sock = _BodyDeadline(sock, deadline)
+        _close_when_left_undrained(req, drain_bytes)
         previous = sock.gettimeout()
         sock.settimeout(send_timeout_s)
         try:
@@ -166,6 +186,37 @@ def limit_body_phase(worker: Any, body_timeout_s: float, send_timeout_s: float) 
             sock.settimeout(previous)
 
     worker.handle_request = with_body_deadline
+
+
+def _close_when_left_undrained(req: Any, drain_bytes: int) -> None:
+    """Make ``req`` (a Gunicorn request whose body has a Content-Length) say it closes its
+    connection when, as its response starts, ``drain_bytes`` or more of its body are
+    unread: Gunicorn drains at most that much before the next request (``finish_body``)
+    and then closes the connection, so the response must say ``Connection: close`` (RFC
+    9112 section 9.6), or the client sends its next request on a connection about to
+    close and loses it. A chunked body's unread length is unknown: one not read to its
+    end closes the connection."""
+    reader: Any = getattr(getattr(req, "body", None), "reader", None)
+    should_close = getattr(req, "should_close", None)
+    if isinstance(getattr(reader, "length", None), int):  # Content-Length
+
+        def left_undrained() -> bool:
+            return bool(reader.length >= drain_bytes)
+
+    elif hasattr(reader, "parser"):  # chunked: its parser is None once at the end
+
+        def left_undrained() -> bool:
+            return reader.parser is not None
+
+    else:
+        return
+    if not callable(should_close):
+        return
+
+    def or_left_undrained() -> bool:
+        return bool(should_close()) or left_undrained()
+
+    req.should_close = or_left_undrained
 
 
 class _Lingerer:

@@ -243,3 +243,42 @@ def test_unknown_integer_category_is_422_on_every_protocol_and_the_model_starts(
     errors = "inference_errors_total{" in text and server.metric("inference_errors_total", text)
     assert not errors, "an unknown category reached the model"  # and was retried in halves
     assert "Traceback" not in server.output()
+
+
+def test_a_body_answered_unread_says_connection_close_when_it_is_not_drained(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """A body refused before it is read (413 for its declared length, 415, a wrong model)
+    is drained before the next request on the connection, but at most 64 KiB: past that
+    Gunicorn closes the connection. The answer said ``Connection: keep-alive``, so the
+    client sent its next request on it and lost it (``RemoteDisconnected``: 3 of 4 after
+    a 3 MB body against the default 2 MiB limit); a chunked body not read to its end
+    (413 past the limit) is of unknown length, so it closes the connection too."""
+    server = gunicorn(
+        model_path=pickled(FailsOnNegative(n_features=3), "m.pkl"), max_body_bytes=1024
+    )
+    server.wait_ready()
+    big = b'{"instances": [[1, 2, 3]]}' + b" " * 200_000
+    small = b'{"instances": [[1, 2, 3]]}' + b" " * 20_000
+    json_type = {"Content-Type": "application/json"}
+    for path, headers, body, status, kept in [
+        ("/predict", json_type, big, 413, False),
+        ("/predict", {"Content-Type": "text/plain"}, small + small, 415, True),
+        ("/predict/nope", json_type, big, 404, False),
+        ("/predict", {"Content-Type": "text/plain"}, big, 415, False),
+        ("/predict", json_type, (part for part in [big[:1000]] * 200), 413, False),  # chunked
+        ("/predict", json_type, (part for part in [big[:26]]), 200, True),  # chunked, read
+    ]:
+        with requests.Session() as session:
+            refused = session.post(f"{server.url}{path}", data=body, headers=headers, timeout=30)
+            following = [server.predict([[1, 2, 3]]).status_code]
+            following += [
+                session.post(
+                    f"{server.url}/predict", json={"instances": [[1, 2, 3]]}, timeout=30
+                ).status_code
+                for _ in range(3)
+            ]
+
+        assert refused.status_code == status, (path, refused.text)
+        assert refused.headers["Connection"] == ("keep-alive" if kept else "close"), path
+        assert following == [200] * 4, path

@@ -74,3 +74,40 @@ def test_the_default_metrics_directory_is_removed_when_the_master_exits(
     finally:
         server.kill()
     assert list(temporary.iterdir()) == []  # neither metrics nor the workers' board left
+
+
+def test_a_metrics_directory_removed_while_serving_is_made_again(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """The default metrics directory is a temporary one, which a /tmp cleaner may remove
+    from under a long-running server. Before, /metrics answered 500 from then on, and a
+    worker that died was never replaced: its successor failed to create its metric files
+    and retried for good (one worker fewer per crash or recycle)."""
+    import shutil
+    import signal
+
+    from tests.waiting import until
+
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, access_log=False)
+    server.wait_ready()
+    assert server.predict([[1.0]]).status_code == 200
+    shutil.rmtree(server.metrics_dir)
+
+    scrape = requests.get(f"{server.url}/metrics", timeout=10)
+    os.kill(server.worker_pids()[0], signal.SIGKILL)
+
+    def both_ready() -> bool:
+        health = requests.get(f"{server.url}/healthz", timeout=5).json()
+        return bool(health["workers"] == {"ready": 2, "total": 2})
+
+    until(both_ready, 30, interval_s=0.2, what=lambda: f"2 workers ready:\n{server.output()}")
+    assert scrape.status_code == 200, scrape.text
+    assert server.metrics_dir.is_dir()
+
+    def counted() -> bool:  # the replacement's requests are counted again (the old
+        assert server.predict([[1.0]]).status_code == 200  # worker's go to a removed file)
+        return server.answered() >= 1
+
+    until(counted, 30, interval_s=0.05, what=lambda: "a /predict counted")
+    assert "removed while the server ran" in server.output()

@@ -23,7 +23,7 @@ from flask import Blueprint, Response, request
 
 from serving import __version__
 from serving.context import Call
-from serving.errors import InvalidInput, ServingError, UnreadableBody
+from serving.errors import InvalidInput, ServingError
 from serving.model.handle import ModelHandle, TensorSpec
 from serving.openapi import Operation, errors
 from serving.protocols.base import (
@@ -239,13 +239,8 @@ def infer(call: Call, model_name: str, model_version: str | None) -> Response:
 def _read(settings: Settings) -> tuple[V2InferRequest, bytearray]:
     """The request's JSON header, validated, and its binary tensor data (empty without).
 
-    :raises UnreadableBody: (400) for a compressed body.
+    :raises UnreadableBody: (400) for a compressed body (``read_body``).
     """
-    encoding = request.content_encoding
-    if encoding not in (None, "", "identity"):
-        raise UnreadableBody(
-            f"Content-Encoding {encoding[:32]!r} is not supported: send the body uncompressed"
-        )
     header, binary = split_body(
         read_body(request.environ, settings), request.headers.get(HEADER_LENGTH)
     )
