@@ -197,12 +197,14 @@ class Settings(ModelSettings):
         ),
     )
     cpu_affinity: Literal["auto", "none"] = Field(
-        "auto",
+        "none",
         description=(
-            "`auto`: pin each worker to its own `SERVING_BLAS_THREADS` CPUs (cheaper GIL "
-            "hand-offs between its threads: 1.46x requests/s measured on 2 cores), "
-            "round-robin from a CPU chosen by the master's pid so two servers on one host"
-            " do not crowd the same CPU; `none`: no pinning"
+            "`none`: no pinning; `auto`: pin each worker to its own `SERVING_BLAS_THREADS` "
+            "CPUs (cheaper GIL hand-offs between its threads: lower latency at one "
+            "connection, but a worker pinned to a CPU that nginx or the clients also use "
+            "gets batches of 1.7-2.4 in some runs at 64 connections), round-robin from a "
+            "CPU chosen by the master's pid so two servers on one host do not crowd the "
+            "same CPU"
         ),
     )
     switch_interval_ms: float | None = Field(

@@ -19,10 +19,12 @@ def cpus_for_slot(slot: int, cpus: list[int], per_worker: int, start: int = 0) -
     ``start``-th (modulo): the master passes its pid, so two servers on one host do not
     both put their first worker on the first CPU.
 
-    Why pin: a worker's request threads and batcher thread hand the GIL back and forth
-    thousands of times a second; on one CPU a hand-off is a cheap switch, across CPUs each
-    wake-up crosses cores and the waker spins for the GIL. Measured here (2 cores, demo
-    model, 64 connections): pinned workers answer 1.46x the requests (bench/http_load.py).
+    Why pin (``SERVING_CPU_AFFINITY=auto``; off by default): a worker's request threads
+    and batcher thread hand the GIL back and forth thousands of times a second; on one CPU
+    a hand-off is a cheap switch, across CPUs each wake-up crosses cores. Pinned, the one
+    connection latency is lower; but a worker pinned to a CPU that nginx or the clients
+    also use cannot move off it, and at 64 connections its batches fell to 1.7-2.4 in
+    some runs (docs/architecture.md, "Pinning").
     """
     first = start + slot * per_worker
     return {cpus[(first + i) % len(cpus)] for i in range(min(per_worker, len(cpus)))}
