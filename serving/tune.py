@@ -307,8 +307,9 @@ def _over_budget(
         f"NO SETTING MEETS p99 <= {p99_ms:g} ms: even batch {points[0].batch_size} takes "
         f"{points[0].seconds_per_call * 1000:.2f} ms, and two calls "
         f"({2 * points[0].seconds_per_call * 1000:.2f} ms) exceed half the budget "
-        f"({budget_s * 1000:.1f} ms); expect p99 of about "
-        f"{2 * chosen.seconds_per_call * 1000:.0f} ms plus HTTP under load"
+        f"({budget_s * 1000:.1f} ms: the other half is kept for HTTP and the queue under "
+        f"load); the predict calls alone would then take about "
+        f"{2 * chosen.seconds_per_call * 1000:.0f} ms of a request's p99"
     )
     reasons.append(
         f"batch {chosen.batch_size} ({chosen.seconds_per_call * 1000:.2f} ms/call) gives the "
@@ -396,7 +397,9 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         help="package.module:ClassName of your own model class (as SERVING_MODEL_CLASS)",
     )  # fmt: skip
     parser.add_argument("--p99-ms", type=float, default=50.0, help="p99 latency budget in ms")
-    parser.add_argument("--clients", type=int, default=64, help="concurrent requests expected")
+    parser.add_argument(
+        "--clients", type=int, default=64, help="concurrent requests expected (default: 64)"
+    )
     parser.add_argument(
         "--plot", type=Path, default=Path("tune.png"), help="where to save the plot"
     )
@@ -433,9 +436,10 @@ def _print_sweep(points: list[SweepPoint]) -> None:
     print("(median of the calls after a warmup, sizes timed in interleaved rounds)")
 
 
-def _print_recommendation(rec: Recommendation, p99_ms: float) -> None:
+def _print_recommendation(rec: Recommendation, p99_ms: float, clients: int) -> None:
     verdict = "" if rec.meets_budget else " (cannot be met: see below)"
-    print(f"\nfor p99 <= {p99_ms} ms on {os.cpu_count()} cores{verdict}:")
+    load = f"{clients} concurrent clients (--clients)"
+    print(f"\nfor p99 <= {p99_ms} ms on {os.cpu_count()} cores, {load}{verdict}:")
     print(f"  SERVING_MAX_BATCH_SIZE={rec.max_batch_size}")
     print("  SERVING_BATCH_POLICY=adaptive")
     print(f"  SERVING_MAX_BATCH_LATENCY_MS={rec.max_batch_latency_ms}  (window policy only)")
@@ -463,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     points = sweep(handle, _sweep_rows(handle))
     _print_sweep(points)
     rec = recommend(points, args.p99_ms, os.cpu_count() or 1, args.clients)
-    _print_recommendation(rec, args.p99_ms)
+    _print_recommendation(rec, args.p99_ms, args.clients)
     try:
         plot(points, args.plot, f"{handle.name}: predict_batch sweep")
         print(f"plot saved to {args.plot}")
