@@ -155,6 +155,11 @@ CORPUS: list[tuple[str, Sent, bool]] = [
     ("head", Sent(method="HEAD", content_type=None), False),
     ("put", Sent(method="PUT", json={"instances": [ROW]}), False),
     ("other-route", Sent("/predictions", json={"instances": [ROW]}), False),
+    # A Host werkzeug's URL map will not bind to (a label empty or over 63 characters):
+    # Flask answers 400 before routing.
+    ("host-long-label", Sent(json={"instances": [ROW]}, headers={"Host": "a" * 64}), False),
+    ("host-empty-label", Sent(json={"instances": [ROW]}, headers={"Host": "a..b"}), False),
+    ("host-dot", Sent("/predict/tier", json={"instances": [TIER]}, headers={"Host": "."}), False),
 ]
 
 

@@ -120,21 +120,27 @@ class _BodyDeadline:
     """A connection's socket as Gunicorn's request parser reads it while the application
     reads the body: each ``recv`` waits at most until ``deadline`` (``time.monotonic()``).
 
-    :raises TimeoutError: from ``recv`` at or past the deadline.
+    :raises TimeoutError: from ``recv`` at or past the deadline (then ``expired`` is True:
+        the rest of the body will not be read, so the connection closes).
     """
 
     def __init__(self, sock: Any, deadline: float) -> None:
         self.sock, self.deadline = sock, deadline
+        self.expired = False
 
     def recv(self, size: int) -> bytes:
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
+            self.expired = True
             raise TimeoutError("request body: deadline passed")
         previous = self.sock.gettimeout()  # the send limit (limit_body_phase)
         self.sock.settimeout(remaining)
         try:
             data: bytes = self.sock.recv(size)
             return data
+        except TimeoutError:
+            self.expired = True
+            raise
         finally:
             self.sock.settimeout(previous)
 
@@ -162,8 +168,8 @@ def limit_body_phase(worker: Any, body_timeout_s: float, send_timeout_s: float) 
         if not hasattr(sock, "recv") or not hasattr(sock, "settimeout"):
             return handle_request(req, conn)
         deadline = time.monotonic() + body_timeout_s
-        unreader.sock = _BodyDeadline(sock, deadline)
-        _close_when_left_undrained(req, drain_bytes)
+        unreader.sock = body = _BodyDeadline(sock, deadline)
+        _close_when_left_undrained(req, drain_bytes, body)
         previous = sock.gettimeout()
         sock.settimeout(send_timeout_s)
         try:
@@ -188,14 +194,15 @@ def limit_body_phase(worker: Any, body_timeout_s: float, send_timeout_s: float) 
     worker.handle_request = with_body_deadline
 
 
-def _close_when_left_undrained(req: Any, drain_bytes: int) -> None:
+def _close_when_left_undrained(req: Any, drain_bytes: int, body: _BodyDeadline) -> None:
     """Make ``req`` (a Gunicorn request whose body has a Content-Length) say it closes its
     connection when, as its response starts, ``drain_bytes`` or more of its body are
     unread: Gunicorn drains at most that much before the next request (``finish_body``)
     and then closes the connection, so the response must say ``Connection: close`` (RFC
     9112 section 9.6), or the client sends its next request on a connection about to
     close and loses it. A chunked body's unread length is unknown: one not read to its
-    end closes the connection."""
+    end closes the connection. So does a body whose read passed its deadline (``body``
+    expired: the 408), whatever is left of it."""
     reader: Any = getattr(getattr(req, "body", None), "reader", None)
     should_close = getattr(req, "should_close", None)
     if isinstance(getattr(reader, "length", None), int):  # Content-Length
@@ -214,7 +221,7 @@ def _close_when_left_undrained(req: Any, drain_bytes: int) -> None:
         return
 
     def or_left_undrained() -> bool:
-        return bool(should_close()) or left_undrained()
+        return bool(should_close()) or body.expired or left_undrained()
 
     req.should_close = or_left_undrained
 

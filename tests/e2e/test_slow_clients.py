@@ -305,3 +305,25 @@ def test_a_whole_request_queued_behind_stuck_headers_is_answered_not_closed(
     assert answer.status_code == 200, answer.text
     assert answer.json()["predictions"] == [1.5]
     assert waited >= 1.5  # it did wait past the header timeout for a thread
+
+
+def test_a_408_for_a_body_that_stopped_arriving_says_it_closes_the_connection(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """A body that stops arriving is answered 408 and its connection closed (where its
+    next request would start is unknown). The answer said ``Connection: keep-alive``, so
+    a client sent its next request on it and lost it (RFC 9112 section 9.6)."""
+    server = gunicorn(model_path=pickled(RowOffset(offset=0.0), "m.pkl"), request_timeout_ms=1000)
+    server.wait_ready()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+        client.sendall(
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n" + b'{"ins'
+        )  # and never the other 95 bytes
+        data = b""
+        while chunk := client.recv(65536):  # to the end: the server closes the connection
+            data += chunk
+
+    head = data.partition(b"\r\n\r\n")[0].split(b"\r\n")
+    assert head[0] == b"HTTP/1.1 408 REQUEST TIMEOUT", data
+    assert b"Connection: close" in head, data

@@ -10,17 +10,21 @@ headers and body (``tests/test_fast_path.py`` diffs the two over a corpus of req
 
 Every other request goes to Flask. So does a ``/predict`` request while tracing is on
 (its span reads werkzeug's headers), or one whose model name Flask might route otherwise
-(outside printable ASCII, or holding a ``/`` or ``%``).
+(outside printable ASCII, or holding a ``/`` or ``%``), or whose Host Flask refuses with
+a 400 before routing (a label empty or over 63 characters: ``_binds``).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from werkzeug.datastructures import EnvironHeaders
+from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
+from werkzeug.routing import Map
 
 from serving.auth import check_api_key
 from serving.dataplane import DataPlane
@@ -79,7 +83,14 @@ class FastPredict:
             model_name, route = path[9:], _NAMED_ROUTE
         else:
             return self.flask_app(environ, start_response)
-        if environ.get("REQUEST_METHOD") != "POST" or tracing.active():
+        if (
+            environ.get("REQUEST_METHOD") != "POST"
+            or tracing.active()
+            or not _binds(
+                environ.get("HTTP_HOST"), environ.get("wsgi.url_scheme", "http"),
+                environ.get("SERVER_NAME"), environ.get("SERVER_PORT"),
+            )
+        ):  # fmt: skip
             return self.flask_app(environ, start_response)
         hooks = self._hooks
         call = hooks.start(environ, "predict", route, predicts=True)
@@ -106,3 +117,20 @@ class FastPredict:
             ],
         )
         return [data]
+
+
+@functools.lru_cache(maxsize=256)
+def _binds(host: str | None, scheme: str, server_name: str | None, port: str | None) -> bool:
+    """Whether werkzeug's URL map binds to a request with this ``Host`` header (or, without
+    one, this server address), as Flask does before routing each request; it refuses a
+    host that IDNA cannot encode (a label empty or over 63 characters) with 400 Bad Host.
+    Asked of werkzeug itself, once per distinct value."""
+    environ = {"wsgi.url_scheme": scheme, "REQUEST_METHOD": "POST", "PATH_INFO": _ROUTE}
+    for key, value in (("HTTP_HOST", host), ("SERVER_NAME", server_name), ("SERVER_PORT", port)):
+        if value is not None:
+            environ[key] = value
+    try:
+        Map().bind_to_environ(environ, subdomain="")
+    except HTTPException:
+        return False
+    return True
