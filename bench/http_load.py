@@ -174,7 +174,7 @@ class Server:
         """With SERVING_CPU_AFFINITY=auto the service pins worker k to CPU k: pin the other
         servers' workers alike, so the comparison is on the same CPU layout. Nothing to do
         when the service does not pin (SERVING_CPU_AFFINITY=none)."""
-        if os.environ.get("SERVING_CPU_AFFINITY", "none") != "auto":
+        if os.environ.get("SERVING_CPU_AFFINITY", "adaptive") != "auto":
             return
         cpus = sorted(os.sched_getaffinity(0))
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()

@@ -196,15 +196,15 @@ class Settings(ModelSettings):
             '"One copy of the model per host"); `off`: every worker loads its own copy'
         ),
     )
-    cpu_affinity: Literal["auto", "none"] = Field(
-        "none",
+    cpu_affinity: Literal["adaptive", "auto", "none"] = Field(
+        "adaptive",
         description=(
-            "`none`: no pinning; `auto`: pin each worker to its own `SERVING_BLAS_THREADS` "
-            "CPUs (cheaper GIL hand-offs between its threads: lower latency at one "
-            "connection, but a worker pinned to a CPU that nginx or the clients also use "
-            "gets batches of 1.7-2.4 in some runs at 64 connections), round-robin from a "
-            "CPU chosen by the master's pid so two servers on one host do not crowd the "
-            "same CPU"
+            "`adaptive`: pin each worker to its own `SERVING_BLAS_THREADS` CPUs while it "
+            "serves about one request at a time (cheaper GIL hand-offs between its threads:"
+            " lower latency), on every CPU once busy (a pinned worker cannot leave a CPU "
+            "nginx or the clients also need); `auto`: pinned always; `none`: never. The "
+            "CPUs go round-robin from one chosen by the master's pid, so two servers on "
+            "one host do not crowd the same CPU"
         ),
     )
     switch_interval_ms: float | None = Field(

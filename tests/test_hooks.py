@@ -128,6 +128,36 @@ def test_cpus_for_slot_round_robins_over_the_allowed_cpus(
     assert pinning.cpus_for_slot(slot, cpus, per_worker) == expected
 
 
+#: Active connections of one worker sampled every 50 ms (docs/batching.md, "Third pass"):
+#: one keep-alive client (in flight or between requests), then 64 clients over 2 workers.
+ONE_CLIENT = [0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1] * 4
+SIXTY_FOUR_CLIENTS = [29, 31, 33, 30, 32, 34, 28, 31, 30, 33, 27, 32]
+
+
+def samples(gate: pinning.QuietGate, active: list[int]) -> list[bool]:
+    return [gate.update(n) for n in active]
+
+
+def test_quiet_gate_keeps_one_client_pinned_and_unpins_under_load_at_once() -> None:
+    gate = pinning.QuietGate()
+
+    assert all(samples(gate, ONE_CLIENT))
+    busy = samples(gate, SIXTY_FOUR_CLIENTS)
+    assert busy[2:] == [False] * (len(busy) - 2)  # within 3 samples (150 ms)
+    quiet_again = samples(gate, [0] * 20)
+    assert quiet_again[-1] and quiet_again.index(True) <= 12  # the average settles
+
+
+def test_quiet_gate_does_not_flap_between_two_and_three_requests_in_flight() -> None:
+    """Between the thresholds (1.5 and 2.5 on average) the gate keeps its state."""
+    gate = pinning.QuietGate()
+    samples(gate, [10] * 10)
+
+    assert samples(gate, [2, 2, 3, 2, 2, 2, 3, 2] * 5) == [False] * 40
+    samples(gate, [0] * 20)
+    assert samples(gate, [1, 2, 1, 2, 2, 1, 2, 1] * 5) == [True] * 40
+
+
 def test_cpus_for_slot_of_two_servers_start_apart() -> None:
     """Each master starts its round-robin at its pid: the workers of two servers on one
     host do not all crowd the first CPU, and each server's workers still use every CPU."""

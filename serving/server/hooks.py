@@ -37,7 +37,7 @@ from serving.observe.payload_sinks import check_sink
 from serving.server import sharing
 from serving.server.children import forget_server_in_children, stop_children
 from serving.server.metrics_dir import prepare_metrics_dir, run_at_exit, set_master
-from serving.server.pinning import pin
+from serving.server.pinning import pin, pin_while_quiet
 from serving.server.recycling import recycle_one_at_a_time
 from serving.server.rollover import roll_over
 from serving.server.worker_boot import (
@@ -155,6 +155,8 @@ def _prepare_worker(server: Any, worker: Any, settings: Settings) -> logging.Log
     loggers to Gunicorn's and set the GIL switch interval. Returns the ``serving`` logger."""
     if settings.cpu_affinity == "auto" and hasattr(os, "sched_setaffinity"):
         pin(server, worker, settings.blas_threads)
+    elif settings.cpu_affinity == "adaptive" and hasattr(os, "sched_setaffinity"):
+        pin_while_quiet(server, worker, settings.blas_threads)
     forget_server_in_children(getattr(worker, "sockets", ()))  # a model that forks
     from serving.observe import tracing
     from serving.observe.metrics import default_metrics

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import shutil
 import signal
@@ -360,21 +361,68 @@ def allowed_cpus(pid: int) -> str:
     raise AssertionError(f"no Cpus_allowed_list for {pid}")
 
 
-def test_each_worker_is_pinned_to_its_own_cpu(gunicorn: Start) -> None:
+def thread_cpus(pid: int) -> set[str]:
+    """The CPU lists every thread of process ``pid`` may run on."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, AssertionError):  # a thread that ended
+            found.add(allowed_cpus(int(task.name)))
+    return found
+
+
+def test_each_worker_is_pinned_to_its_own_cpu_while_quiet_and_everywhere_when_busy(
+    gunicorn: Start, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """SERVING_CPU_AFFINITY=adaptive (the default): one request at a time, each worker's
+    threads share one CPU (the lowest latency); 16 clients at once, they may run on every
+    CPU (a worker pinned to a CPU that the clients or nginx also need got batches of 1.7
+    there); quiet again, pinned again."""
     import os
 
+    everywhere = len(os.sched_getaffinity(0))
+    X, _ = breast_cancer
     server = gunicorn()
     server.wait_ready()
     assert server.proc is not None
     workers = server.worker_pids()
+    for _ in range(20):  # one at a time
+        assert server.predict([X[0].tolist()]).status_code == 200
 
-    pinned = [allowed_cpus(pid) for pid in workers]
+    pinned = [thread_cpus(pid) for pid in workers]
 
     assert len(workers) == 2
-    assert all("," not in cpus and "-" not in cpus for cpus in pinned), pinned
-    if len(os.sched_getaffinity(0)) >= 2:
+    assert all(len(cpus) == 1 for cpus in pinned), pinned  # every thread on the same CPUs
+    assert all("," not in c and "-" not in c for cpus in pinned for c in cpus), pinned
+    if everywhere >= 2:
         assert pinned[0] != pinned[1]
-    assert allowed_cpus(server.proc.pid) != pinned[0] or len(os.sched_getaffinity(0)) == 1
+        assert allowed_cpus(server.proc.pid) not in pinned[0]  # the master is not pinned
+    stop = threading.Event()
+
+    def client() -> None:
+        with requests.Session() as session:
+            while not stop.is_set():
+                session.post(f"{server.url}/predict", json={"instances": [X[1].tolist()]})
+
+    with ThreadPoolExecutor(16) as pool:
+        for _ in range(16):
+            pool.submit(client)
+        try:
+            busy = until(
+                lambda: all(
+                    thread_cpus(pid) == {allowed_cpus(server.proc.pid)}  # type: ignore[union-attr]
+                    for pid in workers
+                ),
+                timeout_s=20,
+                what="the busy workers' threads allowed on every CPU",
+            )
+        finally:
+            stop.set()
+    assert busy
+    until(
+        lambda: [thread_cpus(pid) for pid in workers] == pinned,
+        timeout_s=20,
+        what=lambda: f"quiet workers pinned again ({[thread_cpus(p) for p in workers]})",
+    )
 
 
 def test_a_killed_worker_comes_back_without_answering_503_while_it_loads(
