@@ -37,11 +37,16 @@ def cpus_for_slot(slot: int, cpus: list[int], per_worker: int, start: int = 0) -
 def pin(server: Any, worker: Any, per_worker: int) -> None:
     """Pin this worker to its CPUs (``cpus_for_slot``), before any thread starts: threads
     inherit the affinity of the thread creating them."""
-    cpus = sorted(os.sched_getaffinity(0))
-    slot = getattr(worker, "serving_slot", 0)
-    chosen = cpus_for_slot(slot, cpus, per_worker, start=server.pid)
+    chosen = _worker_cpus(server, worker, per_worker, os.sched_getaffinity(0))
     os.sched_setaffinity(0, chosen)
     server.log.info("worker %s pinned to CPU %s", worker.pid, ",".join(map(str, sorted(chosen))))
+
+
+def _worker_cpus(server: Any, worker: Any, per_worker: int, allowed: set[int]) -> set[int]:
+    """This worker's CPUs among ``allowed`` (``cpus_for_slot`` from its slot, starting at
+    the master's pid)."""
+    slot = getattr(worker, "serving_slot", 0)
+    return cpus_for_slot(slot, sorted(allowed), per_worker, start=server.pid)
 
 
 class QuietGate:
@@ -95,8 +100,7 @@ def pin_while_quiet(
     if not all(hasattr(worker, n) for n in ("nr_conns", "keepalived_conns", "pending_conns")):
         return None
     everywhere = os.sched_getaffinity(0)
-    slot = getattr(worker, "serving_slot", 0)
-    chosen = cpus_for_slot(slot, sorted(everywhere), per_worker, start=server.pid)
+    chosen = _worker_cpus(server, worker, per_worker, everywhere)
     server.log.info(
         "worker %s runs on CPU %s while it serves one request at a time, on every CPU when "
         "busy", worker.pid, ",".join(map(str, sorted(chosen))),
