@@ -123,7 +123,8 @@ class PredictCalls:
             if isinstance(error, InvalidInput) and where is not None:
                 loc = f"instances[{where}]"
                 details = [{**detail, "loc": loc} for detail in error.details]
-                error, message = InvalidInput(f"{loc}: {message}", details), f"{loc}: {message}"
+                message = f"{loc}: {message}"
+                error = InvalidInput(message, details)
         else:
             instances = (
                 "1 instance" if rows == 1
