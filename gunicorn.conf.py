@@ -9,8 +9,13 @@ from serving.server import hooks
 settings = hooks.settings_or_exit()
 
 bind = settings.bind
-# gthread: one worker holds many requests in flight, so its batcher can merge them.
-worker_class = "gthread"
+# Our own gthread worker (serving/server/worker.py): one worker holds many requests in
+# flight, so its batcher can merge them; request heads are read on its main loop, so idle
+# and slow connections hold no thread.
+worker_class = "serving.server.worker.ServingWorker"
+# Connections a worker holds open, idle ones included (Gunicorn's default is 1,000); the
+# worker raises its open-files limit to match, as far as the hard limit allows.
+worker_connections = 10000
 workers = settings.workers
 threads = settings.worker_threads
 timeout = settings.timeout_s

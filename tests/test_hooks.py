@@ -15,6 +15,7 @@ from serving.observe import access_log
 from serving.server import hooks, pinning
 from serving.server.board import Board
 from serving.server.recycling import RecycleGate
+from serving.server.worker import ServingWorker
 from serving.settings import Settings
 from tests.conftest import sleeping_processes
 
@@ -42,6 +43,7 @@ def test_on_starting_removes_only_prometheus_files(
         reload=None,
         stop=None,
         num_workers=2,
+        worker_class=ServingWorker,
     )
     hooks.on_starting(server)
 
@@ -61,10 +63,33 @@ def test_on_starting_after_usr2_keeps_the_old_generations_files(
         reload=None,
         stop=None,
         num_workers=2,
+        worker_class=ServingWorker,
     )
     hooks.on_starting(server)
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["counter_123.db"]
+
+
+def test_on_starting_refuses_a_worker_class_other_than_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Gunicorn's own gthread (a --worker-class flag) would run without the header and
+    body limits, the drain and the counts: the server does not start."""
+    from gunicorn.workers.gthread import ThreadWorker  # type: ignore[import-untyped]
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    server = SimpleNamespace(
+        log=logging.getLogger("test"),
+        master_pid=0,
+        num_workers=1,
+        worker_class=ThreadWorker,
+        cfg=SimpleNamespace(worker_class_str="gthread"),
+    )
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit):
+        hooks.on_starting(server)
+
+    assert "worker_class must be serving.server.worker.ServingWorker" in caplog.text
+    assert "(got gthread)" in caplog.text
 
 
 def test_prepare_metrics_dir_creates_and_exports_the_directory(

@@ -218,7 +218,7 @@ def read_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
         cannot read it (bad chunk encoding, the client went away mid-body).
     :raises RequestTimeout: (408) when the body did not arrive in time: under Gunicorn a
         read waits at most ``SERVING_REQUEST_TIMEOUT_MS`` after the headers
-        (``serving.server.slow_clients.limit_body_phase``).
+        (``serving.server.worker.ServingWorker.handle_request``).
     """
     max_body_bytes = settings.max_body_bytes
     encoding = environ.get("HTTP_CONTENT_ENCODING", "")

@@ -1,11 +1,12 @@
-"""A worker's heartbeat written at most once a second, not once per event.
+"""A worker's heartbeat written at most once a second, not once per event: ``Heartbeat``.
 
 Gunicorn's master kills a worker whose heartbeat file is older than ``--timeout``
 (``SERVING_TIMEOUT_S``, 30 s by default). The gthread worker's main loop writes it
 (``WorkerTmp.notify``: an ``os.utime`` system call) each time it wakes, which at one
 keep-alive client is once per request: 11 % of that loop's samples under py-spy.
-``throttle_heartbeat`` writes it when at least ``min(1 s, timeout / 4)`` have passed since
-the last write, so the master still sees a heartbeat several times per timeout.
+``ServingWorker.notify`` writes it only when ``Heartbeat.due()``: at least
+``min(1 s, timeout / 4)`` after the last write, so the master still sees a heartbeat
+several times per timeout.
 
 Imports only the standard library.
 """
@@ -13,28 +14,35 @@ Imports only the standard library.
 from __future__ import annotations
 
 import time
-from typing import Any
 
-__all__ = ["throttle_heartbeat"]
+__all__ = ["MAX_INTERVAL_S", "Heartbeat"]
 
 #: Longest time between two heartbeat writes of a busy worker, in seconds.
 MAX_INTERVAL_S = 1.0
 
 
-def throttle_heartbeat(worker: Any, timeout_s: float) -> None:
-    """Make ``worker.notify`` write the heartbeat at most once per
-    ``min(MAX_INTERVAL_S, timeout_s / 4)`` seconds (``timeout_s``: Gunicorn's ``--timeout``;
-    0 or less writes every time, as Gunicorn does)."""
-    if timeout_s <= 0:
-        return
-    interval_s = min(MAX_INTERVAL_S, timeout_s / 4)
-    notify = worker.notify
-    last = [float("-inf")]
+class Heartbeat:
+    """When a worker whose Gunicorn ``--timeout`` is ``timeout_s`` seconds writes its
+    heartbeat: every time for a timeout of 0 or less (as Gunicorn does), else at most once
+    per ``min(MAX_INTERVAL_S, timeout_s / 4)`` seconds.
 
-    def throttled() -> None:
+    Usage::
+
+        heartbeat = Heartbeat(timeout_s=30)
+        heartbeat.due()  # True: write now
+        heartbeat.due()  # False until a second has passed
+    """
+
+    __slots__ = ("_last", "interval_s")
+
+    def __init__(self, timeout_s: float) -> None:
+        self.interval_s = min(MAX_INTERVAL_S, timeout_s / 4) if timeout_s > 0 else 0.0
+        self._last = float("-inf")
+
+    def due(self) -> bool:
+        """Whether to write the heartbeat now (if so, counted as written)."""
         now = time.monotonic()
-        if now - last[0] >= interval_s:
-            last[0] = now
-            notify()
-
-    worker.notify = throttled
+        if now - self._last < self.interval_s:
+            return False
+        self._last = now
+        return True

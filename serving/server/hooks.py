@@ -40,6 +40,7 @@ from serving.server.metrics_dir import prepare_metrics_dir, run_at_exit, set_mas
 from serving.server.pinning import pin, pin_while_quiet
 from serving.server.recycling import recycle_one_at_a_time
 from serving.server.rollover import roll_over
+from serving.server.worker import ConnectionLimits, ServingWorker
 from serving.server.worker_boot import (
     Boot,
     halt_on_failure,
@@ -90,6 +91,13 @@ def on_starting(server: Any) -> None:
     share (``worker_boot.Boot``: the board, the recycle gate) and make the arbiter roll
     workers over one by one (``serving.server.rollover``)."""
     global _boot
+    if not issubclass(server.worker_class, ServingWorker):
+        server.log.error(
+            "serving: worker_class must be serving.server.worker.ServingWorker or a subclass "
+            "(got %s): its connection limits, drain and counts live there",
+            server.cfg.worker_class_str,
+        )  # fmt: skip
+        raise SystemExit(1)
     set_master(server)
     _boot = boot = Boot.create(server.num_workers)
     path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
@@ -138,7 +146,7 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     """Worker: prepare the process (CPUs, tracing, logs), get the model (loaded here, or
     the one the master loaded before fork: ``serving.server.sharing``), then start the
     one-at-a-time recycling, a watchdog that recycles the worker if its batcher gets
-    stuck, and the limits on slow clients. How the model is loaded, and what a failure
+    stuck, and the limits on its connections. How the model is loaded, and what a failure
     does, depends on whether others serve already (``serving.server.worker_boot``). Each
     worker publishes its state on the board (``/healthz``)."""
     stop_on_signal_until_serving(server)
@@ -146,7 +154,7 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     cache = _get_model(server, worker, settings, service_log)
     recycle_one_at_a_time(server, worker, _boot.gate if _boot is not None else None)
     cache.start_watchdog(_recycle_on_problem(server, worker))
-    _guard_connections(server, worker, settings)
+    _guard_connections(worker, settings)
 
 
 def _prepare_worker(server: Any, worker: Any, settings: Settings) -> logging.Logger:
@@ -204,32 +212,17 @@ def _recycle_on_problem(server: Any, worker: Any) -> Callable[[str], None]:
     return on_problem
 
 
-def _guard_connections(server: Any, worker: Any, settings: Settings) -> None:
-    """Worker: time limits on a request's headers and body and graceful closes off the main
-    loop (``slow_clients``), no listening once stopping (``listeners``), a heartbeat
-    written at most once a second (``heartbeat``), and each response's headers and body
-    in one write (``one_write``)."""
-    if hasattr(worker, "handle_request"):  # Gunicorn's gthread worker
-        from serving.server import slow_clients
-
-        slow_clients.limit_header_phase(worker, settings.header_timeout_s)
-        slow_clients.limit_body_phase(
-            worker, settings.request_timeout_ms / 1000, settings.header_timeout_s
-        )
-        slow_clients.close_gracefully_off_the_main_loop()
-        from serving.server.listeners import stop_listening_when_stopping
-
-        stop_listening_when_stopping(worker)
-        from serving.server.heartbeat import throttle_heartbeat
-
-        throttle_heartbeat(worker, float(server.cfg.timeout))
-        from serving.server.arrivals import count_arrivals
-
-        count_arrivals(worker, process_arrivals())
-    from serving.server.one_write import join_headers_and_body
-
-    if not join_headers_and_body():
-        server.log.info("worker %s: this Gunicorn writes headers and body apart", os.getpid())
+def _guard_connections(worker: Any, settings: Settings) -> None:
+    """Worker: the limits our worker class puts on its connections (headers, bodies,
+    clients not reading: ``serving.server.worker``) and the count of its requests on their
+    way to a batcher."""
+    worker.guard(
+        ConnectionLimits(
+            header_timeout_s=settings.header_timeout_s,
+            body_timeout_s=settings.request_timeout_ms / 1000,
+        ),
+        process_arrivals(),
+    )
 
 
 def _start_access_log(settings: Settings, dropped: Any) -> None:

@@ -96,8 +96,8 @@ def pin_while_quiet(
     while it is busy, sampling its active connections (open, neither idle in keep-alive
     nor waiting for their first bytes) every ``interval_s`` seconds on a daemon thread.
     Threads started later inherit the affinity of the thread starting them. Returns the
-    thread; None for a worker that does not count its connections (not gthread)."""
-    if not all(hasattr(worker, n) for n in ("nr_conns", "keepalived_conns", "pending_conns")):
+    thread; None for a worker that does not count its connections (not a ``ServingWorker``)."""
+    if not hasattr(worker, "idle_connections"):
         return None
     everywhere = os.sched_getaffinity(0)
     chosen = _worker_cpus(server, worker, per_worker, everywhere)
@@ -107,8 +107,7 @@ def pin_while_quiet(
     )  # fmt: skip
 
     def active() -> int:
-        idle = len(worker.keepalived_conns) + len(worker.pending_conns)
-        return max(0, int(worker.nr_conns) - idle)
+        return max(0, int(worker.nr_conns) - int(worker.idle_connections()))
 
     gate = QuietGate()
     _set_threads(chosen)

@@ -15,7 +15,6 @@ import contextlib
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any
@@ -71,11 +70,14 @@ def recycle_one_at_a_time(server: Any, worker: Any, gate: RecycleGate | None) ->
     ``SIGTERM`` to itself) only when no other worker is loading and the previous leaver's
     replacement serves; until then it goes on serving. Leaving, it wakes the master
     (``SIGCHLD``: look at the workers), which forks its replacement at once. Without a gate
-    (outside our hooks) or a limit, Gunicorn's own handling stays."""
-    limit = worker.max_requests
-    if gate is None or limit >= sys.maxsize:
+    (outside our hooks) or a limit, Gunicorn's own handling stays.
+
+    :param worker: a ``ServingWorker`` (``recycle_by_hand`` turns Gunicorn's exit off)."""
+    if gate is None:
         return
-    worker.max_requests = sys.maxsize
+    limit = worker.recycle_by_hand()
+    if limit is None:
+        return
     pid = os.getpid()
 
     def watch() -> None:

@@ -99,7 +99,7 @@ def stop_on_signal_until_serving(server: Any) -> None:
 
     def leave(signum: int, frame: Any) -> None:
         server.log.info("worker %s: stopping while loading (signal %s)", pid, signum)
-        for listener in server.LISTENERS:  # now, not at exit: see serving.server.listeners
+        for listener in server.LISTENERS:  # now, not at exit: see ServingWorker.set_accept_enabled
             with contextlib.suppress(OSError):
                 listener.close()
         sys.exit(0)

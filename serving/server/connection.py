@@ -1,0 +1,152 @@
+"""One client connection of ``ServingWorker`` (``serving.server.worker``): its request head
+read on the worker's main loop, then its request read by a thread through ``Reader``.
+
+A connection is in one of two places. **On the main loop** (``Head``): accepted, or kept
+alive after an answer, its socket non-blocking in the worker's poller; each time it is
+readable the loop reads what is there into ``head``, and once the request line and headers
+are all in (``head_complete``) the connection goes to a thread, the head and whatever body
+came with it handed to Gunicorn's parser. Until then it costs no thread: a thousand idle or
+trickling connections cost a thousand buffers and a poller entry each, and the loop closes
+the ones past their deadline (``SERVING_HEADER_TIMEOUT_S`` from the accept or from the
+first byte after a keep-alive answer; Gunicorn's ``keepalive`` for one that sent nothing
+since its last answer). As nginx and every event-driven server do.
+
+**On a thread**: the parser reads the rest through ``Reader``, which bounds each read by
+the phase's deadline (the head's, for a head longer than the loop reads; then the body's,
+``SERVING_REQUEST_TIMEOUT_MS`` after the headers) and uncounts the request from the
+requests on their way to a batcher (``serving.batching.arrivals``) while it waits for the
+client.
+
+Imports only the standard library, ``serving.batching.arrivals``, ``lingering`` and Gunicorn.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from typing import Any
+
+from gunicorn import http  # type: ignore[import-untyped]
+from gunicorn.workers import gthread  # type: ignore[import-untyped]
+
+from serving.batching.arrivals import Arrivals
+from serving.server.lingering import Lingerer
+
+__all__ = ["HEAD_READ_BYTES", "Reader", "ServingConn", "head_complete"]
+
+#: Most bytes of a request head the main loop reads before handing the connection to a
+#: thread anyway (the parser then reads the rest, by the same deadline, or refuses it:
+#: Gunicorn's ``limit_request_line`` and ``limit_request_fields`` apply there).
+HEAD_READ_BYTES = 64 * 1024
+
+
+def head_complete(head: bytes, searched_from: int = 0) -> bool:
+    """Whether ``head`` holds a whole request line and headers (the blank line ending
+    them), looking from ``searched_from`` (less the 3 bytes a terminator can straddle), or
+    is as long as the main loop reads (``HEAD_READ_BYTES``)."""
+    if len(head) >= HEAD_READ_BYTES:
+        return True
+    start = max(0, searched_from - 3)
+    return head.find(b"\r\n\r\n", start) >= 0 or head.find(b"\n\n", start) >= 0
+
+
+class Reader:
+    """A connection's socket as Gunicorn's request parser reads it on a thread.
+
+    Each ``recv`` waits at most until ``deadline`` (``time.monotonic()``; None: no limit),
+    and a read that has to wait for the client uncounts the request from ``arrivals``
+    until bytes come (a batch cannot know when a slow client will be done).
+
+    :raises TimeoutError: from ``recv`` at or past the deadline (``expired`` is then True:
+        the rest of the body will not be read, so the connection closes).
+    """
+
+    __slots__ = ("arrivals", "deadline", "expired", "sock")
+
+    def __init__(self, sock: socket.socket, arrivals: Arrivals | None) -> None:
+        self.sock, self.arrivals = sock, arrivals
+        self.deadline: float | None = None
+        self.expired = False
+
+    def recv(self, size: int) -> bytes:
+        arrivals = self.arrivals
+        waits = not _has_bytes(self.sock)
+        if waits and arrivals is not None:
+            arrivals.leave()  # waiting for the client
+        if self.deadline is None:
+            data = self.sock.recv(size)
+        else:
+            data = self._recv_by_deadline(size, self.deadline)
+        if waits and data and arrivals is not None:
+            arrivals.enter()
+        return data
+
+    def _recv_by_deadline(self, size: int, deadline: float) -> bytes:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            self.expired = True
+            raise TimeoutError("request: deadline passed")
+        previous = self.sock.gettimeout()  # the send limit (ServingWorker.handle_request)
+        self.sock.settimeout(remaining)
+        try:
+            return self.sock.recv(size)
+        except TimeoutError:
+            self.expired = True
+            raise
+        finally:
+            self.sock.settimeout(previous)
+
+
+class ServingConn(gthread.TConn):  # type: ignore[misc]
+    """Gunicorn's gthread connection, with its head read on the main loop (``head``, the
+    bytes read so far; ``deadline``, when the loop closes it unless they are complete) and
+    its parser reading through a ``Reader``. HTTP/1.1 over TCP only: the worker refuses
+    TLS and HTTP/2 at start (``ServingWorker.check_config``)."""
+
+    initialized: bool
+    parser: Any
+
+    def __init__(self, cfg: Any, sock: socket.socket, client: Any, server: Any) -> None:
+        super().__init__(cfg, sock, client, server)
+        self.head = b""
+        self.deadline = 0.0
+        self.reader: Reader | None = None
+        self.arrivals: Arrivals | None = None
+        self.lingerer: Lingerer | None = None
+
+    def init(self) -> None:
+        """On the thread, before the parser reads: the parser on a ``Reader`` (once), and
+        the head the main loop read given to it."""
+        if not self.initialized:
+            self.initialized = True
+            self.sock.setblocking(True)
+            self.reader = Reader(self.sock, self.arrivals)
+            self.parser = http.get_parser(self.cfg, self.reader, self.client)
+        if self.head:
+            self.parser.unreader.unread(self.head)
+            self.head = b""
+
+    def close(self, graceful: bool = False) -> None:
+        """Close; a graceful close lingers in ``lingerer``'s thread, not on the caller's."""
+        if graceful and self.lingerer is not None:
+            self.lingerer.close(self.sock)
+        else:
+            super().close(graceful)
+
+    def take_read_ahead(self) -> None:
+        """Move what the parser read past the last request (a pipelined request, read with
+        the previous body) back into ``head``, for the main loop to complete."""
+        if self.parser is not None:
+            self.head = self.parser.unreader.take_buffered() + self.head
+
+
+def _has_bytes(sock: Any) -> bool:
+    """Whether a read of ``sock`` would return at once (bytes, or the end of the stream,
+    are there). True when it cannot tell (a closed socket, whose read fails at once)."""
+    try:
+        poll = select.poll()
+        poll.register(sock, select.POLLIN)
+        return bool(poll.poll(0))
+    except (OSError, ValueError):
+        return True

@@ -1,0 +1,105 @@
+"""``ServingResponse``: Gunicorn's HTTP/1 response as ``ServingWorker`` sends it.
+
+Two changes, each an override:
+
+* **Headers and body in one write.** Gunicorn writes a response's headers with one
+  ``sendall`` and its body with another. A worker killed between the two (``SIGKILL``, the
+  OOM killer) leaves the client, or the proxy in front, with headers and no body: nginx has
+  passed the headers on and can no longer retry the request on another replica
+  (``proxy_next_upstream``; ``tests/deploy/test_nginx.py`` caught it about once in ten
+  runs). A body written in one piece of exactly its ``Content-Length`` (every JSON answer
+  here) goes with its headers; chunked, streamed, empty and file responses go as Gunicorn
+  sends them.
+* **``Connection: close`` when the body is left undrained.** Gunicorn drains at most
+  ``_DRAIN_MAX_BYTES`` (64 KiB) of a body the application did not read before the next
+  request, then closes: an answer leaving that much (or a chunked body not read to its end,
+  whose length is unknown, or a body whose read passed its deadline: the 408) must say it
+  closes (RFC 9112 section 9.6), or the client sends its next request on a connection about
+  to close and loses it.
+
+``AnswerRecorder`` reads the status of an answer Gunicorn writes itself (its
+``handle_error``) off the bytes it sends, so that it is counted like the app's own.
+
+Imports only the standard library, ``serving.server.connection`` and Gunicorn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gunicorn.http import parser, wsgi  # type: ignore[import-untyped]
+
+from serving.server.connection import Reader
+
+__all__ = ["DRAIN_BYTES", "AnswerRecorder", "ServingResponse"]
+
+#: Most bytes of an unread body Gunicorn drains before the next request on a connection.
+DRAIN_BYTES: int = getattr(parser, "_DRAIN_MAX_BYTES", 64 * 1024)
+
+
+class ServingResponse(wsgi.Response):  # type: ignore[misc]
+    """Gunicorn's ``Response`` for one request read through ``reader``."""
+
+    headers_sent: bool
+
+    def __init__(self, req: Any, sock: Any, cfg: Any, reader: Reader) -> None:
+        super().__init__(req, sock, cfg)
+        self.reader = reader
+
+    def should_close(self) -> bool:
+        return bool(super().should_close()) or self.reader.expired or self._left_undrained()
+
+    def _left_undrained(self) -> bool:
+        body_reader: Any = getattr(getattr(self.req, "body", None), "reader", None)
+        length = getattr(body_reader, "length", None)
+        if isinstance(length, int):  # Content-Length: what is left of it
+            return length >= DRAIN_BYTES
+        if hasattr(body_reader, "parser"):  # chunked: its parser is None once at the end
+            return body_reader.parser is not None
+        return False
+
+    def write(self, arg: Any) -> Any:
+        whole = (
+            not self.headers_sent
+            and not self.chunked
+            and isinstance(arg, bytes)
+            and 0 < len(arg) == self.response_length
+            and not self._omits_body
+        )
+        if not whole:
+            return super().write(arg)
+        lines = self.default_headers()
+        lines.extend(["%s: %s\r\n" % (k, v) for k, v in self.headers])  # noqa: UP031 (as Gunicorn)
+        head = ("%s\r\n" % "".join(lines)).encode("latin-1")  # noqa: UP031
+        self.headers_sent = True
+        self.sent = len(arg)
+        self.sock.sendall(head + arg)
+        return None
+
+
+class AnswerRecorder:
+    """A client socket that remembers the status of the first response written to it
+    (``status``, 0 until one is), for an answer Gunicorn writes itself."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self.status = 0
+
+    def _saw(self, data: Any) -> None:
+        if not self.status:
+            line = bytes(data[:16]).split(b" ", 2)
+            if len(line) > 1 and line[0].startswith(b"HTTP/") and line[1].isdigit():
+                self.status = int(line[1])
+
+    def send(self, data: Any, *args: Any) -> int:
+        sent: int = self._sock.send(data, *args)
+        if sent:
+            self._saw(data)
+        return sent
+
+    def sendall(self, data: Any, *args: Any) -> None:
+        self._sock.sendall(data, *args)
+        self._saw(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)

@@ -1,0 +1,405 @@
+"""``ServingWorker``: our Gunicorn worker, a subclass of Gunicorn's gthread ``ThreadWorker``.
+
+Every protection a connection gets is a method here, each overriding one of
+``ThreadWorker``'s (or ``base.Worker``'s), and what wraps what is this one list, from the
+socket inwards:
+
+1. ``accept``, ``murder_pending``, ``finish_request``: **headers before threads.** The main
+   loop reads a request's line and headers itself, non-blocking
+   (``serving.server.connection``), and hands the connection to a thread only once they
+   are complete; it closes one whose head is not complete ``SERVING_HEADER_TIMEOUT_S``
+   after its accept (or its first byte after a keep-alive answer), or that stays idle past
+   Gunicorn's ``keepalive``. Idle and trickling connections hold no thread (gthread hands a
+   connection to a thread at its first byte: 70 idle connections took ``/livez`` to 5 s).
+   Running out of file descriptors pauses accepting for half a second (as nginx does)
+   instead of ending the worker.
+2. ``enqueue_req``, ``handle``: each request counted on its way to a batcher
+   (``serving.batching.arrivals``) from its hand-over to the thread pool; the connection's
+   ``Reader`` uncounts it while its body waits for the client.
+3. ``handle_request``: Gunicorn's, with each body read bounded by
+   ``SERVING_REQUEST_TIMEOUT_MS`` after the headers (408 from the app) and the drain of an
+   unread body by the same deadline, each write by ``SERVING_HEADER_TIMEOUT_S`` of a
+   client not reading (then the connection is closed), and the response a
+   ``ServingResponse`` (``serving.server.response``: headers and body in one write,
+   ``Connection: close`` when the body is left undrained).
+4. ``handle_error``: a response Gunicorn writes itself (a malformed request line, 431, a
+   500 for an exception outside the app) counted in ``http_requests_total`` and the access
+   log like the app's own answers, route ``(gunicorn)``.
+5. ``ServingConn.close``: a graceful close (``Connection: close``: half-close, then read
+   until the client closes, up to 2 s) lingers in one thread (``lingering.Lingerer``),
+   not on the main loop, which accepts nothing meanwhile.
+6. ``set_accept_enabled``, ``is_parent_alive``: a stopping worker closes its listening
+   sockets as it stops accepting, so new clients are refused, not reset at its exit; a
+   worker whose master is gone (SIGKILL) stops as if told to: no accepting, every answer
+   ``Connection: close``, out within the graceful timeout.
+7. ``notify``: the heartbeat file written at most once a second (``heartbeat``), not on
+   every wake of the main loop.
+
+``check_config`` (the master, at start) refuses what this worker does not serve (TLS and
+HTTP/2 inside Gunicorn, the uWSGI protocol) and a Gunicorn lacking a method or argument the
+list above overrides, with one line naming it. ``post_fork`` gives the worker its limits
+(``guard``) before ``init_process``.
+
+Imports only the standard library, ``serving.batching.arrivals``, this folder and Gunicorn
+(``serving.observe``, for the count of Gunicorn's own answers, when one is written).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import selectors
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from gunicorn import util  # type: ignore[import-untyped]
+from gunicorn.http import wsgi  # type: ignore[import-untyped]
+from gunicorn.workers import gthread  # type: ignore[import-untyped]
+
+from serving.batching.arrivals import Arrivals
+from serving.server.arrivals import ready_in_poller
+from serving.server.connection import HEAD_READ_BYTES, ServingConn, head_complete
+from serving.server.heartbeat import Heartbeat
+from serving.server.lingering import Lingerer
+from serving.server.response import AnswerRecorder, ServingResponse
+from serving.server.seams import missing_seam, raise_open_files_limit, unserved
+
+__all__ = ["ConnectionLimits", "ServingWorker"]
+
+#: How long a stopping worker keeps a connection that has sent nothing since its last
+#: answer, for a request its client may already be sending (answered ``Connection: close``).
+STOP_LINGER_S = 2.0
+#: How often the main loop looks for connections past their deadline, in seconds.
+SWEEP_INTERVAL_S = 0.1
+#: How long accepting pauses when the process is out of file descriptors, in seconds.
+ACCEPT_PAUSE_S = 0.5
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What ``ServingWorker`` bounds, in seconds: ``header_timeout_s`` for a request line
+    and headers (``SERVING_HEADER_TIMEOUT_S``) and for a client not reading its answer;
+    ``body_timeout_s`` for a body, from its headers (``SERVING_REQUEST_TIMEOUT_MS``)."""
+
+    header_timeout_s: float
+    body_timeout_s: float
+
+
+class ServingWorker(gthread.ThreadWorker):  # type: ignore[misc]
+    """The worker ``gunicorn.conf.py`` names (``worker_class``); see the module docstring.
+
+    Usage (``serving.server.hooks.post_fork`` does this)::
+
+        worker.guard(ConnectionLimits(header_timeout_s=10, body_timeout_s=30),
+                     process_arrivals())
+    """
+
+    alive: bool
+    max_requests: int
+    nr_conns: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits: ConnectionLimits | None = None
+        self.arrivals: Arrivals | None = None
+        #: Connections on the main loop (reading a head, or idle; each has its deadline).
+        self.heads: set[ServingConn] = set()
+        self._swept_at = 0.0
+        self._stop_capped = False
+        self._accept_paused_until = 0.0
+        self._lingerer = Lingerer()
+        self._heartbeat = Heartbeat(float(self.cfg.timeout))
+
+    @classmethod
+    def check_config(cls, cfg: Any, log: Any) -> None:
+        super().check_config(cfg, log)
+        problem = unserved(cfg) or missing_seam()
+        if problem:
+            log.error("serving: %s", problem)
+            print(f"serving: {problem}", file=sys.stderr)
+            raise SystemExit(1)
+
+    def guard(self, limits: ConnectionLimits, arrivals: Arrivals) -> None:
+        """Before ``init_process``: the limits this worker's connections get, and the
+        count of requests on their way to a batcher it keeps."""
+        self.limits, self.arrivals = limits, arrivals
+
+    def recycle_by_hand(self) -> int | None:
+        """Turn off Gunicorn's own exit after ``max_requests`` (each worker on its own, so
+        two could leave in the same second) and return the limit, for
+        ``serving.server.recycling`` to apply one worker at a time; None without one."""
+        limit = int(self.max_requests)
+        if limit >= sys.maxsize:
+            return None
+        self.max_requests = sys.maxsize
+        return limit
+
+    def idle_connections(self) -> int:
+        """Connections on the main loop (no request of theirs on a thread)."""
+        return len(self.heads)
+
+    def init_process(self) -> None:
+        if self.limits is None or self.arrivals is None:
+            raise RuntimeError(
+                "ServingWorker.guard() was not called (gunicorn.conf.py's post_fork)"
+            )
+        self.arrivals.waiting = ready_in_poller(self)
+        raise_open_files_limit(self.worker_connections + 64)
+        super().init_process()
+
+    # 1. Headers before threads -------------------------------------------------------
+
+    def accept(self, listener: socket.socket) -> None:
+        assert self.limits is not None
+        try:
+            client, address = listener.accept()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                self._pause_accepting(exc)
+            elif exc.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                raise
+            return
+        self.nr_conns += 1
+        conn = ServingConn(self.cfg, client, address, listener.getsockname())
+        conn.arrivals, conn.lingerer = self.arrivals, self._lingerer
+        conn.deadline = time.monotonic() + self.limits.header_timeout_s
+        self._read_head(conn, registered=False)
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        self.log.warning(
+            "serving: cannot accept a connection (%s); pausing accepting for %g s",
+            exc.strerror, ACCEPT_PAUSE_S,
+        )  # fmt: skip
+        self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
+        self.set_accept_enabled(False)
+
+    def _read_head(self, conn: ServingConn, registered: bool = True) -> None:
+        """Read what the client sent of its head; hand the connection to a thread once it
+        is complete, close it at the end of its stream, else wait in the poller."""
+        assert self.limits is not None
+        try:
+            data = conn.sock.recv(HEAD_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            if not registered:
+                self._watch(conn)
+            return
+        except OSError:
+            data = b""
+        if not data:  # the client closed (or reset) it
+            self._forget(conn, registered)
+            self.nr_conns -= 1
+            conn.close()
+            return
+        if not conn.head and conn.initialized:  # a kept-alive one's next request begins
+            conn.deadline = time.monotonic() + self.limits.header_timeout_s
+        searched = len(conn.head)
+        conn.head += data
+        if head_complete(conn.head, searched):
+            self._forget(conn, registered)
+            conn.data_ready = True
+            self.enqueue_req(conn)
+        elif not registered:
+            self._watch(conn)
+
+    def _watch(self, conn: ServingConn) -> None:
+        self.heads.add(conn)
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._readable, conn))
+
+    def _readable(self, conn: ServingConn, _sock: Any) -> None:
+        self._read_head(conn)
+
+    def _forget(self, conn: ServingConn, registered: bool) -> None:
+        if registered:
+            self.heads.discard(conn)
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.poller.unregister(conn.sock)
+
+    def murder_pending(self) -> None:
+        super().murder_pending()
+        now = time.monotonic()
+        if not self.alive and not self._stop_capped:
+            self._stop_capped = True  # idle connections: a short linger for a request
+            for conn in self.heads:
+                if not conn.head:
+                    conn.deadline = min(conn.deadline, now + STOP_LINGER_S)
+        if now - self._swept_at < SWEEP_INTERVAL_S:
+            return
+        self._swept_at = now
+        for conn in [c for c in self.heads if c.deadline <= now]:
+            self._forget(conn, registered=True)
+            self.nr_conns -= 1
+            conn.close()
+
+    def finish_request(self, conn: ServingConn, fs: Any) -> None:
+        assert self.limits is not None
+        try:
+            keepalive = fs.result() if not fs.cancelled() else False
+            if not keepalive:
+                self.nr_conns -= 1
+                conn.close(graceful=True)
+                return
+            conn.take_read_ahead()
+            conn.sock.setblocking(False)
+            now = time.monotonic()
+            if conn.head:  # the next request began with the last one's body
+                if head_complete(conn.head):
+                    conn.data_ready = True
+                    self.enqueue_req(conn)
+                    return
+                conn.deadline = now + self.limits.header_timeout_s
+            else:
+                linger = (
+                    self.cfg.keepalive if self.alive else min(self.cfg.keepalive, STOP_LINGER_S)
+                )
+                conn.deadline = now + linger
+            self._read_head(conn, registered=False)
+        except Exception:
+            self.nr_conns -= 1
+            conn.close()
+
+    # 2. Requests counted on their way to a batcher ----------------------------------
+
+    def enqueue_req(self, conn: ServingConn) -> None:
+        assert self.arrivals is not None
+        self.arrivals.hand()
+        super().enqueue_req(conn)
+
+    def handle(self, conn: ServingConn) -> Any:
+        assert self.arrivals is not None
+        self.arrivals.taken()
+        self.arrivals.enter()  # its head is read: it is on its way
+        try:
+            return super().handle(conn)
+        finally:
+            self.arrivals.leave()
+
+    # 3. One request, its body and its answer bounded --------------------------------
+
+    def handle_request(self, req: Any, conn: ServingConn) -> bool:
+        """Gunicorn's gthread ``handle_request``, with the body deadline, the send limit
+        and ``ServingResponse`` (see the module docstring)."""
+        assert self.limits is not None and conn.reader is not None
+        reader, sock = conn.reader, conn.sock
+        reader.deadline = deadline = time.monotonic() + self.limits.body_timeout_s
+        sock.settimeout(self.limits.header_timeout_s)  # a client not reading its answer
+        environ: dict[str, Any] = {}
+        resp = None
+        try:
+            self.cfg.pre_request(self, req)
+            resp, environ = wsgi.create(
+                req, sock, conn.client, conn.server, self.cfg,
+                response_class=ServingResponse, response_args=(reader,),
+            )  # fmt: skip
+            environ["wsgi.multithread"] = True
+            self._count_request(resp)
+            self._run_app(req, resp, environ)
+            if resp.should_close():
+                return False
+            # A body the app left unread is drained by the same deadline (Gunicorn's own
+            # drain waits 5 s per call, so a trickling client held the thread on).
+            return bool(conn.parser.finish_body(deadline=deadline))
+        except TimeoutError:  # a body's own deadline is answered 408 inside the app
+            self.log.info(
+                "closing a connection whose client has not read its response for %g s "
+                "(SERVING_HEADER_TIMEOUT_S)", self.limits.header_timeout_s,
+            )  # fmt: skip
+            # Gunicorn closes a reset connection quietly; a timeout got a traceback.
+            raise ConnectionResetError(errno.ECONNRESET, "client not reading") from None
+        except OSError:
+            raise
+        except (Exception, SystemExit):
+            if resp is not None and resp.headers_sent:
+                # Writing a 500 on a started response would corrupt it: close instead.
+                self.log.exception("Error handling request")
+                util.close_graceful(sock)
+                raise StopIteration() from None
+            raise
+        finally:
+            reader.deadline = None
+            try:
+                self.cfg.post_request(self, req, environ, resp)
+            except Exception:
+                self.log.exception("Exception in post_request hook")
+
+    def _count_request(self, resp: Any) -> None:
+        """Count the request against ``max_requests``; decide whether its answer closes."""
+        self.nr += 1
+        if self.nr >= self.max_requests:
+            if self.alive:
+                self.log.info("Autorestarting worker after current request.")
+                self.alive = False
+            resp.force_close()
+        if not self.alive or not self.cfg.keepalive or len(self.heads) >= self.max_keepalived:
+            resp.force_close()
+
+    def _run_app(self, req: Any, resp: Any, environ: dict[str, Any]) -> None:
+        """Call the app and write its answer, logged in Gunicorn's access log."""
+        request_start = datetime.now()
+        respiter = self.wsgi(environ, resp.start_response)
+        try:
+            if isinstance(respiter, environ["wsgi.file_wrapper"]):
+                resp.write_file(respiter)
+            else:
+                for item in respiter:
+                    resp.write(item)
+            resp.close()
+        finally:
+            self.log.access(resp, req, environ, datetime.now() - request_start)
+            if hasattr(respiter, "close"):
+                respiter.close()
+
+    # 4. Gunicorn's own answers counted ----------------------------------------------
+
+    def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
+        recorder = AnswerRecorder(client)
+        started = time.perf_counter()
+        super().handle_error(req, recorder, addr, exc)
+        if recorder.status:
+            method = getattr(req, "method", None) or "other"
+            _count_gunicorn_answer(method, recorder.status, time.perf_counter() - started)
+
+    # 6. Stopping ---------------------------------------------------------------------
+
+    def set_accept_enabled(self, enabled: bool) -> None:
+        if enabled and time.monotonic() < self._accept_paused_until:
+            return
+        super().set_accept_enabled(enabled)
+        if not enabled and not self.alive:
+            for listener in self.sockets:
+                with contextlib.suppress(OSError):
+                    listener.close()
+
+    def is_parent_alive(self) -> bool:
+        if super().is_parent_alive():
+            return True
+        self.alive = False  # as if told to stop: Connection: close, listeners closed
+        return False
+
+    # 7. Heartbeat --------------------------------------------------------------------
+
+    def notify(self) -> None:
+        if self._heartbeat.due():
+            super().notify()
+
+
+def _count_gunicorn_answer(method: str, status: int, duration_s: float) -> None:
+    """Count an answer Gunicorn wrote itself in the request metrics and the access log."""
+    from serving.context import new_request_id
+    from serving.observe import access_log
+    from serving.observe.metrics import default_metrics
+
+    default_metrics().observe_request(method, "(gunicorn)", status, duration_s)
+    access_log.record(
+        {
+            "request_id": new_request_id(),
+            "method": method[:16],
+            "route": "(gunicorn)",
+            "status": status,
+            "latency_ms": round(duration_s * 1000, 3),
+        }
+    )

@@ -1,0 +1,118 @@
+"""serving/server/connection.py: a request head known complete, the parser reading a head
+the main loop read, and a thread's reads bounded and uncounted while they wait."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+from gunicorn.config import Config  # type: ignore[import-untyped]
+
+from serving.batching.arrivals import Arrivals
+from serving.server.connection import HEAD_READ_BYTES, Reader, ServingConn, head_complete
+from tests.waiting import until
+
+
+@pytest.mark.parametrize(
+    ("head", "complete"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: x\r\n", False),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", True),
+        (b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", True),  # body along
+        (b"GET / HTTP/1.1\nHost: x\n\n", True),  # bare LF: the parser answers it (400)
+        (b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 20000, True),  # too long to wait for
+        (b"", False),
+    ],
+)
+def test_head_complete_sees_the_blank_line_or_a_head_too_long_to_wait_for(
+    head: bytes, complete: bool
+) -> None:
+    assert head_complete(head) is complete
+    assert len(b"X: y\r\n" * 20000) > HEAD_READ_BYTES
+
+
+def test_head_complete_finds_a_terminator_straddling_two_reads() -> None:
+    first, second = b"GET / HTTP/1.1\r\nHost: x\r\n\r", b"\n"
+
+    assert not head_complete(first)
+    assert head_complete(first + second, searched_from=len(first))
+
+
+def _conn(server: socket.socket, arrivals: Arrivals | None = None) -> ServingConn:
+    conn = ServingConn(Config(), server, ("127.0.0.1", 1), ("127.0.0.1", 8000))
+    conn.arrivals = arrivals
+    return conn
+
+
+def test_the_parser_reads_the_head_the_main_loop_read_then_the_socket() -> None:
+    server, client = socket.socketpair()
+    with server, client:
+        conn = _conn(server)
+        conn.head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\n{}"
+        client.sendall(b"[1]}")  # the rest of the body, still on the socket
+        conn.init()
+        req = next(conn.parser)
+
+        assert (req.method, req.path) == ("POST", "/predict")
+        assert req.body.read() == b"{}[1]}"
+        assert conn.head == b""
+
+
+def test_a_pipelined_request_read_with_a_body_goes_back_to_the_head() -> None:
+    server, client = socket.socketpair()
+    with server, client:
+        conn = _conn(server)
+        conn.head = (
+            b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}GET /livez HTTP/1.1\r\n"
+        )
+        conn.init()
+        assert next(conn.parser).body.read() == b"{}"
+        conn.parser.finish_body()
+        conn.take_read_ahead()
+
+        assert conn.head == b"GET /livez HTTP/1.1\r\n"
+        assert not head_complete(conn.head)
+
+
+def test_a_read_waiting_for_the_client_is_not_counted_until_bytes_come() -> None:
+    """Found by an attack: a trickling body was counted while its thread only waited for
+    the client, and every batch of the worker waited SERVING_MAX_BATCH_LATENCY_MS for it."""
+    arrivals = Arrivals()
+    server, client = socket.socketpair()
+    with server, client:
+        reader = Reader(server, arrivals)
+        arrivals.enter()  # the thread took the request up
+        client.sendall(b"ab")
+        assert (reader.recv(16), arrivals.count) == (b"ab", 1)  # no wait: still counted
+        seen: list[int] = []
+
+        def send_later() -> None:
+            until(lambda: arrivals.count == 0, 5, what="the waiting read uncounted")
+            seen.append(arrivals.count)
+            client.sendall(b"cd")
+
+        sender = threading.Thread(target=send_later)
+        sender.start()
+        assert reader.recv(16) == b"cd"
+        sender.join(5)
+
+    assert seen == [0]  # while it waited
+    assert arrivals.count == 1  # counted again once bytes came
+
+
+def test_a_read_past_its_deadline_raises_and_marks_the_reader_expired() -> None:
+    server, client = socket.socketpair()
+    with server, client:
+        reader = Reader(server, None)
+        reader.deadline = time.monotonic() + 0.2
+        client.sendall(b"ab")
+        assert reader.recv(16) == b"ab"
+        assert not reader.expired
+        with pytest.raises(TimeoutError):
+            reader.recv(16)  # nothing more comes
+        assert reader.expired
+        with pytest.raises(TimeoutError):
+            reader.recv(16)  # past it: at once
+        assert server.gettimeout() is None  # the socket's own timeout is left as it was
