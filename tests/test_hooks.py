@@ -140,15 +140,15 @@ def test_pre_fork_gives_each_new_worker_the_lowest_free_slot() -> None:
 @pytest.mark.parametrize(
     ("slot", "cpus", "per_worker", "expected"),
     [
-        (0, [0, 1], 1, {0}),
-        (1, [0, 1], 1, {1}),
-        (2, [0, 1], 1, {0}),  # more workers than CPUs: round-robin
-        (1, [4, 5, 6, 7], 2, {6, 7}),  # a cpuset that does not start at 0
-        (0, [3], 4, {3}),  # never more CPUs than there are
+        (0, [0, 1], 1, [0, 1]),
+        (1, [0, 1], 1, [1, 0]),
+        (2, [0, 1], 1, [0, 1]),  # more workers than CPUs: round-robin
+        (1, [4, 5, 6, 7], 2, [6, 7, 4, 5]),  # a cpuset that does not start at 0
+        (0, [3], 4, [3]),  # never more CPUs than there are
     ],
 )
 def test_cpus_for_slot_round_robins_over_the_allowed_cpus(
-    slot: int, cpus: list[int], per_worker: int, expected: set[int]
+    slot: int, cpus: list[int], per_worker: int, expected: list[int]
 ) -> None:
     assert pinning.cpus_for_slot(slot, cpus, per_worker) == expected
 
@@ -183,14 +183,50 @@ def test_quiet_gate_does_not_flap_between_two_and_three_requests_in_flight() -> 
     assert samples(gate, [1, 2, 1, 2, 2, 1, 2, 1] * 5) == [True] * 40
 
 
-def test_cpus_for_slot_of_two_servers_start_apart() -> None:
-    """Each master starts its round-robin at its pid: the workers of two servers on one
-    host do not all crowd the first CPU, and each server's workers still use every CPU."""
-    cpus = [0, 1, 2, 3]
-    first = [pinning.cpus_for_slot(slot, cpus, 1, start=1000) for slot in range(4)]
-    second = [pinning.cpus_for_slot(slot, cpus, 1, start=1001) for slot in range(4)]
-    assert first[0] != second[0]
-    assert set().union(*first) == set().union(*second) == set(cpus)
+def test_cpu_claims_of_two_servers_never_share_a_cpu_while_another_is_free(
+    tmp_path: Path,
+) -> None:
+    """Two one-worker servers on one host, both preferring CPU 0 (the first CPU used to
+    be the master's pid modulo the CPU count: same parity, same CPU)."""
+    first, second, third = (pinning.CpuClaims(tmp_path) for _ in range(3))
+
+    assert first.claim([0, 1], count=1) == {0}
+    assert second.claim([0, 1], count=1) == {1}  # CPU 0 is taken: the next free one
+    assert third.claim([0, 1], count=1) is None  # none free: pin nothing
+    assert third.held == set()
+    first.release()
+    assert third.claim([0, 1], count=1) == {0}  # free again once released
+
+
+def test_cpu_claims_take_every_cpu_a_worker_needs_or_none(tmp_path: Path) -> None:
+    first, second = pinning.CpuClaims(tmp_path), pinning.CpuClaims(tmp_path)
+
+    assert first.claim([0, 1, 2], count=2) == {0, 1}
+    assert second.claim([0, 1, 2], count=2) is None  # one free CPU of the two it needs
+    assert second.held == set()  # and it holds not even that one
+    assert second.claim([0, 1, 2], count=1) == {2}
+
+
+def test_cpu_claims_end_with_the_process_that_held_them(tmp_path: Path) -> None:
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    claimed, done = context.Event(), context.Event()
+
+    def hold() -> None:
+        pinning.CpuClaims(tmp_path).claim([5], count=1)
+        claimed.set()
+        done.wait(10)
+
+    holder = context.Process(target=hold)
+    holder.start()
+    try:
+        assert claimed.wait(10)
+        assert pinning.CpuClaims(tmp_path).claim([5], count=1) is None
+    finally:
+        done.set()
+        holder.join(10)
+    assert pinning.CpuClaims(tmp_path).claim([5], count=1) == {5}  # killed or exited
 
 
 @pytest.fixture

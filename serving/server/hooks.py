@@ -37,7 +37,7 @@ from serving.observe.payload_sinks import check_sink
 from serving.server import sharing
 from serving.server.children import forget_server_in_children, stop_children
 from serving.server.metrics_dir import prepare_metrics_dir, run_at_exit, set_master
-from serving.server.pinning import pin, pin_while_quiet
+from serving.server.pinning import Always, pin_while_quiet
 from serving.server.recycling import recycle_one_at_a_time
 from serving.server.rollover import roll_over
 from serving.server.worker import ConnectionLimits, ServingWorker
@@ -161,10 +161,9 @@ def _prepare_worker(server: Any, worker: Any, settings: Settings) -> logging.Log
     """Worker, before its first thread: pin its CPUs, keep the listening sockets out of
     processes its model forks, start tracing and the access log, route the ``serving``
     loggers to Gunicorn's and set the GIL switch interval. Returns the ``serving`` logger."""
-    if settings.cpu_affinity == "auto" and hasattr(os, "sched_setaffinity"):
-        pin(server, worker, settings.blas_threads)
-    elif settings.cpu_affinity == "adaptive" and hasattr(os, "sched_setaffinity"):
-        pin_while_quiet(server, worker, settings.blas_threads)
+    if settings.cpu_affinity != "none" and hasattr(os, "sched_setaffinity"):
+        gate = Always() if settings.cpu_affinity == "auto" else None  # adaptive: QuietGate
+        pin_while_quiet(server, worker, settings.blas_threads, gate)
     forget_server_in_children(getattr(worker, "sockets", ()))  # a model that forks
     from serving.observe import tracing
     from serving.observe.metrics import default_metrics

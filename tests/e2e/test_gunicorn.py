@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 import shutil
 import signal
 import socket
@@ -16,6 +17,7 @@ from typing import Any
 
 import joblib
 import numpy as np
+import pytest
 import requests
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -423,6 +425,74 @@ def test_each_worker_is_pinned_to_its_own_cpu_while_quiet_and_everywhere_when_bu
         timeout_s=20,
         what=lambda: f"quiet workers pinned again ({[thread_cpus(p) for p in workers]})",
     )
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to choose from")
+def test_two_servers_on_one_host_pin_their_workers_to_different_cpus(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Two one-worker servers: the first CPU was the master's pid modulo the CPU count, so
+    masters whose pids had the same parity pinned both workers to CPU 0 (combined 4,689
+    answers where unpinned gave 8,717). Each worker now claims its CPU across the host."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    servers = [gunicorn(model_path=model, workers=1, cpu_affinity="auto") for _ in range(2)]
+    for server in servers:
+        server.wait_ready(workers=1)
+    pinned = [
+        until(lambda s=s: _pinned_cpu(s.worker_pids()[0]), 10, what="a pinned worker")
+        for s in servers
+    ]
+
+    assert pinned[0] != pinned[1], pinned
+
+
+def _pinned_cpu(pid: int) -> str | None:
+    """The one CPU every thread of ``pid`` is pinned to, or None."""
+    cpus = thread_cpus(pid)
+    only = next(iter(cpus)) if len(cpus) == 1 else ""
+    return only if only.isdigit() else None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to choose from")
+def test_a_cpu_mask_set_from_outside_is_never_overridden(gunicorn: Start, pickled: Pickled) -> None:
+    """``taskset -a -p`` on a worker: its pinning thread moved every thread back at its
+    next change. Now it stops pinning and says so."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, workers=1)  # adaptive: pinned while quiet
+    server.wait_ready(workers=1)
+    worker = server.worker_pids()[0]
+    pinned = until(lambda: _pinned_cpu(worker), 10, what="the quiet worker pinned")
+    mine = {cpu for cpu in os.sched_getaffinity(0) if str(cpu) != pinned}
+    for task in Path(f"/proc/{worker}/task").iterdir():  # as taskset -a -p does
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(task.name), mine)
+    stop = threading.Event()
+
+    def client() -> None:  # busy: the worker would unpin, setting every CPU again
+        with requests.Session() as session:
+            while not stop.is_set():
+                session.post(f"{server.url}/predict", json={"instances": [[1.0]]})
+
+    with ThreadPoolExecutor(16) as pool:
+        for _ in range(16):
+            pool.submit(client)
+        try:
+            server.wait_for_log("no longer pins itself", 1, timeout_s=20)
+        finally:
+            stop.set()
+    for _ in range(20):  # quiet again: it would pin again
+        assert server.predict([[1.0]]).status_code == 200
+    time.sleep(1.5)  # longer than a pinning attempt's retry (1 s): nothing comes
+
+    assert thread_cpus(worker) == {_cpu_list(mine)}
+
+
+def _cpu_list(cpus: set[int]) -> str:
+    """``cpus`` as /proc writes a CPU list (``0``, ``0-1``, ``2,5``)."""
+    ordered = sorted(cpus)
+    if len(ordered) > 1 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ",".join(map(str, ordered))
 
 
 def test_a_killed_worker_comes_back_without_answering_503_while_it_loads(
