@@ -12,6 +12,10 @@ directory when it exits. States::
     leaving   stopped accepting (recycling), answering what it accepted       not counted
     stopping  stopped by the master (a reload, SIGTTOU), answering what it accepted
 
+Each file also says the worker's generation: the number of reloads (``SIGHUP``) the master
+had done when it forked the worker, so a fleet serving two model generations at once shows
+in ``/healthz`` (``generations``, ``"rollout": "in_progress"``) until the rollover is over.
+
 The server is ready (``Fleet.ready``) when at least one worker is counted and every counted
 worker is ready. A worker that is ``warming`` or ``failed`` takes no connections, so it
 cannot make a request fail; it only shows up in ``/healthz``. The master reads the board to
@@ -67,6 +71,8 @@ class Fleet:
     errors: dict[int, str] = field(default_factory=dict)
     #: What each loading worker is doing (``model 'churn': warming up``).
     stages: dict[int, str] = field(default_factory=dict)
+    #: Each worker's generation (reloads before its fork), where its file says.
+    generations: dict[int, int] = field(default_factory=dict)
 
     @property
     def ready_count(self) -> int:
@@ -87,8 +93,11 @@ class Fleet:
         """``{"ready": N, "total": M}``, plus ``loading``/``failed`` counts, the stage each
         loading worker is at and the last load error of each failed worker when there are
         any (for ``/healthz``). With a
-        failed worker, ``"rollout": "failed"``: a worker forked after the first boot (a
-        reload, respawn or recycle) cannot load the model, and the others serve on."""
+        failed worker (or one retrying after a failure), ``"rollout": "failed"``: a worker
+        forked after the first boot (a reload, respawn or recycle) cannot load the model,
+        and the others serve on. With workers of more than one generation (a reload not
+        yet over), ``"rollout": "in_progress"`` unless failed, and ``generations``: how
+        many workers of each serve (``ready``) or load."""
         body: dict[str, Any] = {"ready": self.ready_count, "total": self.total}
         loading = self.count("warming") + self.count("starting")
         if loading:
@@ -100,15 +109,32 @@ class Fleet:
             ]
             if stages:
                 body["stages"] = stages
+        retrying = [p for p in self.errors if self.states.get(p) in ("failed", "warming")]
         if self.count("failed"):
             body["failed"] = self.count("failed")
+        if retrying:
             body["rollout"] = "failed"
-            body["errors"] = [
-                {"pid": pid, "error": error}
-                for pid, error in sorted(self.errors.items())
-                if self.states.get(pid) == "failed"
-            ]
+            body["errors"] = [{"pid": pid, "error": self.errors[pid]} for pid in sorted(retrying)]
+        generations = self._generations()
+        if len(generations) > 1:
+            body.setdefault("rollout", "in_progress")
+            body["generations"] = generations
         return body
+
+    def _generations(self) -> list[dict[str, int]]:
+        """Per generation of the workers not on their way out: how many serve, and how
+        many there are (loading and failed ones too), oldest first."""
+        counts: dict[int, list[int]] = {}
+        for pid, state in self.states.items():
+            if state in GOING or pid not in self.generations:
+                continue
+            ready_total = counts.setdefault(self.generations[pid], [0, 0])
+            ready_total[0] += state == "ready"
+            ready_total[1] += 1
+        return [
+            {"generation": g, "ready": ready, "workers": total}
+            for g, (ready, total) in sorted(counts.items())
+        ]
 
 
 class Board:
@@ -123,6 +149,9 @@ class Board:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        #: This process's generation, written with each state (a worker sets it after
+        #: fork); None in the master, whose writes keep the worker's own.
+        self.generation: int | None = None
 
     @classmethod
     def create(cls) -> Board:
@@ -134,9 +163,19 @@ class Board:
     ) -> None:
         """Publish ``pid``'s state atomically (write, then rename over the old file), with
         its load error or, while it loads, the stage it is at."""
+        generation = self.generation if self.generation is not None else self._generation(pid)
         temporary = self.path / f".{pid}.tmp"
-        temporary.write_text(json.dumps({"state": state, "error": error, "stage": stage}))
+        entry = {"state": state, "error": error, "stage": stage, "generation": generation}
+        temporary.write_text(json.dumps(entry))
         os.replace(temporary, self.path / str(pid))
+
+    def _generation(self, pid: int) -> int | None:
+        """The generation ``pid``'s file says (the master writing a worker's state)."""
+        try:
+            value = json.loads((self.path / str(pid)).read_text()).get("generation")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return value if isinstance(value, int) else None
 
     def remove(self, pid: int) -> None:
         (self.path / str(pid)).unlink(missing_ok=True)
@@ -147,6 +186,7 @@ class Board:
         states: dict[int, WorkerState] = {}
         errors: dict[int, str] = {}
         stages: dict[int, str] = {}
+        generations: dict[int, int] = {}
         try:
             entries = list(self.path.iterdir())
         except OSError:
@@ -163,7 +203,9 @@ class Board:
                 errors[int(entry.name)] = data["error"]
             if data.get("stage"):
                 stages[int(entry.name)] = data["stage"]
-        return Fleet(states, errors, stages)
+            if isinstance(data.get("generation"), int):
+                generations[int(entry.name)] = data["generation"]
+        return Fleet(states, errors, stages, generations)
 
     def destroy(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

@@ -66,6 +66,9 @@ __all__ = [
 
 # Made by the master in on_starting, before the first fork; every worker inherits it.
 _boot: Boot | None = None
+# Reloads (SIGHUP) the master has done; a worker's copy, taken at its fork, is its
+# generation (on the board: /healthz shows a fleet serving two at once).
+_generation = 0
 
 
 def settings_or_exit() -> Settings:
@@ -132,7 +135,10 @@ def when_ready(server: Any, settings: Settings) -> None:
 def on_reload(server: Any, settings: Settings) -> None:
     """Master, on ``SIGHUP``, after re-reading the configuration and before forking the new
     workers: load the new artifacts to share (a failure keeps nothing shared: the new
-    workers load for themselves, fail and retry, the old ones serve on)."""
+    workers load for themselves, fail and retry, the old ones serve on). The workers forked
+    from now on are the next generation."""
+    global _generation
+    _generation += 1
     sharing.load_in_master(settings, server.log.info, server.log.error)
 
 
@@ -148,8 +154,10 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     one-at-a-time recycling, a watchdog that recycles the worker if its batcher gets
     stuck, and the limits on its connections. How the model is loaded, and what a failure
     does, depends on whether others serve already (``serving.server.worker_boot``). Each
-    worker publishes its state on the board (``/healthz``)."""
+    worker publishes its state, and its generation, on the board (``/healthz``)."""
     stop_on_signal_until_serving(server)
+    if _boot is not None:
+        _boot.board.generation = _generation  # this process's copy: the one at its fork
     service_log = _prepare_worker(server, worker, settings)
     cache = _get_model(server, worker, settings, service_log)
     recycle_one_at_a_time(server, worker, _boot.gate if _boot is not None else None)

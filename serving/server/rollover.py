@@ -8,7 +8,17 @@ changes it so that
 * after the first boot, no worker exit halts the server (Gunicorn halts on exit status 3 or
   4 whenever it comes: a model calling ``os._exit(3)`` would stop every worker);
 * a worker leaving for ``SERVING_MAX_REQUESTS`` (``serving.server.recycling``) is replaced
-  as soon as it leaves, while it drains.
+  as soon as it leaves, while it drains;
+* after a reload, every worker forked before it is replaced by one forked after it,
+  whatever dies meanwhile: a new worker killed while it loads (the OOM killer during its
+  warm-up) is replaced by another new one. It was not (the old and new workers together
+  were as many as wanted), so one old worker served the old model until the next reload.
+
+Why the arbiter's methods are replaced on the instance (``install``) rather than through
+a documented hook: Gunicorn has no hook between a reload's fork of the new workers and its
+stop of the old ones, and ``gunicorn wsgi:app`` builds its own ``Arbiter`` (no setting
+names an arbiter class). This is the one place ``serving`` still changes a Gunicorn
+object it did not create.
 
 The workers' states come from the board (``serving.server.board``); the master looks at
 every reap and at least once a second.
@@ -66,6 +76,8 @@ class _RollOver:
     ) -> None:
         self.server, self.board, self.on_booted, self.gate = server, board, on_booted, gate
         self.retiring: set[int] = set()
+        #: Workers forked before the last reload: none counts towards the new generation.
+        self.older: set[int] = set()
         self.booted = False
         self.reloading = self.spawned = False
         self._reap, self._reload, self._stop_all = server.reap_workers, server.reload, server.stop
@@ -98,12 +110,15 @@ class _RollOver:
             server.spawn_workers()
         self.sync()
         states = self.board.read().states
-        staying = [p for p in server.WORKERS if states.get(p) not in GOING]
+        staying = [p for p in server.WORKERS if states.get(p) not in GOING and p not in self.older]
         for _ in range(server.num_workers - len(staying)):
-            server.spawn_worker()  # a recycling worker's replacement, while it drains
+            # a recycling worker's replacement, while it drains; after a reload, a new
+            # worker's in place of one that died
+            server.spawn_worker()
         self.spawned = self.reloading  # reload() manages its workers once, after forking
 
     def reload(self) -> None:
+        self.older |= set(self.server.WORKERS)
         self.reloading, self.spawned = True, False
         try:
             self._reload()
@@ -125,6 +140,7 @@ class _RollOver:
         if self.gate is not None:
             self.gate.target = server.num_workers
         self.retiring.intersection_update(server.WORKERS)
+        self.older.intersection_update(server.WORKERS)
         for pid in list(self.retiring):
             if fleet.states.get(pid, "stopping") not in GOING:
                 self._stop(pid, "again: it had no handler for the first SIGTERM yet")

@@ -157,12 +157,14 @@ def load_before_accepting(
     the other workers. Returns the loaded ``ModelCache``."""
     pid = os.getpid()
     delay_s = RETRY_FIRST_S
+    last_error: str | None = None  # kept while retrying: the rollout still failed
     while True:
         if board is not None:
-            board.write(pid, "warming")
-        cache, error = _load_once(worker, settings, slot, board)
+            board.write(pid, "warming", last_error)
+        cache, error = _load_once(worker, settings, slot, board, last_error)
         if error is None:
             return cache
+        last_error = str(error)
         server.log.error(
             "worker %s: %s; retrying in %g s (the other workers go on serving)",
             pid,
@@ -176,7 +178,7 @@ def load_before_accepting(
 
 
 def _load_once(
-    worker: Any, settings: Settings, slot: int, board: Board | None
+    worker: Any, settings: Settings, slot: int, board: Board | None, last_error: str | None
 ) -> tuple[Any, BaseException | None]:
     """One attempt: a ``ModelCache`` loaded in the background while this thread keeps the
     worker alive for the arbiter; ``(cache, None)``, or ``(None or the cache, the first
@@ -193,7 +195,7 @@ def _load_once(
         metrics.model_load_failed(settings.resolved_model_name, settings.model_version)
         return None, ModelLoadError(settings.resolved_model_path, reason or str(exc))
     if board is not None:
-        cache.report_stages(functools.partial(board.write, os.getpid(), "warming", None))
+        cache.report_stages(functools.partial(board.write, os.getpid(), "warming", last_error))
     done = threading.Event()
     failures: list[BaseException] = []
     cache.start_loading(failures.append, done.set)

@@ -284,3 +284,48 @@ def test_max_requests_bounds_what_each_worker_serves_across_a_reload(
     # (observed: at most 56-135 with this limit of 20 on a quiet host, 302 with four test
     # runs beside it; 1,000 and more before, when recycling stopped for good).
     assert max(served) <= 25 * limit, sorted(served)
+
+
+def test_a_new_worker_killed_while_it_loads_leaves_no_old_model_serving(
+    gunicorn: Start, pickled: Pickled, tmp_path: Path
+) -> None:
+    """Serve A, rename B over the file, HUP, and SIGKILL the first new worker as it loads
+    (an OOM kill during its warm-up): no replacement was forked, the rollover retired one
+    old worker, and 60 s later 93 of 200 answers still came from A, with /healthz saying
+    2 of 2 ready and nothing of a rollout. Now the dead worker's place goes to another new
+    one, /healthz says the rollout is in progress, and then every answer comes from B."""
+    tickets = tmp_path / "tickets"
+    tickets.mkdir()
+    current = tmp_path / "current.pkl"
+    pickled(RowOffset(offset=0.0), "a.pkl").rename(current)
+    server = gunicorn(
+        model_path=current, share_model="off", load_timeout_s=60,
+        request_timeout_ms=DEADLINE_S * 1000,
+    )  # fmt: skip
+    server.wait_ready()
+    server.wait_for_log("every worker is ready", 1)
+    first = set(server.worker_pids())
+    assert server.proc is not None
+    # B loads slowly in each new worker (3 s): time to catch one loading.
+    pickled(UnevenLoading((3.0,), str(tickets), offset=1000.0), "b.pkl").rename(current)
+    server.proc.send_signal(signal.SIGHUP)
+    fresh = until(
+        lambda: set(server.worker_pids()) - first, 10, interval_s=0.02,
+        what="a new worker forked",
+    )  # fmt: skip
+    os.kill(min(fresh), signal.SIGKILL)
+    seen_in_progress = until(
+        lambda: requests.get(f"{server.url}/healthz", timeout=5).json()["workers"].get("rollout")
+        == "in_progress",
+        10, interval_s=0.05, what="the rollout shown in progress",
+    )  # fmt: skip
+    until(
+        lambda: not first & set(server.worker_pids()), 60, interval_s=0.2,
+        what=lambda: f"every old worker gone:\n{server.output()}",
+    )  # fmt: skip
+    answers = [server.predict([[1.0]]).json()["predictions"][0] for _ in range(200)]
+    health = requests.get(f"{server.url}/healthz", timeout=5).json()["workers"]
+
+    assert seen_in_progress
+    assert answers == [1001.0] * 200  # B only
+    assert health == {"ready": 2, "total": 2}, health
