@@ -113,7 +113,10 @@ def on_starting(server: Any) -> None:
         boot.booted.value = 1
         server.log.info("every worker is ready; from now on a worker loads before accepting")
 
-    roll_over(server, boot.board, booted, boot.gate)
+    def stopping() -> None:
+        boot.stopping.value = 1
+
+    roll_over(server, boot.board, booted, boot.gate, stopping)
 
 
 def _log_to_gunicorn(server: Any) -> logging.Logger:
@@ -229,6 +232,7 @@ def _guard_connections(worker: Any, settings: Settings) -> None:
             body_timeout_s=settings.request_timeout_ms / 1000,
         ),
         process_arrivals(),
+        server_stopping=lambda: _boot is not None and bool(_boot.stopping.value),
     )
 
 

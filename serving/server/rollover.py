@@ -39,13 +39,18 @@ __all__ = ["roll_over"]
 
 
 def roll_over(
-    server: Any, board: Board, on_booted: Callable[[], None], gate: RecycleGate | None = None
+    server: Any,
+    board: Board,
+    on_booted: Callable[[], None],
+    gate: RecycleGate | None = None,
+    on_stop: Callable[[], None] = lambda: None,
 ) -> None:
     """Make the Gunicorn arbiter ``server`` roll workers over one by one and stop halting
     once the first boot is over (see the module docstring and ``_RollOver``);
     ``on_booted()`` is called once, in the master, when every first-boot worker is ready.
-    ``gate`` learns the number of workers wanted each time the master looks."""
-    _RollOver(server, board, on_booted, gate).install()
+    ``gate`` learns the number of workers wanted each time the master looks;
+    ``on_stop()`` is called as the master stops the whole server, before its workers."""
+    _RollOver(server, board, on_booted, gate, on_stop).install()
 
 
 class _RollOver:
@@ -73,8 +78,10 @@ class _RollOver:
         board: Board,
         on_booted: Callable[[], None],
         gate: RecycleGate | None = None,
+        on_stop: Callable[[], None] = lambda: None,
     ) -> None:
         self.server, self.board, self.on_booted, self.gate = server, board, on_booted, gate
+        self.on_stop = on_stop
         self.retiring: set[int] = set()
         #: Workers forked before the last reload: none counts towards the new generation.
         self.older: set[int] = set()
@@ -93,6 +100,7 @@ class _RollOver:
         every worker marked as stopping first: one a reload forked just before may not have
         its handler yet and lose the signal, then load and serve until the graceful
         timeout kills it; ``sync``, at each reap, sends it again as to any stopped worker."""
+        self.on_stop()
         for pid in self.server.WORKERS:
             self.retiring.add(pid)
             self.board.write(pid, "stopping")

@@ -1,7 +1,8 @@
 """What ``ServingWorker`` needs of its Gunicorn and its process, checked or set at start:
 ``unserved`` (a configuration it does not serve), ``missing_seam`` (a method or argument of
 Gunicorn's it overrides or calls, missing from the installed one) and
-``raise_open_files_limit``.
+``raise_open_files_limit``; ``refuse_new_connections`` (a listening socket that completes
+no handshake any more, before its last copy is closed).
 
 Imports only the standard library and Gunicorn.
 """
@@ -9,14 +10,21 @@ Imports only the standard library and Gunicorn.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import inspect
 import resource
+import socket
+import struct
+import sys
 from typing import Any
 
 from gunicorn.http import parser, wsgi  # type: ignore[import-untyped]
 from gunicorn.workers import gthread  # type: ignore[import-untyped]
 
-__all__ = ["missing_seam", "raise_open_files_limit", "unserved"]
+__all__ = ["missing_seam", "raise_open_files_limit", "refuse_new_connections", "unserved"]
+
+#: ``SO_ATTACH_FILTER`` (Linux, ``asm-generic/socket.h``); Python's socket module lacks it.
+_SO_ATTACH_FILTER = 26
 
 
 def unserved(cfg: Any) -> str | None:
@@ -63,3 +71,23 @@ def raise_open_files_limit(wanted: int) -> None:
         target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def refuse_new_connections(listener: Any) -> bool:
+    """Make the listening socket ``listener`` drop every packet from now on (a classic BPF
+    filter of one instruction, ``ret #0``): no handshake completes into its backlog any
+    more, and a client's SYN goes unanswered until the socket is closed, when the kernel
+    refuses its retry. The connections already in the backlog stay, to be accepted.
+    Linux only; False, changing nothing, elsewhere or when the kernel refuses it.
+
+    The filter is on the socket itself, shared by every process holding it: only for a
+    server that stops as a whole (``ServingWorker._stop_listening``)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    drop_all = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))  # BPF_RET|BPF_K
+    program = struct.pack("HxxxxxxQ", 1, ctypes.addressof(drop_all))  # struct sock_fprog
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, program)
+    except OSError:
+        return False
+    return True

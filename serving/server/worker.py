@@ -29,7 +29,9 @@ socket inwards:
    until the client closes, up to 2 s) lingers in one thread (``lingering.Lingerer``),
    not on the main loop, which accepts nothing meanwhile.
 6. ``set_accept_enabled``, ``is_parent_alive``: a stopping worker closes its listening
-   sockets as it stops accepting, so new clients are refused, not reset at its exit; a
+   sockets as it stops accepting, so new clients are refused, not reset at its exit (when
+   the whole server stops, the connections already in the kernel's backlog are accepted
+   and answered first); a
    worker whose master is gone (SIGKILL) stops as if told to: no accepting, every answer
    ``Connection: close``, out within the graceful timeout.
 7. ``notify``: the heartbeat file written at most once a second (``heartbeat``), not on
@@ -52,6 +54,7 @@ import selectors
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -67,7 +70,12 @@ from serving.server.connection import HEAD_READ_BYTES, ServingConn, head_complet
 from serving.server.heartbeat import Heartbeat
 from serving.server.lingering import Lingerer
 from serving.server.response import AnswerRecorder, ServingResponse
-from serving.server.seams import missing_seam, raise_open_files_limit, unserved
+from serving.server.seams import (
+    missing_seam,
+    raise_open_files_limit,
+    refuse_new_connections,
+    unserved,
+)
 
 __all__ = ["ConnectionLimits", "ServingWorker"]
 
@@ -78,6 +86,8 @@ STOP_LINGER_S = 2.0
 SWEEP_INTERVAL_S = 0.1
 #: How long accepting pauses when the process is out of file descriptors, in seconds.
 ACCEPT_PAUSE_S = 0.5
+#: Most connections a worker takes from its listening socket's backlog as it closes it.
+BACKLOG_DRAIN_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,7 @@ class ServingWorker(gthread.ThreadWorker):  # type: ignore[misc]
         self._swept_at = 0.0
         self._stop_capped = False
         self._accept_paused_until = 0.0
+        self._server_stopping: Callable[[], bool] = lambda: False
         self._lingerer = Lingerer()
         self._heartbeat = Heartbeat(float(self.cfg.timeout))
 
@@ -124,10 +135,17 @@ class ServingWorker(gthread.ThreadWorker):  # type: ignore[misc]
             print(f"serving: {problem}", file=sys.stderr)
             raise SystemExit(1)
 
-    def guard(self, limits: ConnectionLimits, arrivals: Arrivals) -> None:
-        """Before ``init_process``: the limits this worker's connections get, and the
-        count of requests on their way to a batcher it keeps."""
-        self.limits, self.arrivals = limits, arrivals
+    def guard(
+        self,
+        limits: ConnectionLimits,
+        arrivals: Arrivals,
+        server_stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Before ``init_process``: the limits this worker's connections get, the count
+        of requests on their way to a batcher it keeps, and whether the whole server is
+        stopping (the master's ``SIGTERM``/``SIGINT``, not a reload or recycle of this
+        worker alone: then the other workers keep the listening socket open)."""
+        self.limits, self.arrivals, self._server_stopping = limits, arrivals, server_stopping
 
     def recycle_by_hand(self) -> int | None:
         """Turn off Gunicorn's own exit after ``max_requests`` (each worker on its own, so
@@ -155,6 +173,11 @@ class ServingWorker(gthread.ThreadWorker):  # type: ignore[misc]
     # 1. Headers before threads -------------------------------------------------------
 
     def accept(self, listener: socket.socket) -> None:
+        self._accept_one(listener)
+
+    def _accept_one(self, listener: socket.socket) -> bool:
+        """Accept one connection from ``listener`` (non-blocking) and start reading its
+        head; False when none was waiting (or none could be accepted)."""
         assert self.limits is not None
         try:
             client, address = listener.accept()
@@ -163,12 +186,13 @@ class ServingWorker(gthread.ThreadWorker):  # type: ignore[misc]
                 self._pause_accepting(exc)
             elif exc.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
                 raise
-            return
+            return exc.errno == errno.ECONNABORTED  # that one is gone; others may wait
         self.nr_conns += 1
         conn = ServingConn(self.cfg, client, address, listener.getsockname())
         conn.arrivals, conn.lingerer = self.arrivals, self._lingerer
         conn.deadline = time.monotonic() + self.limits.header_timeout_s
         self._read_head(conn, registered=False)
+        return True
 
     def _pause_accepting(self, exc: OSError) -> None:
         self.log.warning(
@@ -371,8 +395,25 @@ class ServingWorker(gthread.ThreadWorker):  # type: ignore[misc]
         super().set_accept_enabled(enabled)
         if not enabled and not self.alive:
             for listener in self.sockets:
-                with contextlib.suppress(OSError):
-                    listener.close()
+                self._stop_listening(listener)
+
+    def _stop_listening(self, listener: socket.socket) -> None:
+        """Close this worker's copy of ``listener``. When the whole server stops, the
+        last copy's close resets every connection the kernel completed into its backlog
+        (their clients have sent their requests): 1 to 6 of 16 keep-alive clients
+        reconnecting after ``Connection: close`` were reset. So first no handshake
+        completes any more (``refuse_new_connections``: a client's SYN goes unanswered
+        until the socket is closed, then it is refused), then the backlog is accepted
+        and answered (``Connection: close``), then the socket closed."""
+        if self._server_stopping():
+            refuse_new_connections(listener)
+            with contextlib.suppress(OSError):
+                listener.setblocking(False)
+                for _ in range(BACKLOG_DRAIN_MAX):
+                    if not self._accept_one(listener):
+                        break
+        with contextlib.suppress(OSError):
+            listener.close()
 
     def is_parent_alive(self) -> bool:
         if super().is_parent_alive():

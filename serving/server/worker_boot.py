@@ -64,12 +64,17 @@ class Boot:
     timeout: a worker still booting loses a signal sent before its handlers exist).
     ``booted`` is set by the master once every first-boot worker is ready
     (``serving.server.rollover``): a worker forked after that loads before accepting.
+    ``stopping`` is set by the master as it stops the whole server (not a reload), so the
+    last workers to close the listening socket first take what is in its backlog
+    (``ServingWorker._stop_listening``).
     """
 
     board: Board
     gate: RecycleGate
     failed: Any  # multiprocessing.Value("b"): 1 once a first-boot load failed
     booted: Any  # multiprocessing.Value("b"): 1 once the first boot is over
+    #: multiprocessing.Value("b"): 1 once the master is stopping the whole server.
+    stopping: Any = None
 
     @classmethod
     def create(cls, num_workers: int) -> Boot:
@@ -80,7 +85,13 @@ class Boot:
         install_board(board)
         gate = RecycleGate(board)
         gate.target = num_workers
-        return cls(board, gate, multiprocessing.Value("b", 0), multiprocessing.Value("b", 0))
+        return cls(
+            board,
+            gate,
+            multiprocessing.Value("b", 0),
+            multiprocessing.Value("b", 0),
+            multiprocessing.Value("b", 0),
+        )
 
     def others_serve(self) -> bool:
         """Whether this worker must load before accepting: the first boot is over, or a

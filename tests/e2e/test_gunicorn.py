@@ -225,6 +225,7 @@ def test_sigterm_during_a_burst_answers_every_accepted_request(
     assert server.wait_exit() == 0
 
 
+@pytest.mark.usefixtures("cpu_hog")
 def test_sigterm_under_keep_alive_traffic_resets_no_request_it_let_in(
     gunicorn: Start, pickled: Pickled
 ) -> None:
@@ -233,7 +234,10 @@ def test_sigterm_under_keep_alive_traffic_resets_no_request_it_let_in(
     held its copy of the listening socket, so the kernel took their connections into the
     backlog and their requests were sent, and when the worker closed it at exit each was
     reset (13-16 of 16 clients, with one worker). A stopping worker now stops listening
-    when it stops accepting: a client that comes after is refused, before it sends."""
+    when it stops accepting: a client that comes after is refused, before it sends. Still
+    1 to 6 of 16 were reset in about one run of three: those the kernel completed into the
+    backlog just before the close. The last worker now stops handshakes first, then
+    answers the backlog, then closes (20 runs in a row with a CPU hog on every core)."""
     model = pickled(RowOffset(offset=0.0), "m.pkl")
     server = gunicorn(model_path=model, workers=1)
     server.wait_ready(workers=1)
