@@ -130,9 +130,17 @@ def _log_to_gunicorn(server: Any) -> logging.Logger:
 
 def when_ready(server: Any, settings: Settings) -> None:
     """Master, once, before the first fork: load the models the workers will share
-    (``serving.server.sharing``), saying which and why in one line."""
+    (``serving.server.sharing``), saying which and why in one line. A load past
+    ``SERVING_LOAD_TIMEOUT_S`` stops the start (exit status 3) with a line naming the
+    model."""
     _log_to_gunicorn(server)  # the loader's own lines (read and checked, loaded as)
-    sharing.load_in_master(settings, server.log.info, server.log.error)
+    if sharing.load_in_master(settings, server.log.info, server.log.error) == "timed_out":
+        print(
+            f"serving: the master's load of model {settings.resolved_model_name!r} took "
+            f"longer than SERVING_LOAD_TIMEOUT_S={settings.load_timeout_s:g} s; not starting",
+            file=sys.stderr,
+        )
+        raise SystemExit(3)
 
 
 def on_reload(server: Any, settings: Settings) -> None:

@@ -23,8 +23,16 @@ forked) and everything under ``SERVING_SHARE_MODEL=off``.
 A reload drops the master's old objects before it loads the new file (the old workers keep
 their copy until they exit: at most two copies). A load that fails leaves the master with
 nothing to hand out: the new workers load for themselves, as with ``off``, fail and retry
-while the old ones serve the old model (``serving.server.rollover``). The master is busy
-(signals and dead workers wait) while it loads: the load time of the file.
+while the old ones serve the old model (``serving.server.rollover``).
+
+Every load in the master is bounded by ``SERVING_LOAD_TIMEOUT_S``: it runs on a thread
+while the master's own thread waits for it (``_bounded``), so dead workers are still
+reaped, and a ``SIGTERM``, ``SIGINT`` or ``SIGQUIT`` ends the wait at once (the master then
+acts on it as usual). A load past its time is abandoned: at start the server stops with a
+line naming the model; on a reload nothing is shared, the new workers load for themselves
+(each bounded by the same timeout) and the old ones serve on. A pickle that hung for 90 s
+with a 5 s timeout left the server without workers or probes for 90 s, and a SIGTERM sent
+at 17 s was acted on at 90 s.
 
 Imports no prometheus-client (the master imports this module before it sets
 ``PROMETHEUS_MULTIPROC_DIR``) and no model library until it loads one.
@@ -33,14 +41,31 @@ Imports no prometheus-client (the master imports this module before it sets
 from __future__ import annotations
 
 import gc
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from serving.model.handle import ModelHandle
 from serving.settings import Settings
 
-__all__ = ["SHARED_FORMATS", "Choice", "choose", "describe", "inherited", "load_in_master"]
+__all__ = [
+    "SHARED_FORMATS",
+    "Choice",
+    "Outcome",
+    "choose",
+    "describe",
+    "inherited",
+    "load_in_master",
+]
+
+#: How a load in the master ended: nothing to share, loaded, failed (logged), past
+#: ``SERVING_LOAD_TIMEOUT_S`` or cut short by a signal to stop.
+Outcome = Literal["none", "loaded", "failed", "timed_out", "interrupted"]
+#: The signals that end the master's wait for a load (it acts on them afterwards).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 #: Formats whose loaded objects a forked worker can use as they are.
 SHARED_FORMATS = frozenset({"pickle", "joblib", "skops"})
@@ -115,10 +140,11 @@ def inherited(settings: Settings) -> ModelHandle | None:
 
 def load_in_master(
     settings: Settings, log: Callable[..., None], error: Callable[..., None]
-) -> None:
+) -> Outcome:
     """Master, before forking workers (start-up, each reload): drop the models loaded
-    before, log which models are shared (``describe``) and load those. A failure is logged
-    (path and cause) and leaves nothing shared: the workers load for themselves."""
+    before, log which models are shared (``describe``) and load those, within
+    ``SERVING_LOAD_TIMEOUT_S``. A failure, a timeout or a stop signal is logged (path and
+    cause) and leaves nothing shared: the workers load for themselves."""
     global _handles
     _handles = {}  # the old workers keep their copy; the master keeps none (two at most)
     gc.unfreeze()
@@ -127,17 +153,79 @@ def load_in_master(
         choices = choose(settings)
     except Exception as exc:  # a path gone since the settings were read: not the master's end
         error("model sharing: none (%s); each worker loads its own", exc)
-        return
+        return "failed"
     log(describe(choices))
     wanted = [c for c in choices if c.shared]
     if not wanted:
-        return
+        return "none"
+    started = time.perf_counter()
+    done, handles, stopped_by = _bounded(
+        lambda: _load(wanted, error), settings.load_timeout_s
+    )  # fmt: skip
+    labels = ", ".join(c.label for c in wanted)
+    if stopped_by is not None:
+        error("model sharing: the master stopped loading %s (%s)", labels, stopped_by.name)
+        return "interrupted"
+    if not done:
+        error(
+            "model sharing: the master's load of %s took longer than %g s "
+            "(SERVING_LOAD_TIMEOUT_S); each worker loads its own",
+            labels, settings.load_timeout_s,
+        )  # fmt: skip
+        return "timed_out"
+    if handles is None:
+        return "failed"
+    gc.freeze()  # the collector no longer writes to the pages of these objects
+    _handles = handles
+    log(
+        "model sharing: loaded %d model(s) in the master in %.2f s; workers inherit them at fork",
+        len(handles),
+        time.perf_counter() - started,
+    )
+    return "loaded"
+
+
+def _bounded(
+    work: Callable[[], dict[Key, ModelHandle] | None], timeout_s: float
+) -> tuple[bool, dict[Key, ModelHandle] | None, signal.Signals | None]:
+    """Run ``work`` on a daemon thread and wait for it at most ``timeout_s`` seconds, or
+    until a stop signal (``STOP_SIGNALS``) comes: (whether it finished, its result, the
+    signal). The master's handlers for those signals are put back afterwards and a signal
+    that came is raised again for them, so the master acts on it as usual; other signals
+    (``SIGCHLD``: a worker died) reach its handlers meanwhile."""
+    result: list[dict[Key, ModelHandle] | None] = []
+    came: list[signal.Signals] = []
+
+    def run() -> None:
+        result.append(work())
+
+    previous = {
+        sig: signal.signal(sig, lambda s, _f: came.append(signal.Signals(s)))
+        for sig in STOP_SIGNALS
+    }
+    try:
+        thread = threading.Thread(target=run, name="serving-master-load", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout_s
+        while thread.is_alive() and not came and time.monotonic() < deadline:
+            thread.join(0.05)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if came:
+        signal.raise_signal(came[0])
+        return False, None, came[0]
+    return bool(result), result[0] if result else None, None
+
+
+def _load(wanted: list[Choice], error: Callable[..., None]) -> dict[Key, ModelHandle] | None:
+    """Load every model of ``wanted`` (on the master's loading thread); None, logged,
+    when one fails."""
     from threadpoolctl import threadpool_limits
 
     from serving.loading import load_artifact, model_loaders
 
     threadpool_limits(limits=1)  # the libraries loaded already (numpy's BLAS)
-    started = time.perf_counter()
     handles: dict[Key, ModelHandle] = {}
     try:
         for choice in wanted:
@@ -151,14 +239,7 @@ def load_in_master(
             choice.label,
             exc,
         )
-        return
+        return None
     finally:
         threadpool_limits(limits=1)  # reaches the libraries the load imported
-    gc.freeze()  # the collector no longer writes to the pages of these objects
-    _handles = handles
-    log(
-        "model sharing: loaded %d model(s) in the master in %.2f s (it handled no signal "
-        "meanwhile); workers inherit them at fork",
-        len(handles),
-        time.perf_counter() - started,
-    )
+    return handles

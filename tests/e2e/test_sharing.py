@@ -19,7 +19,7 @@ from sklearn.datasets import make_classification
 from sklearn.ensemble import RandomForestClassifier
 
 from tests.e2e.server import GunicornServer
-from tests.models import UnevenLoading
+from tests.models import RowOffset, SlowLoading, UnevenLoading
 from tests.waiting import until
 
 Start = Callable[..., GunicornServer]
@@ -111,3 +111,61 @@ def test_a_shared_forest_answers_as_in_process(gunicorn: Start, pickled: Pickled
             body["probabilities"], forest.predict_proba(X[start : start + 100])
         )
     assert server.terminate() == 0
+
+
+def test_a_master_load_past_its_timeout_stops_the_start_naming_the_model(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """A pickle that hangs for 90 s with SERVING_LOAD_TIMEOUT_S=5: no worker, no probe,
+    for 90 s. The master's load is bounded like a worker's."""
+    model = pickled(SlowLoading(n_features=1, load_s=90.0), "hangs.pkl")
+    server = gunicorn(model_path=model, load_timeout_s=3)
+
+    status = server.wait_exit(timeout_s=30)
+
+    assert status == 3, server.output()
+    assert "the master's load of model 'hangs' took longer than" in server.output()
+    assert "SERVING_LOAD_TIMEOUT_S=3 s; not starting" in server.output()
+
+
+def test_sigterm_while_the_master_loads_is_acted_on_at_once(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """A SIGTERM 17 s into a 90 s master load was acted on at 90 s (Kubernetes' 30 s grace
+    would have ended in SIGKILL)."""
+    model = pickled(SlowLoading(n_features=1, load_s=90.0), "hangs.pkl")
+    server = gunicorn(model_path=model, load_timeout_s=120)
+    server.wait_for_log("model sharing: 'hangs'", 1)  # the master is loading it
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGTERM)
+
+    status = server.wait_exit(timeout_s=20)  # not after the load's 90 s
+
+    assert status == 0, server.output()
+    assert "the master stopped loading 'hangs' version '1' (SIGTERM)" in server.output()
+
+
+def test_a_reload_whose_master_load_hangs_keeps_the_old_model_serving(
+    gunicorn: Start, pickled: Pickled, tmp_path: Path
+) -> None:
+    """HUP onto a pickle that hangs: the master's reload is abandoned at the timeout, the
+    new workers load for themselves (and fail at the same timeout), the old workers serve
+    the old model all along, and /healthz says the rollout failed."""
+    current = tmp_path / "current.pkl"
+    pickled(RowOffset(offset=0.0), "a.pkl").rename(current)
+    server = gunicorn(model_path=current, load_timeout_s=3)
+    server.wait_ready()
+    assert server.proc is not None
+    pickled(SlowLoading(n_features=1, load_s=60.0), "b.pkl").rename(current)
+    server.proc.send_signal(signal.SIGHUP)
+    server.wait_for_log("took longer than 3 s (SERVING_LOAD_TIMEOUT_S)", 1, timeout_s=20)
+    answers = [server.predict([[1.0]]).json()["predictions"] for _ in range(20)]
+    health = until(
+        lambda: (h := requests.get(f"{server.url}/healthz", timeout=5).json())["workers"].get(
+            "rollout"
+        ) == "failed" and h,
+        30, interval_s=0.2, what="the failed rollout in /healthz",
+    )  # fmt: skip
+
+    assert answers == [[1.0]] * 20  # the old model, throughout
+    assert health["status"] == "ready", health
