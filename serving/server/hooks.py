@@ -114,7 +114,12 @@ def on_starting(server: Any) -> None:
         server.log.info("every worker is ready; from now on a worker loads before accepting")
 
     def stopping() -> None:
-        boot.stopping.value = 1
+        # Only where nothing else listens on the sockets: not during a SIGUSR2 upgrade
+        # (the other generation shares them), nor on systemd's or an inherited fd://.
+        shared = server.reexec_pid or server.master_pid or server.systemd
+        inherited = any(str(address).startswith("fd://") for address in server.cfg.bind)
+        if not shared and not inherited:
+            boot.stopping.value = 1
 
     roll_over(server, boot.board, booted, boot.gate, stopping)
 

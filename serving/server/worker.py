@@ -123,6 +123,7 @@ class ServingWorker(gthread.ThreadWorker):  # type: ignore[misc]
         self._stop_capped = False
         self._accept_paused_until = 0.0
         self._server_stopping: Callable[[], bool] = lambda: False
+        self._orphaned = False  # its master is gone: it is the last to hold the socket
         self._lingerer = Lingerer()
         self._heartbeat = Heartbeat(float(self.cfg.timeout))
 
@@ -404,9 +405,13 @@ class ServingWorker(gthread.ThreadWorker):  # type: ignore[misc]
         reconnecting after ``Connection: close`` were reset. So first no handshake
         completes any more (``refuse_new_connections``: a client's SYN goes unanswered
         until the socket is closed, then it is refused), then the backlog is accepted
-        and answered (``Connection: close``), then the socket closed."""
-        if self._server_stopping():
+        and answered (``Connection: close``), then the socket closed. An orphaned worker
+        (its master killed) answers the backlog too, but filters nothing: after a
+        ``SIGUSR2`` upgrade the new generation listens on the same socket."""
+        last = self._server_stopping()
+        if last:  # not when orphaned: a SIGUSR2 upgrade's new master may share the socket
             refuse_new_connections(listener)
+        if last or self._orphaned:
             with contextlib.suppress(OSError):
                 listener.setblocking(False)
                 for _ in range(BACKLOG_DRAIN_MAX):
@@ -419,6 +424,7 @@ class ServingWorker(gthread.ThreadWorker):  # type: ignore[misc]
         if super().is_parent_alive():
             return True
         self.alive = False  # as if told to stop: Connection: close, listeners closed
+        self._orphaned = True
         return False
 
     # 7. Heartbeat --------------------------------------------------------------------

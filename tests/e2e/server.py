@@ -147,8 +147,12 @@ class GunicornServer:
         return self.wait_exit()
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        """SIGKILL to the server's whole process group, even when its first master has
+        exited: a SIGUSR2 upgrade's new master, or orphaned workers, live on in it (one
+        outlived a failed test and held its CPU claims and port)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
         self._log.close()
 

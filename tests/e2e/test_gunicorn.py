@@ -616,3 +616,82 @@ def test_a_second_server_on_the_same_metrics_directory_is_refused(
     assert first.predict([[1.0]]).status_code == 200
     sent += 1
     assert first.metric('http_requests_total{route="/predict"}') == sent
+
+
+def _closing_client(
+    port: int, stop: threading.Event, outcomes: list[str], killed_at: list[float]
+) -> None:
+    """Predicts on one keep-alive connection at a time until ``stop``: each outcome is
+    ``200``, ``close`` (the answer said it closes), ``late keep-alive`` (a keep-alive
+    answer more than 1.5 s after ``killed_at[0]``), ``refused`` or an exception's name."""
+    connection: http.client.HTTPConnection | None = None
+    while not stop.is_set():
+        try:
+            if connection is None:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                connection.connect()
+            connection.request("POST", "/predict", b'{"instances": [[1.0]]}',
+                               {"Content-Type": "application/json"})  # fmt: skip
+            response = connection.getresponse()
+            response.read()
+            closes = response.getheader("Connection", "").lower() == "close"
+            late = time.monotonic() > killed_at[0] + 1.5  # the worker has noticed
+            outcomes.append("close" if closes else "late keep-alive" if late else "200")
+            if closes:
+                connection.close()
+                connection = None
+        except ConnectionRefusedError:
+            outcomes.append("refused")
+            connection = None
+            time.sleep(0.01)
+        except (OSError, http.client.HTTPException) as exc:
+            outcomes.append(type(exc).__name__)
+            if connection is not None:
+                connection.close()
+            connection = None
+
+
+def test_workers_whose_master_is_killed_stop_at_once_and_free_the_port(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """After a master SIGKILL under load, its workers served keep-alive clients without
+    ``Connection: close`` until the graceful timeout (20 s here), then reset them, and held
+    the port until then. Now they stop as if told to: every answer says it closes, nothing
+    is reset, and they are gone, the port with them, well before the graceful timeout."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model)
+    server.wait_ready()
+    assert server.proc is not None
+    workers = server.worker_pids()
+    stop = threading.Event()
+    outcomes: list[str] = []
+    killed_at = [float("inf")]
+
+    clients = [
+        threading.Thread(
+            target=_closing_client, args=(server.port, stop, outcomes, killed_at), daemon=True
+        )
+        for _ in range(8)
+    ]
+    for client in clients:
+        client.start()
+    try:
+        until(lambda: len(outcomes) > 100, 20, what="traffic")
+        killed_at[0] = time.monotonic()
+        os.kill(server.proc.pid, signal.SIGKILL)
+        until(
+            lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 10,
+            interval_s=0.1, what="the orphaned workers gone",
+        )  # fmt: skip
+        until(lambda: outcomes.count("refused") >= 8, 10, what="clients refused")
+    finally:
+        stop.set()
+        for client in clients:
+            client.join(40)
+
+    unexpected = set(outcomes) - {"200", "close", "refused"}
+    assert not unexpected, [o for o in outcomes if o in unexpected][:10]
+    assert "close" in outcomes
+    with socket.socket() as probe:  # nothing listens on the port (TIME_WAIT aside)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", server.port))
