@@ -103,8 +103,9 @@ class Settings(ModelSettings):
         gt=0,
         allow_inf_nan=False,
         description=(
-            "Longest a worker may take to load and warm up the model; past it the server "
-            "stops with a line naming the model"
+            "Longest a worker may take to load and warm up the model, and the master to "
+            "load the models it shares; past it the server stops with a line naming the "
+            "model (on a reload: the old workers serve on)"
         ),
     )
     max_queue_depth: int = Field(
@@ -202,9 +203,10 @@ class Settings(ModelSettings):
             "`adaptive`: pin each worker to its own `SERVING_BLAS_THREADS` CPUs while it "
             "serves about one request at a time (cheaper GIL hand-offs between its threads:"
             " lower latency), on every CPU once busy (a pinned worker cannot leave a CPU "
-            "nginx or the clients also need); `auto`: pinned always; `none`: never. The "
-            "CPUs go round-robin from one chosen by the master's pid, so two servers on "
-            "one host do not crowd the same CPU"
+            "nginx or the clients also need); `auto`: pinned always; `none`: never. Only "
+            "CPUs of the process's own mask; each pinned worker claims its CPUs across the "
+            "host (lock files in /dev/shm), so two servers never share one while another "
+            "is free; a mask set from outside (`taskset`) stops the pinning"
         ),
     )
     switch_interval_ms: float | None = Field(
