@@ -12,8 +12,9 @@ Servers (2 workers each, on 127.0.0.1):
   naive-gthread  the same app under gthread workers (16 threads)
   echo           bench/echo_app.py on the service's Gunicorn config: parse JSON, constant answer
 plus one service per ``--variant NAME:SERVING_X=Y,SERVING_Z=W`` (tuned settings; also
-``--variant before:PYTHONPATH=/path/to/worktree`` to run another commit's code beside this
-one, taking turns: how the gate changes of issue 19 were compared).
+``--variant before:BENCH_ROOT=/path/to/worktree`` to run another commit's code, its
+``gunicorn.conf.py`` included, beside this one, taking turns: Gunicorn puts its working
+directory first on ``sys.path``, so a ``PYTHONPATH`` alone ran this commit's code).
 
 **As deployed.** A service runs in its own session (systemd, a container), beside nginx and
 other processes on its CPUs. So by default every server, and nginx with ``--nginx``, is
@@ -109,6 +110,7 @@ class Server:
         self.port = free_port()
         self.metrics_dir = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        root = ROOT
         path = str(model_path(model))
         bind = f"127.0.0.1:{self.port}"
         common = ["--no-control-socket"]
@@ -121,6 +123,9 @@ class Server:
                 SERVING_LOG_LEVEL="info",
             )
             env.update(extra_env or {})
+            if "BENCH_ROOT" in env:  # another commit's tree: its config, its code
+                root = Path(env.pop("BENCH_ROOT"))
+                env["PYTHONPATH"] = str(root)
             cmd = [str(GUNICORN), "wsgi:app", "-c", "gunicorn.conf.py", *common]
         elif kind in ("naive", "naive-gthread"):
             env["NAIVE_MODEL_PATH"] = path
@@ -148,7 +153,7 @@ class Server:
         self.log = self.log_path.open("wb")
         session = {"start_new_session": True} if own_session else {"process_group": 0}
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, **session
+            cmd, cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT, **session
         )
         self.nginx: Any = None
         self._wait_ready()
