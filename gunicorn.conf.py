@@ -15,7 +15,7 @@ bind = settings.bind
 worker_class = "serving.server.worker.ServingWorker"
 # Connections a worker holds open, idle ones included (Gunicorn's default is 1,000); the
 # worker raises its open-files limit to match, as far as the hard limit allows.
-worker_connections = 10000
+worker_connections = 4096
 workers = settings.workers
 threads = settings.worker_threads
 timeout = settings.timeout_s

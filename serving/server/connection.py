@@ -37,8 +37,10 @@ __all__ = ["HEAD_READ_BYTES", "Reader", "ServingConn", "head_complete"]
 
 #: Most bytes of a request head the main loop reads before handing the connection to a
 #: thread anyway (the parser then reads the rest, by the same deadline, or refuses it:
-#: Gunicorn's ``limit_request_line`` and ``limit_request_fields`` apply there).
-HEAD_READ_BYTES = 64 * 1024
+#: Gunicorn's ``limit_request_line`` and ``limit_request_fields`` apply there). nginx's
+#: largest head buffers are 4 x 8 KiB; with ``worker_connections`` (4,096) this bounds
+#: what heads on the main loop hold to 128 MiB per worker, whatever the clients send.
+HEAD_READ_BYTES = 32 * 1024
 
 
 def head_complete(head: bytes, searched_from: int = 0) -> bool:
