@@ -43,6 +43,7 @@ def test_head_complete_finds_a_terminator_straddling_two_reads() -> None:
 def _conn(server: socket.socket, arrivals: Arrivals | None = None) -> ServingConn:
     conn = ServingConn(Config(), server, ("127.0.0.1", 1), ("127.0.0.1", 8000))
     conn.arrivals = arrivals
+    conn.deadline = time.monotonic() + 10  # the head's (the main loop sets it)
     return conn
 
 
@@ -116,3 +117,23 @@ def test_a_read_past_its_deadline_raises_and_marks_the_reader_expired() -> None:
         with pytest.raises(TimeoutError):
             reader.recv(16)  # past it: at once
         assert server.gettimeout() is None  # the socket's own timeout is left as it was
+
+
+def test_a_head_the_thread_finishes_reading_ends_at_the_heads_deadline() -> None:
+    """The parser reading the rest of a long head on a thread: past the head's deadline
+    its read sees the end of the stream and the parser gives up (quietly, as on a client
+    that went away), instead of waiting for good."""
+    from gunicorn.http.errors import NoMoreData  # type: ignore[import-untyped]
+
+    server, client = socket.socketpair()
+    with server, client:
+        conn = _conn(server)
+        conn.head = b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 100
+        conn.deadline = time.monotonic() + 0.3
+        conn.init()
+        started = time.monotonic()
+        with pytest.raises(NoMoreData):
+            next(conn.parser)
+        waited = time.monotonic() - started
+
+    assert waited < 5  # the socket has no timeout of its own: without the deadline, forever

@@ -58,17 +58,22 @@ class Reader:
 
     Each ``recv`` waits at most until ``deadline`` (``time.monotonic()``; None: no limit),
     and a read that has to wait for the client uncounts the request from ``arrivals``
-    until bytes come (a batch cannot know when a slow client will be done).
+    until bytes come (a batch cannot know when a slow client will be done). While the
+    head is read (``in_head``: one longer than the main loop reads), the deadline is the
+    head's, and a read past it returns the end of the stream: the parser then gives up
+    on the connection quietly, as on a client that went away.
 
-    :raises TimeoutError: from ``recv`` at or past the deadline (``expired`` is then True:
-        the rest of the body will not be read, so the connection closes).
+    :raises TimeoutError: from ``recv`` at or past the deadline, once the head is read
+        (``expired`` is then True: the rest of the body will not be read, so the
+        connection closes).
     """
 
-    __slots__ = ("arrivals", "deadline", "expired", "sock")
+    __slots__ = ("arrivals", "deadline", "expired", "in_head", "sock")
 
     def __init__(self, sock: socket.socket, arrivals: Arrivals | None) -> None:
         self.sock, self.arrivals = sock, arrivals
         self.deadline: float | None = None
+        self.in_head = False
         self.expired = False
 
     def recv(self, size: int) -> bytes:
@@ -78,6 +83,11 @@ class Reader:
             arrivals.leave()  # waiting for the client
         if self.deadline is None:
             data = self.sock.recv(size)
+        elif self.in_head:
+            try:
+                data = self._recv_by_deadline(size, self.deadline)
+            except TimeoutError:
+                return b""  # the head's deadline: as if the client had gone
         else:
             data = self._recv_by_deadline(size, self.deadline)
         if waits and data and arrivals is not None:
@@ -118,13 +128,16 @@ class ServingConn(gthread.TConn):  # type: ignore[misc]
         self.lingerer: Lingerer | None = None
 
     def init(self) -> None:
-        """On the thread, before the parser reads: the parser on a ``Reader`` (once), and
-        the head the main loop read given to it."""
+        """On the thread, before the parser reads: the parser on a ``Reader`` (once), the
+        head's deadline on it (until ``ServingWorker.handle_request`` sets the body's),
+        and the head the main loop read given to it."""
         if not self.initialized:
             self.initialized = True
             self.sock.setblocking(True)
             self.reader = Reader(self.sock, self.arrivals)
             self.parser = http.get_parser(self.cfg, self.reader, self.client)
+        assert self.reader is not None
+        self.reader.deadline, self.reader.in_head = self.deadline, True
         if self.head:
             self.parser.unreader.unread(self.head)
             self.head = b""

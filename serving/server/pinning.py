@@ -210,8 +210,10 @@ class _Pinner:
         self._tried_at = float("-inf")
 
     def want(self, pinned: bool) -> None:
-        """Pin (claiming CPUs) or unpin, if that changes anything."""
-        if self.done or pinned is self.pinned:
+        """Pin (claiming CPUs) or unpin, if that changes anything; first of all, give up
+        if someone else has set the worker's affinity (looked at every time: a quiet
+        worker pinned for good kept its claim on a CPU ``taskset`` had taken it off)."""
+        if self.done:
             return
         if os.sched_getaffinity(self.pid) != self.expected:  # its main thread's
             self.done = True
@@ -220,6 +222,8 @@ class _Pinner:
                 "worker %s: its CPU affinity was set from outside; it no longer pins itself",
                 self.pid,
             )
+            return
+        if pinned is self.pinned:
             return
         if not pinned:
             self._set(self.everywhere)

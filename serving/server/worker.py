@@ -161,6 +161,7 @@ class ServingWorker(HeadReadingWorker):
         assert self.limits is not None and conn.reader is not None
         reader, sock = conn.reader, conn.sock
         reader.deadline = deadline = time.monotonic() + self.limits.body_timeout_s
+        reader.in_head = False
         sock.settimeout(self.limits.header_timeout_s)  # a client not reading its answer
         environ: dict[str, Any] = {}
         resp = None

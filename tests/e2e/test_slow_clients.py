@@ -385,3 +385,37 @@ def test_a_408_for_a_body_that_stopped_arriving_says_it_closes_the_connection(
     head = data.partition(b"\r\n\r\n")[0].split(b"\r\n")
     assert head[0] == b"HTTP/1.1 408 REQUEST TIMEOUT", data
     assert b"Connection: close" in head, data
+
+
+def test_a_head_longer_than_the_main_loop_reads_is_closed_at_the_header_timeout(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Found by the attack: a head of 70 KB without its blank line went to a thread once
+    the main loop had read its share, and the thread read the rest with no deadline: 4
+    such connections held the 4 threads of a worker and /livez went unanswered for as long
+    as they stayed. The head's deadline goes with it to the thread."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, workers=1, threads=4, header_timeout_s=2)
+    server.wait_ready(workers=1)
+    padding = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 7000) for i in range(10))
+    stuck = []
+    for _ in range(4):
+        client = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        client.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\n" + padding)  # no blank line
+        stuck.append(client)
+    try:
+        closed = 0
+        for client in stuck:
+            try:
+                closed += client.recv(1) == b""  # within the 10 s socket timeout
+            except TimeoutError:
+                pass
+            except OSError:
+                closed += 1  # reset: closed too
+        live = requests.get(f"{server.url}/livez", timeout=5)
+    finally:
+        for client in stuck:
+            client.close()
+
+    assert closed == 4
+    assert live.status_code == 200
