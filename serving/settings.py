@@ -247,8 +247,9 @@ class Settings(ModelSettings):
         allow_inf_nan=False,
         description=(
             "Longest a client may take to send a request line and headers, or leave its "
-            "response unread, in seconds; then its connection is closed (a slow client "
-            "holds no worker thread)"
+            "response unread, in seconds; then its connection is closed (heads, and "
+            "bodies with a Content-Length, are read by the worker's main loop: a slow "
+            "client holds no worker thread)"
         ),
     )
     metrics_dir: Path | None = Field(

@@ -11,7 +11,13 @@ import pytest
 from gunicorn.config import Config  # type: ignore[import-untyped]
 
 from serving.batching.arrivals import Arrivals
-from serving.server.connection import HEAD_READ_BYTES, Reader, ServingConn, head_complete
+from serving.server.connection import (
+    HEAD_READ_BYTES,
+    Reader,
+    ServingConn,
+    body_end,
+    head_complete,
+)
 from tests.waiting import until
 
 
@@ -137,3 +143,23 @@ def test_a_head_the_thread_finishes_reading_ends_at_the_heads_deadline() -> None
         waited = time.monotonic() - started
 
     assert waited < 5  # the socket has no timeout of its own: without the deadline, forever
+
+
+@pytest.mark.parametrize(
+    ("head", "end"),
+    [
+        (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n", 52),
+        (b"POST / HTTP/1.1\r\ncontent-length:5\r\n\r\nab", 42),  # part of it along
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", None),  # no body
+        (b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", None),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n", None),
+        (b"POST / HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n", None),
+        (b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", None),
+        (b"POST / HTTP/1.1\r\nContent-Length: 2000\r\n\r\n", None),  # past the limit
+        (b"POST / HTTP/1.1\r\nX-Content-Length: 5\r\n\r\n", None),  # another header
+    ],
+)
+def test_body_end_reads_only_a_body_with_one_content_length_within_the_limit(
+    head: bytes, end: int | None
+) -> None:
+    assert body_end(head, most_bytes=1000) == end

@@ -22,6 +22,7 @@ Imports only the standard library, ``serving.batching.arrivals``, ``lingering`` 
 
 from __future__ import annotations
 
+import re
 import select
 import socket
 import time
@@ -33,7 +34,7 @@ from gunicorn.workers import gthread  # type: ignore[import-untyped]
 from serving.batching.arrivals import Arrivals
 from serving.server.lingering import Lingerer
 
-__all__ = ["HEAD_READ_BYTES", "Reader", "ServingConn", "head_complete"]
+__all__ = ["HEAD_READ_BYTES", "Reader", "ServingConn", "body_end", "head_complete"]
 
 #: Most bytes of a request head the main loop reads before handing the connection to a
 #: thread anyway (the parser then reads the rest, by the same deadline, or refuses it:
@@ -51,6 +52,31 @@ def head_complete(head: bytes, searched_from: int = 0) -> bool:
         return True
     start = max(0, searched_from - 3)
     return head.find(b"\r\n\r\n", start) >= 0 or head.find(b"\n\n", start) >= 0
+
+
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*([0-9]{1,12})[ \t]*(?=\r\n)", re.I)
+#: A body framed otherwise (chunked), or one the client sends only once answered.
+_NOT_BY_LENGTH = re.compile(rb"\r\n(?:transfer-encoding|expect)[ \t]*:", re.I)
+
+
+def body_end(head: bytes, most_bytes: int) -> int | None:
+    """Where the request's body ends, counted from the start of ``head`` (a complete
+    head, perhaps with some of its body), when the main loop may read the body too: the
+    head's length plus its one ``Content-Length``. None where a thread should take the
+    connection as it is: no body, a body framed otherwise (chunked) or sent only once
+    answered (``Expect: 100-continue``), several or odd lengths (the parser refuses
+    them), or a body larger than ``most_bytes``. Only decides where to read; Gunicorn's
+    parser still parses the whole request."""
+    end = head.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    headers = head[: end + 2]
+    if _NOT_BY_LENGTH.search(headers):
+        return None
+    lengths = _CONTENT_LENGTH.findall(headers)
+    if len(lengths) != 1 or not 0 < int(lengths[0]) <= most_bytes:
+        return None
+    return end + 4 + int(lengths[0])
 
 
 class Reader:
@@ -126,6 +152,10 @@ class ServingConn(gthread.TConn):  # type: ignore[misc]
         self.reader: Reader | None = None
         self.arrivals: Arrivals | None = None
         self.lingerer: Lingerer | None = None
+        #: While the main loop reads the body too: where it ends in ``head``, and when
+        #: the body is due (then a thread takes it anyway, to answer 408).
+        self.body_end: int | None = None
+        self.body_deadline: float | None = None
 
     def init(self) -> None:
         """On the thread, before the parser reads: the parser on a ``Reader`` (once), the

@@ -7,7 +7,11 @@ of 64 threads). Here the main loop reads a connection's head itself, non-blockin
 (``serving.server.connection``), and hands the connection to the thread pool only once the
 head is complete; it closes one whose head is not complete ``header_timeout_s`` after its
 accept (or after the first byte of a kept-alive connection's next request), or that sends
-nothing for Gunicorn's ``keepalive`` after an answer. A stopping worker keeps idle
+nothing for Gunicorn's ``keepalive`` after an answer. A body with one ``Content-Length``
+(at most ``body_buffer_bytes``, and ``BODY_BUFFER_BUDGET`` for all of a worker's) is read
+on the main loop too, by the body deadline: a trickling body holds no thread either; one
+late, or cut short by the client, goes to a thread, which answers it (408, 400). A chunked
+body, or one sent after ``Expect: 100-continue``, is read on the thread. A stopping worker keeps idle
 connections ``STOP_LINGER_S`` at most, for a request a client may already be sending.
 Out of file descriptors, it pauses accepting for ``ACCEPT_PAUSE_S`` (as nginx does)
 instead of ending the worker. ``serving.server.worker.ServingWorker`` derives from it.
@@ -29,7 +33,7 @@ from typing import Any
 from gunicorn.workers import gthread  # type: ignore[import-untyped]
 
 from serving.batching.arrivals import Arrivals
-from serving.server.connection import HEAD_READ_BYTES, ServingConn, head_complete
+from serving.server.connection import HEAD_READ_BYTES, ServingConn, body_end, head_complete
 from serving.server.lingering import Lingerer
 
 __all__ = ["ConnectionLimits", "HeadReadingWorker"]
@@ -41,6 +45,11 @@ STOP_LINGER_S = 2.0
 SWEEP_INTERVAL_S = 0.1
 #: How long accepting pauses when the process is out of file descriptors, in seconds.
 ACCEPT_PAUSE_S = 0.5
+#: Most bytes of bodies a worker's main loop holds at once; a body that would pass it
+#: goes to a thread with its head, read there (by the same deadline).
+BODY_BUFFER_BUDGET = 64 * 1024 * 1024
+#: Most bytes of a body read from a socket at once on the main loop.
+BODY_READ_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,9 @@ class ConnectionLimits:
 
     header_timeout_s: float
     body_timeout_s: float
+    #: Largest body the main loop reads before a thread takes the request
+    #: (``SERVING_MAX_BODY_BYTES``); 0: none.
+    body_buffer_bytes: int = 0
 
 
 class HeadReadingWorker(gthread.ThreadWorker):  # type: ignore[misc]
@@ -70,6 +82,7 @@ class HeadReadingWorker(gthread.ThreadWorker):  # type: ignore[misc]
         self._stop_capped = False
         self._accept_paused_until = 0.0
         self._lingerer = Lingerer()
+        self._body_bytes = 0  # reserved for bodies the main loop is reading
 
     def idle_connections(self) -> int:
         """Connections on the main loop (no request of theirs on a thread)."""
@@ -114,14 +127,24 @@ class HeadReadingWorker(gthread.ThreadWorker):  # type: ignore[misc]
         """Read what the client sent of its head; hand the connection to a thread once it
         is complete, close it at the end of its stream, else wait in the poller."""
         assert self.limits is not None
+        size = HEAD_READ_BYTES
+        if conn.body_end is not None:
+            size = min(BODY_READ_BYTES, conn.body_end - len(conn.head))
         try:
-            data = conn.sock.recv(HEAD_READ_BYTES)
+            data = conn.sock.recv(size)
         except (BlockingIOError, InterruptedError):
             if not registered:
                 self._watch(conn)
             return
         except OSError:
             data = b""
+        if not data and conn.body_end is not None:
+            # The client half-closed before its whole body (or reset): a thread answers
+            # what it sent (400 unreadable_body, as its read meets the end too).
+            self._forget(conn, registered)
+            conn.data_ready = True
+            self.enqueue_req(conn)
+            return
         if not data:  # the client closed (or reset) it
             self._forget(conn, registered)
             self.nr_conns -= 1
@@ -129,14 +152,42 @@ class HeadReadingWorker(gthread.ThreadWorker):  # type: ignore[misc]
             return
         if not conn.head and conn.initialized:  # a kept-alive one's next request begins
             conn.deadline = time.monotonic() + self.limits.header_timeout_s
+        if conn.body_end is not None and time.monotonic() >= conn.deadline:
+            # The rest of its body came after its deadline: a thread answers it 408 (its
+            # read of the body, past the deadline, fails at once); these bytes are
+            # dropped with the connection, which closes after the 408.
+            self._forget(conn, registered)
+            conn.data_ready = True
+            self.enqueue_req(conn)
+            return
         searched = len(conn.head)
         conn.head += data
-        if head_complete(conn.head, searched):
+        if self._complete(conn, searched):
             self._forget(conn, registered)
             conn.data_ready = True
             self.enqueue_req(conn)
         elif not registered:
             self._watch(conn)
+
+    def _complete(self, conn: ServingConn, searched: int = 0) -> bool:
+        """Whether ``conn``'s request is read as far as the main loop reads it: its head,
+        and its body too when it has a ``Content-Length`` within the limit and the budget
+        (``body_end``), so that a client trickling its body holds no thread either. A body
+        still to come gets the body deadline (``SERVING_REQUEST_TIMEOUT_MS``)."""
+        assert self.limits is not None
+        if conn.body_end is not None:
+            return len(conn.head) >= conn.body_end
+        if not head_complete(conn.head, searched):
+            return False
+        end = body_end(conn.head, self.limits.body_buffer_bytes)
+        if end is None or len(conn.head) >= end:
+            return True
+        if self._body_bytes + end > BODY_BUFFER_BUDGET:
+            return True  # read on the thread
+        self._body_bytes += end
+        conn.body_end = end
+        conn.body_deadline = conn.deadline = time.monotonic() + self.limits.body_timeout_s
+        return False
 
     def _watch(self, conn: ServingConn) -> None:
         self.heads.add(conn)
@@ -146,6 +197,9 @@ class HeadReadingWorker(gthread.ThreadWorker):  # type: ignore[misc]
         self._read_head(conn)
 
     def _forget(self, conn: ServingConn, registered: bool) -> None:
+        if conn.body_end is not None:
+            self._body_bytes -= conn.body_end
+            conn.body_end = None  # its body_deadline stays, for the thread
         if registered:
             self.heads.discard(conn)
             with contextlib.suppress(KeyError, ValueError, OSError):
@@ -163,7 +217,12 @@ class HeadReadingWorker(gthread.ThreadWorker):  # type: ignore[misc]
             return
         self._swept_at = now
         for conn in [c for c in self.heads if c.deadline <= now]:
+            reading_body = conn.body_end is not None
             self._forget(conn, registered=True)
+            if reading_body:  # its body is late: a thread answers it 408
+                conn.data_ready = True
+                self.enqueue_req(conn)
+                continue
             self.nr_conns -= 1
             conn.close()
 
@@ -179,11 +238,11 @@ class HeadReadingWorker(gthread.ThreadWorker):  # type: ignore[misc]
             conn.sock.setblocking(False)
             now = time.monotonic()
             if conn.head:  # the next request began with the last one's body
-                if head_complete(conn.head):
+                conn.deadline = now + self.limits.header_timeout_s
+                if self._complete(conn):
                     conn.data_ready = True
                     self.enqueue_req(conn)
                     return
-                conn.deadline = now + self.limits.header_timeout_s
             else:
                 linger = (
                     self.cfg.keepalive if self.alive else min(self.cfg.keepalive, STOP_LINGER_S)

@@ -243,6 +243,7 @@ def _guard_connections(worker: Any, settings: Settings) -> None:
         ConnectionLimits(
             header_timeout_s=settings.header_timeout_s,
             body_timeout_s=settings.request_timeout_ms / 1000,
+            body_buffer_bytes=settings.max_body_bytes,
         ),
         process_arrivals(),
         server_stopping=lambda: _boot is not None and bool(_boot.stopping.value),

@@ -5,8 +5,8 @@ Every protection a connection gets is a method here, each overriding one of
 socket inwards:
 
 1. ``accept``, ``murder_pending``, ``finish_request`` (in ``HeadReadingWorker``, the class
-   it derives from: ``serving.server.heads``): **headers before threads.** The main
-   loop reads a request's line and headers itself, non-blocking
+   it derives from: ``serving.server.heads``): **headers (and bodies with a
+   Content-Length) before threads.** The main loop reads a request's line and headers itself, non-blocking
    (``serving.server.connection``), and hands the connection to a thread only once they
    are complete; it closes one whose head is not complete ``SERVING_HEADER_TIMEOUT_S``
    after its accept (or its first byte after a keep-alive answer), or that stays idle past
@@ -160,8 +160,10 @@ class ServingWorker(HeadReadingWorker):
         and ``ServingResponse`` (see the module docstring)."""
         assert self.limits is not None and conn.reader is not None
         reader, sock = conn.reader, conn.sock
-        reader.deadline = deadline = time.monotonic() + self.limits.body_timeout_s
-        reader.in_head = False
+        # The body's deadline: set when the main loop began reading it, else from now.
+        deadline = conn.body_deadline or time.monotonic() + self.limits.body_timeout_s
+        conn.body_deadline = None
+        reader.deadline, reader.in_head = deadline, False
         sock.settimeout(self.limits.header_timeout_s)  # a client not reading its answer
         environ: dict[str, Any] = {}
         resp = None

@@ -104,15 +104,19 @@ class GunicornServer:
     def accepted_connections(self) -> int:
         """Client connections the workers have accepted and hold open (an established TCP
         socket on our port among their file descriptors; one in the backlog is in none)."""
+        return sum(self.connections_per_worker().values())
+
+    def connections_per_worker(self) -> dict[int, int]:
+        """``accepted_connections`` of each live worker, by pid."""
         established = set()
         for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
             fields = line.split()
             if int(fields[1].rpartition(":")[2], 16) == self.port and fields[3] == "01":
                 established.add(f"socket:[{fields[9]}]")
-        held = 0
+        held = {}
         for pid in self.worker_pids():
             with contextlib.suppress(FileNotFoundError):  # a worker that just exited
-                held += sum(
+                held[pid] = sum(
                     os.readlink(fd) in established for fd in Path(f"/proc/{pid}/fd").iterdir()
                 )
         return held

@@ -409,21 +409,29 @@ def test_each_worker_is_pinned_to_its_own_cpu_while_quiet_and_everywhere_when_bu
             while not stop.is_set():
                 session.post(f"{server.url}/predict", json={"instances": [X[1].tolist()]})
 
+    everywhere_seen: set[int] = set()  # workers seen with every thread on every CPU
+
+    def each_busy_seen_everywhere() -> bool:
+        assert server.proc is not None
+        everywhere_seen.update(
+            pid for pid in workers if thread_cpus(pid) == {allowed_cpus(server.proc.pid)}
+        )
+        held = server.connections_per_worker()
+        busy = {pid for pid in workers if held.get(pid, 0) >= 6}
+        return bool(busy) and busy <= everywhere_seen
+
     with ThreadPoolExecutor(16) as pool:
         for _ in range(16):
             pool.submit(client)
         try:
-            busy = until(
-                lambda: all(
-                    thread_cpus(pid) == {allowed_cpus(server.proc.pid)}  # type: ignore[union-attr]
-                    for pid in workers
-                ),
-                timeout_s=20,
-                what="the busy workers' threads allowed on every CPU",
-            )
+            # Each busy one: the kernel may split the 16 connections unevenly (14 and 2 in
+            # bench/connection_spread.py), and a worker holding 2 is quiet, so pinned.
+            until(
+                each_busy_seen_everywhere, timeout_s=20, interval_s=0.05,
+                what=lambda: f"each busy worker on every CPU ({server.connections_per_worker()})",
+            )  # fmt: skip
         finally:
             stop.set()
-    assert busy
     until(
         lambda: [thread_cpus(pid) for pid in workers] == pinned,
         timeout_s=20,

@@ -419,3 +419,37 @@ def test_a_head_longer_than_the_main_loop_reads_is_closed_at_the_header_timeout(
 
     assert closed == 4
     assert live.status_code == 200
+
+
+def test_bodies_that_stop_arriving_hold_no_thread_until_their_408(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Found by the attack: a head and 10 bytes of a 100-byte body, then nothing, held a
+    thread until SERVING_REQUEST_TIMEOUT_MS (30 s by default): 4 such clients and /livez
+    went unanswered on a worker of 4 threads. The main loop now reads a body with a
+    Content-Length too: probes and predictions are answered while the stuck bodies wait,
+    and each of those still gets its 408 at its deadline."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, workers=1, threads=4, request_timeout_ms=8000)
+    server.wait_ready(workers=1)
+    head = (
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n"
+    )
+    stuck = []
+    for _ in range(8):  # twice the worker's threads
+        client = socket.create_connection(("127.0.0.1", server.port), timeout=20)
+        client.sendall(head + b'{"instance')  # and never the other 90 bytes
+        stuck.append(client)
+    try:
+        until(lambda: server.accepted_connections() >= 8, 5, what="the stuck bodies held")
+        live = requests.get(f"{server.url}/livez", timeout=3)
+        predicted = server.predict([[3.5]])
+        answers = [client.recv(64) for client in stuck]  # their 408, at the deadline
+    finally:
+        for client in stuck:
+            client.close()
+
+    assert live.status_code == 200
+    assert predicted.status_code == 200 and predicted.json()["predictions"] == [3.5]
+    assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers
