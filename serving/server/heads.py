@@ -11,8 +11,8 @@ nothing for Gunicorn's ``keepalive`` after an answer. A body with one ``Content-
 (at most ``body_buffer_bytes``, and ``BODY_BUFFER_BUDGET`` for all of a worker's) is read
 on the main loop too, by the body deadline: a trickling body holds no thread either; one
 late, or cut short by the client, goes to a thread, which answers it (408, 400). A chunked
-body, or one sent after ``Expect: 100-continue``, is read on the thread. A stopping worker keeps idle
-connections ``STOP_LINGER_S`` at most, for a request a client may already be sending.
+body, or one sent after ``Expect: 100-continue``, is read on the thread. A stopping
+worker keeps idle connections ``STOP_LINGER_S`` at most, for a request a client may already be sending.
 Out of file descriptors, it pauses accepting for ``ACCEPT_PAUSE_S`` (as nginx does)
 instead of ending the worker. ``serving.server.worker.ServingWorker`` derives from it.
 

@@ -6,8 +6,8 @@ socket inwards:
 
 1. ``accept``, ``murder_pending``, ``finish_request`` (in ``HeadReadingWorker``, the class
    it derives from: ``serving.server.heads``): **headers (and bodies with a
-   Content-Length) before threads.** The main loop reads a request's line and headers itself, non-blocking
-   (``serving.server.connection``), and hands the connection to a thread only once they
+   Content-Length) before threads.** The main loop reads a request's line and headers
+   itself, non-blocking (``serving.server.connection``), and hands the connection to a thread only once they
    are complete; it closes one whose head is not complete ``SERVING_HEADER_TIMEOUT_S``
    after its accept (or its first byte after a keep-alive answer), or that stays idle past
    Gunicorn's ``keepalive``. Idle and trickling connections hold no thread (gthread hands a
