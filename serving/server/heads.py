@@ -1,4 +1,4 @@
-"""``HeadReadingWorker``: Gunicorn's gthread worker with request heads read on its main loop.
+"""``HeadReadingWorker``: Gunicorn's gthread worker with requests read on its main loop.
 
 gthread hands a connection to a request thread as soon as it is accepted or readable, and
 the thread then waits for the request line and headers with blocking reads: idle and
@@ -7,14 +7,18 @@ of 64 threads). Here the main loop reads a connection's head itself, non-blockin
 (``serving.server.connection``), and hands the connection to the thread pool only once the
 head is complete; it closes one whose head is not complete ``header_timeout_s`` after its
 accept (or after the first byte of a kept-alive connection's next request), or that sends
-nothing for Gunicorn's ``keepalive`` after an answer. A body with one ``Content-Length``
-(at most ``body_buffer_bytes``, and ``BODY_BUFFER_BUDGET`` for all of a worker's) is read
-on the main loop too, by the body deadline: a trickling body holds no thread either; one
-late, or cut short by the client, goes to a thread, which answers it (408, 400). A chunked
-body, or one sent after ``Expect: 100-continue``, is read on the thread. A stopping
-worker keeps idle connections ``STOP_LINGER_S`` at most, for a request a client may already be sending.
-Out of file descriptors, it pauses accepting for ``ACCEPT_PAUSE_S`` (as nginx does)
-instead of ending the worker. ``serving.server.worker.ServingWorker`` derives from it.
+nothing for Gunicorn's ``keepalive`` after an answer.
+
+A body with one ``Content-Length`` (at most ``body_buffer_bytes``, and
+``BODY_BUFFER_BUDGET`` for all of a worker's) is read on the main loop too, by the body
+deadline: a trickling body holds no thread either; one late, or cut short by the client,
+goes to a thread, which answers it (408, 400). A chunked body, or one sent after
+``Expect: 100-continue``, is read on the thread.
+
+A stopping worker keeps idle connections ``STOP_LINGER_S`` at most, for a request a
+client may already be sending. Out of file descriptors, it pauses accepting for
+``ACCEPT_PAUSE_S`` (as nginx does) instead of ending the worker.
+``serving.server.worker.ServingWorker`` derives from it.
 
 Imports only the standard library, this folder and Gunicorn.
 """

@@ -5,15 +5,15 @@ Every protection a connection gets is a method here, each overriding one of
 socket inwards:
 
 1. ``accept``, ``murder_pending``, ``finish_request`` (in ``HeadReadingWorker``, the class
-   it derives from: ``serving.server.heads``): **headers (and bodies with a
-   Content-Length) before threads.** The main loop reads a request's line and headers
-   itself, non-blocking (``serving.server.connection``), and hands the connection to a thread only once they
-   are complete; it closes one whose head is not complete ``SERVING_HEADER_TIMEOUT_S``
-   after its accept (or its first byte after a keep-alive answer), or that stays idle past
-   Gunicorn's ``keepalive``. Idle and trickling connections hold no thread (gthread hands a
-   connection to a thread at its first byte: 70 idle connections took ``/livez`` to 5 s).
-   Running out of file descriptors pauses accepting for half a second (as nginx does)
-   instead of ending the worker.
+   it derives from: ``serving.server.heads``): **whole requests before threads.** The
+   main loop reads a request's head, and its body when it has a Content-Length, itself,
+   non-blocking (``serving.server.connection``), and hands the connection to a thread
+   only then; it closes one whose head is not complete ``SERVING_HEADER_TIMEOUT_S``
+   after its accept (or its first byte after a keep-alive answer), or that stays idle
+   past Gunicorn's ``keepalive``. Idle and trickling connections hold no thread (gthread
+   hands a connection to a thread at its first byte: 70 idle connections took ``/livez``
+   to 5 s). Out of file descriptors, it pauses accepting for half a second (as nginx
+   does) instead of ending the worker.
 2. ``enqueue_req``, ``handle``: each request counted on its way to a batcher
    (``serving.batching.arrivals``) from its hand-over to the thread pool; the connection's
    ``Reader`` uncounts it while its body waits for the client.
