@@ -114,6 +114,10 @@ class Server:
         path = str(model_path(model))
         bind = f"127.0.0.1:{self.port}"
         common = ["--no-control-socket"]
+        # The other servers read no config: Gunicorn reads ./gunicorn.conf.py by default,
+        # and the service's hooks (its pinning, access log, model sharing) ran in the naive
+        # and echo servers' workers too until its own worker class refused them.
+        plain = ["-c", "/dev/null"]
         if kind == "service":
             env.update(
                 SERVING_MODEL_PATH=path,
@@ -132,12 +136,13 @@ class Server:
             worker = ["-k", "sync"]
             if kind == "naive-gthread":
                 worker = ["-k", "gthread", "--threads", str(NAIVE_GTHREAD_THREADS)]
-            cmd = [str(GUNICORN), "bench.naive_app:app", *worker, "-w", str(WORKERS), "-b", bind]
-            cmd += common
+            cmd = [str(GUNICORN), "bench.naive_app:app", *plain, *worker, "-w", str(WORKERS)]
+            cmd += ["-b", bind, *common]
         else:
             cmd = [
                 str(GUNICORN),
                 "bench.echo_app:app",
+                *plain,
                 "-k",
                 "gthread",
                 "-w",

@@ -56,7 +56,10 @@ def start(kind: str, port: int) -> subprocess.Popen[bytes]:
         cmd = [str(GUNICORN), "wsgi:app", "-c", "gunicorn.conf.py"]
     else:
         cmd = [
-            str(GUNICORN), "bench.echo_app:app", "-k", "gthread", "--threads", "64",
+            # -c /dev/null: not the service's gunicorn.conf.py, which Gunicorn reads from
+            # its working directory by default (its hooks refuse another worker class)
+            str(GUNICORN), "bench.echo_app:app", "-c", "/dev/null", "-k", "gthread",
+            "--threads", "64",
             "-w", "1", "-b", f"127.0.0.1:{port}",
         ]  # fmt: skip
     proc = subprocess.Popen(
