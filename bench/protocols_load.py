@@ -1,0 +1,130 @@
+"""Every protocol under load: one row per request on /predict, KServe V2 infer, TF Serving
+predict and MLflow /invocations, this service against another tree's, taking turns.
+
+    python bench/protocols_load.py --before /path/to/worktree    # ~3 min on 2 cores
+
+Each round starts each server afresh (own session, 2 workers, demo model, access log on),
+runs wrk (one thread, pinned to the last CPU) with ``--connections`` keep-alive
+connections for ``--duration`` seconds per route, and prints requests/s, p50 and the
+server's CPU per request (utime + stime of master and workers from /proc). The first
+server changes from round to round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.host import cpu_model  # noqa: E402
+from bench.idle_connections import free_port  # noqa: E402
+from bench.models import RESULTS, real_rows  # noqa: E402
+
+GUNICORN = Path(sys.executable).parent / "gunicorn"
+ROW = [float(v) for v in real_rows()[0]]
+COLUMNS = [f"f{i}" for i in range(len(ROW))]
+ROUTES = {
+    "predict": ("/predict", {"instances": [ROW]}, "application/json"),
+    "v2": (
+        "/v2/models/breast_cancer/infer",
+        {"inputs": [{"name": "input-0", "shape": [1, 30], "datatype": "FP64", "data": ROW}]},
+        "application/json",
+    ),
+    "tfserving": ("/v1/models/breast_cancer:predict", {"instances": [ROW]}, "application/json"),
+    "invocations": ("/invocations", {"inputs": [ROW]}, "application/json"),
+}
+
+
+def cpu_seconds(master: int) -> float:
+    pids = [master, *map(int, Path(f"/proc/{master}/task/{master}/children").read_text().split())]
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def serve(root: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "SERVING_BIND": f"127.0.0.1:{port}",
+        "SERVING_WORKERS": "2",
+        "SERVING_METRICS_DIR": tempfile.mkdtemp(prefix="bench-protocols-"),
+    }
+    proc = subprocess.Popen(
+        [str(GUNICORN), "wsgi:app", "-c", "gunicorn.conf.py", "--no-control-socket"],
+        cwd=root, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    import requests
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).ok:
+                return proc, port
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"server in {root} did not start")
+
+
+def load(port: int, route: str, connections: int, duration_s: int, master: int) -> str:
+    path, body, kind = ROUTES[route]
+    body_file = RESULTS / f"protocols-{route}.json"
+    body_file.write_text(json.dumps(body))
+    last_cpu = str(max(os.sched_getaffinity(0)))
+    before = cpu_seconds(master)
+    out = subprocess.run(
+        [
+            "taskset", "-c", last_cpu, "wrk", "-t1", f"-c{connections}", f"-d{duration_s}s",
+            "-s", str(ROOT / "bench" / "wrk_route.lua"), f"http://127.0.0.1:{port}",
+            "--", path, str(body_file), kind,
+        ],
+        capture_output=True, text=True, check=True, timeout=duration_s + 60,
+    )  # fmt: skip
+    used = cpu_seconds(master) - before
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    rate = summary["requests"] / summary["seconds"]
+    bad = summary["errors"] + summary["status_errors"]
+    cpu_us = used / max(summary["requests"], 1) * 1e6
+    p50_ms = summary["p50_us"] / 1000
+    return f"{rate:7.0f} req/s p50 {p50_ms:6.2f} ms cpu {cpu_us:5.0f} us/req err {bad}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, required=True, help="another tree to compare")
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--duration", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    trees = [("service", ROOT), ("before", args.before)]
+    print(f"CPU: {cpu_model()} ({len(os.sched_getaffinity(0))} usable); 2 workers each, "
+          f"{args.connections} keep-alive connections, {args.duration} s a route")  # fmt: skip
+    for round_ in range(1, args.rounds + 1):
+        for name, root in trees[round_ % 2 :] + trees[: round_ % 2]:
+            proc, port = serve(root)
+            try:
+                for route in ROUTES:
+                    line = load(port, route, args.connections, args.duration, proc.pid)
+                    print(f"round {round_} {name:>8} {route:>12}: {line}", flush=True)
+            finally:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()
