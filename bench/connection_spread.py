@@ -26,8 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.host import cpu_model  # noqa: E402
-from bench.http_load import wrk  # noqa: E402
-from bench.idle_connections import free_port  # noqa: E402
+from bench.http_load import free_port, wrk  # noqa: E402
 from bench.models import RESULTS, write_bodies  # noqa: E402
 
 GUNICORN = Path(sys.executable).parent / "gunicorn"

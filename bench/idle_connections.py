@@ -33,15 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.host import cpu_model  # noqa: E402
+from bench.http_load import free_port  # noqa: E402
 
 GUNICORN = Path(sys.executable).parent / "gunicorn"
 PROBE_LIMIT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(kind: str, port: int) -> subprocess.Popen[bytes]:

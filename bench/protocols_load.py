@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.host import cpu_model  # noqa: E402
-from bench.idle_connections import free_port  # noqa: E402
+from bench.http_load import cpu_seconds, free_port  # noqa: E402
 from bench.models import RESULTS, real_rows  # noqa: E402
 
 GUNICORN = Path(sys.executable).parent / "gunicorn"
@@ -42,15 +42,6 @@ ROUTES = {
     "tfserving": ("/v1/models/breast_cancer:predict", {"instances": [ROW]}, "application/json"),
     "invocations": ("/invocations", {"inputs": [ROW]}, "application/json"),
 }
-
-
-def cpu_seconds(master: int) -> float:
-    pids = [master, *map(int, Path(f"/proc/{master}/task/{master}/children").read_text().split())]
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def serve(root: Path) -> tuple[subprocess.Popen[bytes], int]:
