@@ -60,7 +60,7 @@ class Operation:
     request_media_types: tuple[str, ...] = ("application/json",)
     #: Text bodies the route also takes (``text/csv``), documented as strings.
     text_request_media_types: tuple[str, ...] = ()
-    text_responses: Mapping[int, str] = field(default_factory=dict)
+    text_responses: Mapping[int, str | tuple[str, ...]] = field(default_factory=dict)
     security: bool = True
     descriptions: Mapping[int, str] = field(default_factory=dict)
 
@@ -150,7 +150,9 @@ def _path_item(
         if model is not None:
             response["content"] = {"application/json": {"schema": refs[(model, "serialization")]}}
         elif status in op.text_responses:
-            response["content"] = {op.text_responses[status]: {"schema": {"type": "string"}}}
+            types = op.text_responses[status]
+            types = (types,) if isinstance(types, str) else types
+            response["content"] = {media: {"schema": {"type": "string"}} for media in types}
         item["responses"][str(status)] = response
     if api_keys and op.security:
         item["security"] = [{"bearer": []}, {"apiKey": []}]
