@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import Map
 
 from serving import __version__
 from serving.auth import check_api_key, load_api_keys
@@ -53,11 +54,24 @@ PROTOCOLS: tuple[ProtocolSpec, ...] = (
 )
 
 
+class _Map(Map):
+    """werkzeug's URL map without ``merge_slashes``: it answered ``/predict//x`` with a
+    308 HTML redirect whose ``Location`` was built from the client's ``Host`` header; a
+    path with an empty segment is now a 404 like any other unknown path."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("merge_slashes", False)
+        super().__init__(*args, **kwargs)
+
+
 class _Flask(Flask):
     """Flask that asks once per function, not once per request, whether a hook or view
     is a coroutine function: ``ensure_sync`` (documented for overriding) runs for every
     before- and after-request hook and the view, each time calling
-    ``inspect.iscoroutinefunction`` (about 50 opcodes)."""
+    ``inspect.iscoroutinefunction`` (about 50 opcodes). Its URL map merges no slashes
+    (``_Map``)."""
+
+    url_map_class = _Map
 
     def __init__(self, import_name: str) -> None:
         super().__init__(import_name)

@@ -7,6 +7,7 @@
      │    └── MalformedJSON                      400 malformed_json
      ├── UnreadableBody                          400 unreadable_body
      ├── UnsupportedMediaType                    415 unsupported_media_type
+ ├── UnsupportedTransferCoding               501 unsupported_transfer_coding
      ├── Unauthorized                            401 unauthorized
      ├── PayloadTooLarge                         413 payload_too_large
      ├── ModelNotFound                           404 model_not_found
@@ -47,6 +48,7 @@ __all__ = [
     "Unauthorized",
     "UnreadableBody",
     "UnsupportedMediaType",
+    "UnsupportedTransferCoding",
     "VersionConflict",
 ]
 
@@ -114,6 +116,20 @@ class UnsupportedMediaType(ServingError):
         self.content_type, self.accepted = content_type, accepted
         got = content_type or "no Content-Type"
         super().__init__(f"request body must be {accepted}, got {got}")
+
+
+class UnsupportedTransferCoding(ServingError):
+    """The body was sent with a transfer coding besides ``chunked`` (``gzip, chunked``):
+    none is decoded, so the server does not implement it (RFC 9112, 6.1: 501)."""
+
+    status = 501
+    code = "unsupported_transfer_coding"
+
+    def __init__(self, coding: str) -> None:
+        self.coding = coding
+        super().__init__(
+            f"Transfer-Encoding {coding!r} is not supported: send the body plain or chunked"
+        )
 
 
 class PayloadTooLarge(ServingError):

@@ -28,6 +28,7 @@ from serving.errors import (
     ServingError,
     UnreadableBody,
     UnsupportedMediaType,
+    UnsupportedTransferCoding,
 )
 from serving.openapi import Operation
 from serving.settings import Settings
@@ -226,6 +227,9 @@ def read_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
         raise UnreadableBody(
             f"Content-Encoding {encoding[:32]!r} is not supported: send the body uncompressed"
         )
+    coding = environ.get("HTTP_TRANSFER_ENCODING", "")
+    if coding and any(part.strip().lower() != "chunked" for part in coding.split(",")):
+        raise UnsupportedTransferCoding(coding[:64])
     declared = environ.get("CONTENT_LENGTH", "")  # werkzeug's content_length costs ~10 us
     length = int(declared) if declared.isdigit() else None
     if length is not None and length > max_body_bytes:

@@ -70,7 +70,7 @@ OPERATIONS = [
         "/invocations",
         "MLflow scoring: one prediction per row of a DataFrame (JSON or CSV), default model",
         {200: MlflowResponse}
-        | errors(MlflowErrorResponse, 400, 401, 408, 413, 415, 422, 500, 503, 504),
+        | errors(MlflowErrorResponse, 400, 401, 408, 413, 415, 422, 500, 501, 503, 504),
         request=MlflowRequest,
         tag="mlflow",
         text_request_media_types=("text/csv",),

@@ -34,7 +34,7 @@ OPERATIONS = [
         path,
         summary,
         {200: PredictResponse}
-        | errors(ErrorResponse, 400, 401, 404, 408, 409, 413, 415, 422, 500, 503, 504),
+        | errors(ErrorResponse, 400, 401, 404, 408, 409, 413, 415, 422, 500, 501, 503, 504),
         request=PredictRequest,
     )
     for path, summary in (

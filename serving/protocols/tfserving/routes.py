@@ -79,7 +79,9 @@ def _version(model_name: str, model_version: str | None, label: str | None) -> s
     return labels[label]
 
 
-_PREDICT_ERRORS = errors(TFErrorResponse, 400, 401, 404, 408, 409, 413, 415, 422, 500, 503, 504)
+_PREDICT_ERRORS = errors(
+    TFErrorResponse, 400, 401, 404, 408, 409, 413, 415, 422, 500, 501, 503, 504
+)
 OPERATIONS = [
     *(
         Operation(

@@ -98,7 +98,7 @@ OPERATIONS = [
                   "extension: a JSON header of Inference-Header-Content-Length bytes, then "
                   "raw tensors)",
                   {200: V2InferResponse}
-                  | errors(V2Error, 400, 401, 404, 408, 409, 413, 500, 503, 504),
+                  | errors(V2Error, 400, 401, 404, 408, 409, 413, 500, 501, 503, 504),
                   request=V2InferRequest, tag="kserve-v2",
                   descriptions={400: "Invalid request (the error names the input)"})
         for path in (_MODEL, _VERSION)
@@ -117,7 +117,7 @@ OPERATIONS = [
     ],
     Operation("post", "/v2/repository/index", "Model repository extension: every model version "
               "and its state (READY, LOADING, UNAVAILABLE, UNLOADING)",
-              {200: V2RepositoryIndex} | errors(V2Error, 400, 401, 413),
+              {200: V2RepositoryIndex} | errors(V2Error, 400, 401, 413, 501),
               request=V2RepositoryIndexRequest, tag="kserve-v2"),
 ]  # fmt: skip
 
