@@ -7,7 +7,7 @@
      │    └── MalformedJSON                      400 malformed_json
      ├── UnreadableBody                          400 unreadable_body
      ├── UnsupportedMediaType                    415 unsupported_media_type
- ├── UnsupportedTransferCoding               501 unsupported_transfer_coding
+     ├── UnsupportedTransferCoding               501 unsupported_transfer_coding
      ├── Unauthorized                            401 unauthorized
      ├── PayloadTooLarge                         413 payload_too_large
      ├── ModelNotFound                           404 model_not_found
