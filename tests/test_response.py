@@ -4,6 +4,7 @@ answer Gunicorn writes itself."""
 
 from __future__ import annotations
 
+import json
 import socket
 from typing import Any
 
@@ -13,7 +14,7 @@ from gunicorn.http import RequestParser, wsgi  # type: ignore[import-untyped]
 from gunicorn.util import write_error  # type: ignore[import-untyped]
 
 from serving.server.connection import Reader
-from serving.server.response import DRAIN_BYTES, AnswerRecorder, ServingResponse
+from serving.server.response import DRAIN_BYTES, GunicornAnswer, ServingResponse, json_answer
 
 
 class Recording:
@@ -138,14 +139,29 @@ def test_an_unfinished_chunked_body_says_it_closes() -> None:
     assert b"Connection: keep-alive\r\n" in finished
 
 
-def test_the_recorder_reads_the_status_gunicorn_writes_and_passes_the_bytes_on() -> None:
+def test_gunicorns_own_answer_is_kept_not_sent_and_sent_as_json() -> None:
     server, client = socket.socketpair()
     with server, client:
-        recorder = AnswerRecorder(server)
-        assert recorder.status == 0
-        write_error(recorder, 431, "Request Header Fields Too Large", "too many")
+        answer = GunicornAnswer(server)
+        assert answer.status == 0
+        write_error(answer, 431, "Request Header Fields Too Large", "too many")
+        refused = ValueError("too many headers")
+        server.sendall(json_answer(answer.status, answer.reason, refused))
         server.shutdown(socket.SHUT_WR)
         received = client.recv(65536)
 
-    assert recorder.status == 431
-    assert received.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+    assert answer.status == 431
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n") == [
+        b"HTTP/1.1 431 Request Header Fields Too Large",
+        b"Connection: close",
+        b"Content-Type: application/json",
+        f"Content-Length: {len(body)}".encode(),
+    ]
+    assert json.loads(body) == {
+        "error": {
+            "code": "request_header_fields_too_large",
+            "message": "Request Header Fields Too Large: too many headers",
+            "details": [],
+        }
+    }

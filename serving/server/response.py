@@ -17,21 +17,27 @@ Two changes, each an override:
   closes (RFC 9112 section 9.6), or the client sends its next request on a connection about
   to close and loses it.
 
-``AnswerRecorder`` reads the status of an answer Gunicorn writes itself (its
-``handle_error``) off the bytes it sends, so that it is counted like the app's own.
+``GunicornAnswer`` stands in for the client socket while Gunicorn writes an answer itself
+(its ``handle_error``: a bad request line or header, a transfer coding it does not know, a
+URI too long): it keeps the status and reason off the bytes instead of sending Gunicorn's
+HTML page, and ``json_answer`` is what the worker sends instead: the same status, the
+service's JSON error shape, ``Connection: close``. So it is counted like the app's own, and
+a client reading JSON errors can read it.
 
 Imports only the standard library, ``serving.server.connection`` and Gunicorn.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from gunicorn.http import parser, wsgi  # type: ignore[import-untyped]
 
 from serving.server.connection import Reader
 
-__all__ = ["DRAIN_BYTES", "AnswerRecorder", "ServingResponse"]
+__all__ = ["DRAIN_BYTES", "GunicornAnswer", "ServingResponse", "json_answer"]
 
 #: Most bytes of an unread body Gunicorn drains before the next request on a connection.
 DRAIN_BYTES: int = getattr(parser, "_DRAIN_MAX_BYTES", 64 * 1024)
@@ -77,29 +83,49 @@ class ServingResponse(wsgi.Response):  # type: ignore[misc]
         return None
 
 
-class AnswerRecorder:
-    """A client socket that remembers the status of the first response written to it
-    (``status``, 0 until one is), for an answer Gunicorn writes itself."""
+class GunicornAnswer:
+    """A client socket that keeps the status line of the first answer written to it
+    (``status``, 0 until one is; ``reason``) and sends nothing: for an answer Gunicorn
+    writes itself, which the worker then sends as ``json_answer``."""
 
     def __init__(self, sock: Any) -> None:
         self._sock = sock
         self.status = 0
+        self.reason = ""
 
     def _saw(self, data: Any) -> None:
         if not self.status:
-            line = bytes(data[:16]).split(b" ", 2)
+            line = bytes(data[:128]).split(b"\r\n", 1)[0].split(b" ", 2)
             if len(line) > 1 and line[0].startswith(b"HTTP/") and line[1].isdigit():
                 self.status = int(line[1])
+                self.reason = line[2].decode("latin-1") if len(line) > 2 else ""
 
     def send(self, data: Any, *args: Any) -> int:
-        sent: int = self._sock.send(data, *args)
-        if sent:
-            self._saw(data)
-        return sent
+        self._saw(data)
+        return len(data)
 
     def sendall(self, data: Any, *args: Any) -> None:
-        self._sock.sendall(data, *args)
         self._saw(data)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
+
+
+#: Our stable codes for the statuses whose codes the app's own errors have too.
+_CODES = {500: "internal_error", 501: "unsupported_transfer_coding"}
+
+
+def json_answer(status: int, reason: str, refused: BaseException) -> bytes:
+    """A whole HTTP/1.1 answer that closes its connection, with the service's JSON error
+    body: ``code`` the reason in snake case (``uri_too_long``), ``message`` the reason and
+    what Gunicorn ``refused`` (at most 256 characters); for a 500 (an exception of the
+    server's, not the request's), only the reason."""
+    code = _CODES.get(status) or re.sub(r"\W+", "_", reason.lower()).strip("_") or "http_error"
+    message = reason if status == 500 else f"{reason}: {refused}"
+    error = {"code": code, "message": message[:256], "details": []}
+    body = json.dumps({"error": error}).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("latin-1") + body

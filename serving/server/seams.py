@@ -18,6 +18,7 @@ import struct
 import sys
 from typing import Any
 
+from gunicorn import util  # type: ignore[import-untyped]
 from gunicorn.http import parser, wsgi  # type: ignore[import-untyped]
 from gunicorn.workers import gthread  # type: ignore[import-untyped]
 
@@ -52,6 +53,7 @@ def missing_seam() -> str | None:
         (gthread.ThreadWorker, "is_parent_alive"),
         (gthread.TConn, "init"),
         (wsgi.Response, "default_headers"),
+        (util, "write_nonblock"),
     ):
         if not callable(getattr(owner, name, None)):
             return f"this Gunicorn has no {owner.__name__}.{name}; install gunicorn>=27,<28"

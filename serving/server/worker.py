@@ -66,7 +66,7 @@ from serving.server.arrivals import ready_in_poller
 from serving.server.connection import ServingConn
 from serving.server.heads import ConnectionLimits, HeadReadingWorker
 from serving.server.heartbeat import Heartbeat
-from serving.server.response import AnswerRecorder, ServingResponse
+from serving.server.response import GunicornAnswer, ServingResponse, json_answer
 from serving.server.seams import (
     missing_seam,
     raise_open_files_limit,
@@ -234,12 +234,14 @@ class ServingWorker(HeadReadingWorker):
     # 4. Gunicorn's own answers counted ----------------------------------------------
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
-        recorder = AnswerRecorder(client)
+        answer = GunicornAnswer(client)
         started = time.perf_counter()
-        super().handle_error(req, recorder, addr, exc)
-        if recorder.status:
+        super().handle_error(req, answer, addr, exc)
+        if answer.status:
+            with contextlib.suppress(OSError):
+                util.write_nonblock(client, json_answer(answer.status, answer.reason, exc))
             method = getattr(req, "method", None) or "other"
-            _count_gunicorn_answer(method, recorder.status, time.perf_counter() - started)
+            _count_gunicorn_answer(method, answer.status, time.perf_counter() - started)
 
     # 6. Stopping ---------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -363,6 +364,51 @@ def test_an_answer_gunicorn_writes_itself_is_counted_and_logged(
 
     assert answers == [b"HTTP/1.1 400 Bad Request"] * 2
     assert counted() == 2
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "code"),
+    [
+        (b"GARBAGE\r\n\r\n", 400, "bad_request"),
+        (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 400, "bad_request"),
+        (
+            b"POST /predict HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: foo, chunked\r\n\r\n",
+            501,
+            "unsupported_transfer_coding",
+        ),
+        (
+            b"POST /predict HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n"
+            b"Content-Length: 5\r\n\r\n",
+            400,
+            "bad_request",
+        ),
+        (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n", 414, "uri_too_long"),
+    ],
+    ids=["request-line", "header", "transfer-coding", "chunked-and-length", "long-uri"],
+)
+def test_an_answer_gunicorn_writes_itself_is_json_in_the_services_error_shape(
+    gunicorn: Start, pickled: Pickled, request_bytes: bytes, status: int, code: str
+) -> None:
+    """Found by the attack: a request Gunicorn refuses before the app (a coding it does
+    not know, chunked with a Content-Length, a bad request line) was answered with an
+    HTML page; a client reading JSON errors got one it could not parse."""
+    server = gunicorn(model_path=pickled(RowOffset(offset=0.0), "m.pkl"), workers=1)
+    server.wait_ready(workers=1)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as client:
+        client.sendall(request_bytes)
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := client.recv(65536):
+                answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+
+    assert lines[0].split(b" ")[1] == str(status).encode(), answer[:200]
+    assert b"Content-Type: application/json" in lines
+    assert b"Connection: close" in lines
+    error = json.loads(body)["error"]
+    assert error["code"] == code
+    assert error["message"] and error["details"] == []
 
 
 def test_a_408_for_a_body_that_stopped_arriving_says_it_closes_the_connection(
