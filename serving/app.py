@@ -1,11 +1,11 @@
 """``create_app()``: the one place the service is wired: settings, the data plane over the
-models served, each protocol's blueprint and error shape, API keys, error handlers, the
-access log and request metrics."""
+models served, the dispatcher of every protocol's prediction routes and each protocol's
+blueprint of cold routes, error styles, API keys, error handlers, the access log and
+request metrics."""
 
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -29,14 +29,16 @@ from serving.observe.metrics import ServingMetrics, default_metrics
 from serving.openapi import Operation, build_document
 from serving.protocols import docs, mlflow, predict, probes, tfserving, v2
 from serving.protocols.base import (
-    ErrorBodies,
+    ErrorStyles,
     ProtocolSpec,
     error_answer,
-    json_response,
+    http_error_answer,
+    response_of,
+    template,
     unexpected_answer,
 )
+from serving.protocols.dispatch import Dispatcher
 from serving.protocols.hooks import RequestHooks
-from serving.protocols.predict.fast import FastPredict
 from serving.runtime import ModelRuntime
 from serving.settings import Settings, load_settings
 
@@ -120,6 +122,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["serving"] = plane
     for protocol in PROTOCOLS:
+        app.url_map.converters.update(protocol.converters)  # before the rules that name them
         app.register_blueprint(protocol.bp)
 
     api_keys = load_api_keys(settings)
@@ -134,16 +137,17 @@ def create_app(
 
     app.extensions["serving_openapi"] = _openapi(plane, operations, bool(api_keys))
 
-    bodies = ErrorBodies.of(PROTOCOLS)
-    app.register_error_handler(ServingError, functools.partial(_serving_error, bodies))
-    app.register_error_handler(HTTPException, functools.partial(_http_error, bodies))
-    app.register_error_handler(Exception, functools.partial(_unexpected_error, bodies))
+    styles = ErrorStyles.of(PROTOCOLS)
+    app.register_error_handler(ServingError, functools.partial(_serving_error, styles))
+    app.register_error_handler(HTTPException, functools.partial(_http_error, styles))
+    app.register_error_handler(Exception, functools.partial(_unexpected_error, styles))
 
     hooks = RequestHooks(plane, metrics)
     _install_request_hooks(app, hooks, api_keys=api_keys, open_routes=open_routes)
-    # POST /predict without Flask's per-request machinery, answered as Flask would.
-    app.wsgi_app = FastPredict(  # type: ignore[method-assign]
-        app.wsgi_app, plane, hooks, api_keys, open_routes
+    # Every prediction route, answered without Flask's per-request machinery; Flask
+    # answers the rest.
+    app.wsgi_app = Dispatcher(  # type: ignore[method-assign]
+        app.wsgi_app, plane, hooks, PROTOCOLS, api_keys=api_keys, open_routes=open_routes
     )
 
     return app
@@ -156,20 +160,19 @@ def _install_request_hooks(
     api_keys: tuple[bytes, ...],
     open_routes: set[str],
 ) -> None:
-    """Per request: before it, the request's ``Call`` (``RequestHooks.start``; ``g.call``,
-    the one thing the views take from ``g``, through ``serving.protocols.base.with_call``),
-    its trace and the API key check; after it, the X-Request-ID header, then the request
-    metrics and the access log line (``RequestHooks.finish``)."""
+    """Per request Flask answers (the cold routes; the dispatcher answers the prediction
+    routes with the same ``RequestHooks``): before it, the request's ``Call``
+    (``RequestHooks.start``; ``g.call``), its trace and the API key check; after it, the
+    X-Request-ID header, then the request metrics and the access log line
+    (``RequestHooks.finish``)."""
 
     @app.before_request
     def _start() -> None:
         # The objects behind Flask's proxies, looked up once: each proxy access costs ~1 us.
         state, req = _current(g), _current(request)
         url_rule = req.url_rule
-        rule = _template(url_rule.rule) if url_rule is not None else "<unmatched>"
-        view = app.view_functions.get(url_rule.endpoint) if url_rule is not None else None
-        predicts = getattr(view, "predicts", False)
-        state.call = hooks.start(req.environ, req.blueprint or "", rule, predicts=predicts)
+        rule = template(url_rule.rule) if url_rule is not None else "<unmatched>"
+        state.call = hooks.start(req.environ, req.blueprint or "", rule, predicts=False)
         state.trace = tracing.start_request(req.headers, req.method[:16], rule) if (
             tracing.active()
         ) else None  # fmt: skip
@@ -267,44 +270,19 @@ def _current(proxy: Any) -> Any:
     return proxy._get_current_object()
 
 
-@functools.cache
-def _template(rule: str) -> str:
-    """A Flask rule as the OpenAPI path template, for metric labels and logs:
-    ``/v1/models/<tf_model:model_name>:predict`` -> ``/v1/models/{model_name}:predict``."""
-    return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule)
-
-
 def _request_id() -> str | None:
     """The current request's id, for the log (None before the request hook ran)."""
     call: Call | None = g.get("call")
     return call.request_id if call is not None else None
 
 
-def _serving_error(bodies: ErrorBodies, exc: ServingError) -> Response:
-    data, headers = error_answer(exc, bodies.current(), _request_id())
-    response = Response(data, status=exc.status, mimetype="application/json")
-    for name, value in headers:
-        response.headers[name] = value
-    return response
+def _serving_error(styles: ErrorStyles, exc: ServingError) -> Response:
+    return response_of(error_answer(exc, styles.current(), _request_id()))
 
 
-def _http_error(bodies: ErrorBodies, exc: HTTPException) -> Response:
-    status = exc.code or 500
-    code = re.sub(r"\W+", "_", (exc.name or "http_error").lower()).strip("_")
-    target = f"{request.method[:16]} {request.path[:200]}"
-    allow = getattr(exc, "valid_methods", None)
-    if status == 404:
-        message = f"no route for {target}"
-    elif status == 405 and allow:
-        message = f"{target}: method not allowed; allowed: {', '.join(allow)}"
-    else:
-        message = exc.description or exc.name
-    response = json_response(bodies.build(status, code, message, []), status)
-    if allow:
-        response.headers["Allow"] = ", ".join(allow)
-    return response
+def _http_error(styles: ErrorStyles, exc: HTTPException) -> Response:
+    return response_of(http_error_answer(exc, styles.current(), request.method, request.path))
 
 
-def _unexpected_error(bodies: ErrorBodies, exc: Exception) -> Response:
-    data = unexpected_answer(bodies.current(), _request_id())
-    return Response(data, status=500, mimetype="application/json")
+def _unexpected_error(styles: ErrorStyles, exc: Exception) -> Response:
+    return response_of(unexpected_answer(styles.current(), _request_id()))

@@ -63,6 +63,15 @@ class ServingError(Exception):
 
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal_error"
+    #: Whether what the caller sent caused it, not the server or the model: every 4xx,
+    #: and a 5xx a class says so of (501: a transfer coding the caller chose). An answer
+    #: with such an error writes no ERROR line.
+    caller_fault: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "caller_fault" not in cls.__dict__:
+            cls.caller_fault = cls.status < 500
 
     def __init__(self, message: str, details: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
@@ -124,6 +133,7 @@ class UnsupportedTransferCoding(ServingError):
 
     status = 501
     code = "unsupported_transfer_coding"
+    caller_fault = True
 
     def __init__(self, coding: str) -> None:
         self.coding = coding

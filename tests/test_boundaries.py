@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from serving.app import create_app
+from serving.app import PROTOCOLS, create_app
 from serving.model.handle import ModelHandle
 from serving.observe.metrics import ServingMetrics
+from serving.protocols.dispatch import prediction_map
 from serving.settings import DEMO_MODEL_PATH, ModelSpec, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,8 +44,8 @@ RULES = {
     "model": Rule(CORE, serving=("serving.errors", "serving.model")),
     "observe": Rule(WEB),
     "server": Rule(("flask", "werkzeug")),
-    # Thin Flask views and their codecs: the web layer.
-    "protocols": Rule(()),
+    # The wire protocols: the dispatcher's handlers and Flask's views, under any server.
+    "protocols": Rule(("gunicorn",)),
     "demo": Rule(()),
 }
 # Top level: the data plane and everything it calls import no web framework; the app
@@ -159,7 +160,7 @@ def test_boundaries_every_folder_has_a_rule_and_a_readme_stating_it() -> None:
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders == set(RULES)
     for name, rule in RULES.items():
-        if name in ("protocols", "demo"):
+        if name == "demo":
             continue
         readme = (PACKAGE / name / "README.md").read_text()
         assert "**Boundary.**" in readme, name
@@ -272,7 +273,8 @@ def test_the_tf_label_route_goes_through_the_data_plane_once(
 def test_every_post_route_is_a_prediction_route_checked_above(app: Flask) -> None:
     """A new POST route must be added to the data-plane check above (V2's repository
     index is the one POST that predicts nothing)."""
-    posts = {rule.rule for rule in app.url_map.iter_rules() if "POST" in (rule.methods or ())}
+    rules = [*app.url_map.iter_rules(), *prediction_map(PROTOCOLS).iter_rules()]
+    posts = {rule.rule for rule in rules if "POST" in (rule.methods or ())}
     posts.discard("/v2/repository/index")
     assert posts == {
         "/predict",

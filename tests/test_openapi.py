@@ -8,7 +8,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 from openapi_spec_validator import validate
 
-from serving.app import _template
+from serving.app import PROTOCOLS
+from serving.protocols.base import template as _template
+from serving.protocols.dispatch import prediction_map
 
 
 def document(client: FlaskClient) -> dict[str, Any]:
@@ -29,15 +31,19 @@ def test_every_route_is_documented_and_every_operation_is_a_route(
 ) -> None:
     spec = document(client)
     documented = {(path, method) for path, item in spec["paths"].items() for method in item}
-    routed = set()
-    for rule in app.url_map.iter_rules():
-        if rule.endpoint == "static":
-            continue
-        path = _template(rule.rule)
-        for method in rule.methods or ():
-            if method not in ("HEAD", "OPTIONS"):
-                routed.add((path, method.lower()))
-    assert documented == routed
+    flask, dispatched = set(), set()
+    for routed, url_map in ((flask, app.url_map), (dispatched, prediction_map(PROTOCOLS))):
+        for rule in url_map.iter_rules():
+            if rule.endpoint == "static":
+                continue
+            path = _template(rule.rule)
+            for method in rule.methods or ():
+                if method not in ("HEAD", "OPTIONS"):
+                    routed.add((path, method.lower()))
+    assert documented == flask | dispatched
+    assert not flask & dispatched  # one answerer per route
+    assert {method for _, method in dispatched} == {"post"}
+    assert ("/invocations", "post") in dispatched
 
 
 def test_predict_operation_uses_the_models_the_blueprint_validates_with(

@@ -1,17 +1,18 @@
-"""What every protocol's routes share: the app's data plane, body reading, JSON answers,
-and the error-body plumbing.
+"""What every protocol shares: how it declares itself (``ProtocolSpec``: its cold routes
+on a Flask blueprint, its prediction ``Route``s for the dispatcher, its OpenAPI operations
+and its error style), the ``Answer`` a prediction handler returns, the one mapping of an
+error to its answer, and JSON encoding.
 
 A protocol package (``serving.protocols.predict``, ``v2``, ``tfserving``, ``mlflow``)
-declares itself as one ``ProtocolSpec``: its blueprint, its OpenAPI operations (which
-also say which routes are open without an API key: ``security=False``), how it spells an
-error body, and the path prefixes whose unmatched requests (404, 405) are its errors too.
-``serving.app.create_app`` collects them; nothing is registered at import.
+declares itself as one ``ProtocolSpec``; ``serving.app.create_app`` collects them, and
+nothing is registered at import.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,40 +20,38 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import orjson
-from flask import Blueprint, Response, current_app, g, request
+from flask import Blueprint, Response, current_app, request
+from werkzeug.exceptions import HTTPException
+from werkzeug.routing import BaseConverter
 
 from serving.dataplane import DataPlane
-from serving.errors import (
-    PayloadTooLarge,
-    RequestTimeout,
-    ServingError,
-    UnreadableBody,
-    UnsupportedMediaType,
-    UnsupportedTransferCoding,
-)
+from serving.errors import InvalidInput, ServingError
 from serving.openapi import Operation
-from serving.settings import Settings
 
 __all__ = [
-    "ErrorBodies",
+    "SERVICE_STYLE",
+    "Answer",
     "ErrorBody",
+    "ErrorStyle",
+    "ErrorStyles",
+    "Handler",
     "ProtocolSpec",
+    "Route",
     "dataplane",
     "error_answer",
+    "http_error_answer",
+    "json_answer",
     "json_bytes",
     "json_response",
     "jsonable",
     "model_before_body",
-    "read_body",
-    "read_json_body",
+    "response_of",
     "service_error_body",
+    "template",
     "unexpected_answer",
-    "with_call",
 ]
 
 log = logging.getLogger("serving")
-
-_BODY_SETTING = "SERVING_MAX_BODY_BYTES"
 
 #: ``(status, code, message, details) -> body``: how one protocol spells an error.
 ErrorBody = Callable[[int, str, str, list[dict[str, Any]]], dict[str, Any]]
@@ -65,92 +64,166 @@ def service_error_body(
     return {"error": {"code": code, "message": message, "details": details}}
 
 
+@dataclass(frozen=True, slots=True)
+class ErrorStyle:
+    """How one protocol answers an error.
+
+    :param body: its error body (KServe V2 and TF Serving clients expect
+        ``{"error": "message"}``, MLflow's ``{"error_code", "message"}``).
+    :param invalid_input_status: the status of every ``InvalidInput`` (and its
+        ``MalformedJSON``), when not their own (422, 400): KServe V2 answers every invalid
+        request with 400 (Triton too), ``code`` the same. Every other error has its own
+        status whatever the style.
+    """
+
+    body: ErrorBody = service_error_body
+    invalid_input_status: int | None = None
+
+    def status(self, exc: ServingError) -> int:
+        """The HTTP status of an answer with ``exc``."""
+        if self.invalid_input_status is not None and isinstance(exc, InvalidInput):
+            return self.invalid_input_status
+        return exc.status
+
+
+#: The service's own style (``/predict``, the probes, the docs).
+SERVICE_STYLE = ErrorStyle()
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a prediction handler answers: the status, the body's bytes and media type, and
+    any headers besides Content-Type, Content-Length and X-Request-ID (which the
+    dispatcher writes)."""
+
+    body: bytes
+    status: int = 200
+    content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+#: A prediction handler: ``(plane, call, environ, **route arguments) -> Answer``; it raises
+#: a ``ServingError`` for an error answer (``error_answer``).
+Handler = Callable[..., Answer]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One prediction route, answered by the dispatcher (``serving.protocols.dispatch``),
+    POST only.
+
+    :param rule: a werkzeug rule (``/v2/models/<model_name>/infer``); its converters are
+        werkzeug's and the protocol's ``ProtocolSpec.converters``.
+    :param handler: called with the rule's arguments by name, and ``defaults``'.
+    """
+
+    rule: str
+    handler: Handler
+    defaults: Mapping[str, Any] | None = None
+
+    @property
+    def template(self) -> str:
+        """The rule as its OpenAPI path template (``template``)."""
+        return template(self.rule)
+
+
 @dataclass(frozen=True)
 class ProtocolSpec:
-    """One protocol's routes as ``create_app`` wires them.
+    """One protocol as ``create_app`` wires it.
 
-    :param error_body: its error shape (KServe V2 and TF Serving clients expect
-        ``{"error": "message"}``, MLflow's ``{"error_code", "message"}``); ``None``: the
-        service's. The status is the same whatever the shape.
-    :param path_prefixes: requests under these paths that no route matched (404, 405)
-        get ``error_body`` too, so ``/v1/models/a:b`` is a TF Serving error.
+    :param bp: its cold routes (metadata, health): Flask views.
+    :param operations: every route's OpenAPI operation, the prediction routes' too; an
+        operation documented without security is open without an API key.
+    :param style: its error style; the service's by default.
+    :param path_prefixes: requests that no route matched (404, 405) under these paths get
+        ``style`` too: a prefix ending in ``/`` matches the paths under it, any other only
+        itself (``/ping``, so ``/pingx`` and ``/ping/x`` are the service's 404s).
+    :param routes: its prediction routes, answered by the dispatcher, not Flask.
+    :param converters: werkzeug converters its routes' rules name (``tf_model``), for
+        the dispatcher's map and the blueprint's rules alike.
     """
 
     bp: Blueprint
     operations: Sequence[Operation]
-    error_body: ErrorBody | None = None
+    style: ErrorStyle = SERVICE_STYLE
     path_prefixes: tuple[str, ...] = ()
+    routes: tuple[Route, ...] = ()
+    converters: Mapping[str, type[BaseConverter]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
-class ErrorBodies:
-    """Each protocol's error shape, by blueprint name and by path prefix."""
+class ErrorStyles:
+    """Each protocol's error style, by blueprint name and by path prefix."""
 
-    by_blueprint: Mapping[str, ErrorBody] = field(default_factory=dict)
-    by_prefix: Mapping[str, ErrorBody] = field(default_factory=dict)
+    by_blueprint: Mapping[str, ErrorStyle] = field(default_factory=dict)
+    by_prefix: Mapping[str, ErrorStyle] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, protocols: Sequence[ProtocolSpec]) -> ErrorBodies:
-        with_body = [(p, p.error_body) for p in protocols if p.error_body is not None]
+    def of(cls, protocols: Sequence[ProtocolSpec]) -> ErrorStyles:
         return cls(
-            {p.bp.name: body for p, body in with_body},
-            {prefix: body for p, body in with_body for prefix in p.path_prefixes},
+            {p.bp.name: p.style for p in protocols},
+            {prefix: p.style for p in protocols for prefix in p.path_prefixes},
         )
 
-    def build(self, status: int, code: str, message: str, details: list[dict[str, Any]]) -> Any:
-        """The error body for the current request, in its route's protocol."""
-        return self.current()(status, code, message, details)
+    def for_path(self, path: str) -> ErrorStyle:
+        """The style of an unmatched request for ``path`` (``ProtocolSpec.path_prefixes``),
+        the service's by default."""
+        for prefix, style in self.by_prefix.items():
+            if path == prefix or (prefix[-1] == "/" and path.startswith(prefix)):
+                return style
+        return SERVICE_STYLE
 
-    def current(self) -> ErrorBody:
-        """How the current request's protocol spells an error (by its route's blueprint,
-        else its path), the service's shape by default."""
-        build = self.by_blueprint.get(request.blueprint or "") if request else None
-        if build is None and request and request.blueprint is None:
-            path = request.path
-            build = next((b for p, b in self.by_prefix.items() if path.startswith(p)), None)
-        return build or service_error_body
+    def current(self) -> ErrorStyle:
+        """The style of Flask's current request: its route's blueprint's, else its path's."""
+        if not request:
+            return SERVICE_STYLE
+        if request.blueprint is not None:
+            return self.by_blueprint.get(request.blueprint, SERVICE_STYLE)
+        return self.for_path(request.path)
 
 
-def error_answer(
-    exc: ServingError, body_of: ErrorBody, request_id: str | None
-) -> tuple[bytes, list[tuple[str, str]]]:
-    """The JSON body (in ``body_of``'s shape) and the headers besides Content-Type and
-    Content-Length of the answer to a request that failed with ``exc`` (its status); a
-    server error other than 503 is logged first, with the model's own traceback when it
-    raised. For the app's error handler and the ``/predict`` fast path alike."""
-    status = exc.status
-    if status >= 500 and status != 503:  # 503s are expected; metrics count them
+def error_answer(exc: ServingError, style: ErrorStyle, request_id: str | None) -> Answer:
+    """The answer to a request that failed with ``exc``, in ``style``. A server error
+    other than 503 (expected; metrics count them) that the caller did not cause
+    (``ServingError.caller_fault``) is logged first, with the model's own traceback when
+    it raised. For the dispatcher and the app's error handler alike."""
+    status = style.status(exc)
+    if status >= 500 and status != 503 and not exc.caller_fault:
         log.error(
             "request %s failed: %s %s", request_id, exc.code, exc.message,
             exc_info=exc.__cause__,
         )  # fmt: skip
-    data = json_bytes(body_of(status, exc.code, exc.message, exc.details))
+    data = json_bytes(style.body(status, exc.code, exc.message, exc.details))
     if status == 503:
-        return data, [("Retry-After", "1")]
+        return Answer(data, status, headers=(("Retry-After", "1"),))
     if status == 401:
-        return data, [("WWW-Authenticate", 'Bearer realm="serving"')]
-    return data, []
+        return Answer(data, status, headers=(("WWW-Authenticate", 'Bearer realm="serving"'),))
+    return Answer(data, status)
 
 
-def unexpected_answer(body_of: ErrorBody, request_id: str | None) -> bytes:
-    """The 500 body for an exception no handler expected, logged with its traceback:
+def http_error_answer(exc: HTTPException, style: ErrorStyle, method: str, path: str) -> Answer:
+    """The answer to a request werkzeug refused before any handler (404, 405 with its
+    ``Allow``, 400 for a bad Host), in ``style``: ``code`` is the status's name
+    (``method_not_allowed``)."""
+    status = exc.code or 500
+    code = re.sub(r"\W+", "_", (exc.name or "http_error").lower()).strip("_")
+    target = f"{method[:16]} {path[:200]}"
+    allow = getattr(exc, "valid_methods", None)
+    if status == 404:
+        message = f"no route for {target}"
+    elif status == 405 and allow:
+        message = f"{target}: method not allowed; allowed: {', '.join(allow)}"
+    else:
+        message = exc.description or exc.name
+    headers = (("Allow", ", ".join(allow)),) if allow else ()
+    return Answer(json_bytes(style.body(status, code, message, [])), status, headers=headers)
+
+
+def unexpected_answer(style: ErrorStyle, request_id: str | None) -> Answer:
+    """The 500 answer to an exception no handler expected, logged with its traceback:
     call it while handling the exception."""
     log.exception("request %s failed with an unexpected error", request_id)
-    return json_bytes(body_of(500, "internal_error", "internal server error", []))
-
-
-def with_call(view: Callable[..., Response]) -> Callable[..., Response]:
-    """A prediction view that takes the request's ``Call`` (``serving.context``: request
-    id, deadline, route, payload-log draw; made by the app's before-request hook) as its
-    first argument, to hand to ``DataPlane.infer``: the one place a view's context comes
-    from ``flask.g``."""
-
-    @functools.wraps(view)
-    def wrapped(*args: Any, **kwargs: Any) -> Response:
-        return view(g.call, *args, **kwargs)
-
-    wrapped.predicts = True  # type: ignore[attr-defined]  # counted as arriving (serving.app)
-    return wrapped
+    return Answer(json_bytes(style.body(500, "internal_error", "internal server error", [])), 500)
 
 
 def model_before_body(plane: DataPlane, model_name: str | None, version: str | None) -> None:
@@ -164,113 +237,30 @@ def model_before_body(plane: DataPlane, model_name: str | None, version: str | N
 
 
 def dataplane() -> DataPlane:
-    """The app's data plane (``create_app`` puts it in ``app.extensions["serving"]``)."""
+    """The app's data plane, for a Flask view (``create_app`` puts it in
+    ``app.extensions["serving"]``); a prediction handler is handed it."""
     plane: DataPlane = current_app.extensions["serving"]
     return plane
 
 
-def read_json_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
-    """The raw body of the request of WSGI ``environ``, checked to be ``application/json``
-    and at most ``SERVING_MAX_BODY_BYTES``.
-
-    :raises UnsupportedMediaType: (415) for another or no Content-Type, or a charset other
-        than UTF-8 (JSON is UTF-8: RFC 8259, section 8.1).
-    :raises PayloadTooLarge: (413) over the limit, declared or while reading.
-    :raises UnreadableBody: (400) as ``read_body``.
-    :raises RequestTimeout: (408) as ``read_body``.
-    """
-    # request.mimetype, without building the request's headers (~4 us): the media type is
-    # what comes before any parameter, trimmed and lowercased (RFC 9110, 8.3.1).
-    # JSON as werkzeug's is_json has it: application/json or application/<any>+json.
-    content_type = environ.get("CONTENT_TYPE", "")
-    mimetype, _, parameters = content_type.partition(";")
-    mimetype = mimetype.strip().lower()
-    if mimetype != "application/json" and not (
-        mimetype.startswith("application/") and mimetype.endswith("+json")
-    ):
-        raise UnsupportedMediaType(content_type or None)
-    if parameters and _charset(parameters) not in (None, "utf-8", "utf8", "us-ascii"):
-        raise UnsupportedMediaType(content_type, "application/json in UTF-8")
-    return read_body(environ, settings)
+@functools.cache
+def template(rule: str) -> str:
+    """A werkzeug rule as its OpenAPI path template, for metric labels and logs:
+    ``/v1/models/<tf_model:model_name>:predict`` -> ``/v1/models/{model_name}:predict``."""
+    return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule)
 
 
-def _charset(parameters: str) -> str | None:
-    """The ``charset`` of a Content-Type's parameters (``a=1; charset="UTF-16"``),
-    unquoted and lowercased; None without one."""
-    for parameter in parameters.split(";"):
-        name, _, value = parameter.partition("=")
-        if name.strip().lower() == "charset":
-            return value.strip().strip('"').lower()
-    return None
+def json_answer(body: dict[str, Any]) -> Answer:
+    """``body`` as a 200 JSON answer (``json_bytes``)."""
+    return Answer(json_bytes(body))
 
 
-def read_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
-    """The raw body of the request of WSGI ``environ``, whatever its Content-Type, at most
-    ``SERVING_MAX_BODY_BYTES``.
-
-    Chunked bodies (no Content-Length) are cut off at the same limit while they are read.
-    For protocols whose clients send no or a non-JSON Content-Type (KServe V2's binary
-    tensors); the JSON routes call ``read_json_body``.
-
-    :raises PayloadTooLarge: (413) over the limit, declared or while reading.
-    :raises UnreadableBody: (400) for a compressed body (a Content-Encoding other than
-        ``identity``: none is decoded, and a compressed body read as it is would be refused
-        for the wrong reason, or a plain one mislabelled answered), or when the server
-        cannot read it (bad chunk encoding, the client went away mid-body).
-    :raises RequestTimeout: (408) when the body did not arrive in time: under Gunicorn a
-        read waits at most ``SERVING_REQUEST_TIMEOUT_MS`` after the headers
-        (``serving.server.worker.ServingWorker.handle_request``).
-    """
-    max_body_bytes = settings.max_body_bytes
-    encoding = environ.get("HTTP_CONTENT_ENCODING", "")
-    if encoding and encoding.strip().lower() != "identity":
-        raise UnreadableBody(
-            f"Content-Encoding {encoding[:32]!r} is not supported: send the body uncompressed"
-        )
-    coding = environ.get("HTTP_TRANSFER_ENCODING", "")
-    if coding and any(part.strip().lower() != "chunked" for part in coding.split(",")):
-        raise UnsupportedTransferCoding(coding[:64])
-    declared = environ.get("CONTENT_LENGTH", "")  # werkzeug's content_length costs ~10 us
-    length = int(declared) if declared.isdigit() else None
-    if length is not None and length > max_body_bytes:
-        raise PayloadTooLarge("request body", length, max_body_bytes, _BODY_SETTING, "bytes")
-    if length is None and not environ.get("wsgi.input_terminated"):
-        return b""  # neither a length nor a chunked body: WSGI says there is none
-    # Read straight from wsgi.input (werkzeug's stream wrappers cost ~14 us a request).
-    # Chunked (no Content-Length): werkzeug would stop quietly at the limit and hand on a
-    # truncated body (a 400 for the wrong reason). Read one byte past the limit to tell.
-    wanted = length if length is not None else max_body_bytes + 1
-    stream = environ["wsgi.input"]
-    parts: list[bytes] = []
-    got = 0
-    try:
-        while got < wanted:
-            part = stream.read(wanted - got)
-            if not part:
-                break
-            parts.append(part)
-            got += len(part)
-    except TimeoutError:
-        limit_ms = settings.request_timeout_ms
-        expected = f"the {length} bytes its Content-Length declared" if length else "its body"
-        raise RequestTimeout(
-            f"the request took more than {limit_ms:g} ms to arrive, past "
-            f"SERVING_REQUEST_TIMEOUT_MS ({limit_ms:g} ms): the client sent {got} bytes of "
-            f"{expected}"
-        ) from None
-    except Exception as exc:  # the server's own errors: bad chunk size, client gone
-        raise UnreadableBody(f"request body could not be read: {type(exc).__name__}") from exc
-    data = parts[0] if len(parts) == 1 else b"".join(parts)
-    if length is None and len(data) > max_body_bytes:
-        raise PayloadTooLarge("chunked request body", None, max_body_bytes, _BODY_SETTING, "bytes")
-    if length is not None and len(data) < length:
-        # Under Gunicorn wsgi.input ends quietly when the client half-closes: a body cut
-        # short would otherwise be parsed as if complete (a CSV losing its last rows).
-        raise UnreadableBody(
-            f"request body could not be read: the client sent {len(data)} of the "
-            f"{length} bytes its Content-Length declared"
-        )
-    return data
+def response_of(answer: Answer) -> Response:
+    """``answer`` as a Flask response, for a Flask view or error handler."""
+    response = Response(answer.body, status=answer.status, content_type=answer.content_type)
+    for name, value in answer.headers:
+        response.headers[name] = value
+    return response
 
 
 def json_response(body: dict[str, Any], status: int = 200) -> Response:

@@ -12,24 +12,28 @@ model's feature names; a model without names takes them positionally. Errors are
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response
 
 from serving import __version__
 from serving.context import Call
+from serving.dataplane import DataPlane
 from serving.errors import UnsupportedMediaType
 from serving.instances import Instances
 from serving.openapi import Operation, errors
 from serving.protocols.base import (
+    Answer,
+    ErrorStyle,
     ProtocolSpec,
+    Route,
     dataplane,
+    json_answer,
     json_response,
     jsonable,
-    read_body,
-    read_json_body,
-    with_call,
 )
+from serving.protocols.bodies import is_json, media_type, read_body, read_json_body
 from serving.protocols.mlflow.codec import decode, decode_csv
 from serving.protocols.mlflow.schemas import (
     MlflowErrorResponse,
@@ -82,6 +86,7 @@ _ERROR_CODES = {
     422: "INVALID_PARAMETER_VALUE",  # as MLflow answers a body its schema refuses
     401: "UNAUTHENTICATED",
     500: "INTERNAL_ERROR",
+    501: "NOT_IMPLEMENTED",
     503: "TEMPORARILY_UNAVAILABLE",
     408: "DEADLINE_EXCEEDED",
     504: "DEADLINE_EXCEEDED",
@@ -97,11 +102,6 @@ def _error_body(
     status: int, code: str, message: str, details: list[dict[str, Any]]
 ) -> dict[str, Any]:
     return {"error_code": _error_code(status), "message": message, "code": code}
-
-
-PROTOCOL = ProtocolSpec(
-    bp, OPERATIONS, _error_body, ("/invocations", "/ping", "/health", "/version")
-)
 
 
 @bp.get("/version")
@@ -124,25 +124,33 @@ def ping() -> Response:
     return response
 
 
-@bp.post("/invocations", provide_automatic_options=False)
-@with_call
-def invocations(call: Call) -> Response:
+def invocations(plane: DataPlane, call: Call, environ: Mapping[str, Any]) -> Answer:
     """Score a DataFrame with the default model.
 
     :raises UnsupportedMediaType: (415) unless ``application/json`` or ``text/csv``.
     :raises InvalidInput: (422) for a body MLflow would refuse, a missing or unknown column
         name, or a value that is not a finite number.
     """
-    plane = dataplane()
-    mimetype = request.mimetype
+    mimetype = media_type(environ)
     if mimetype == "text/csv":
         instances: Instances = decode_csv(
-            read_body(request.environ, plane.settings), plane.settings.max_instances_per_request
+            read_body(environ, plane.settings), plane.settings.max_instances_per_request
         )
-    elif mimetype == "application/json" or mimetype.endswith("+json"):
-        body = read_json_body(request.environ, plane.settings)
+    elif is_json(mimetype):
+        body = read_json_body(environ, plane.settings)
         instances = decode(parse_body(MlflowRequest, body))
     else:
-        raise UnsupportedMediaType(request.content_type, "application/json or text/csv")
+        content_type = environ.get("CONTENT_TYPE") or None
+        raise UnsupportedMediaType(content_type, "application/json or text/csv")
     answer = plane.infer(call, None, None, instances, rules=MLFLOW)
-    return json_response({"predictions": jsonable(answer.outputs["predictions"])})
+    return json_answer({"predictions": jsonable(answer.outputs["predictions"])})
+
+
+#: Errors as MLflow's ``{"error_code", "message"}`` plus our ``code``.
+PROTOCOL = ProtocolSpec(
+    bp,
+    OPERATIONS,
+    ErrorStyle(_error_body),
+    ("/invocations", "/ping", "/health", "/version"),
+    routes=(Route("/invocations", invocations),),
+)

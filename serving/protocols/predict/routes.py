@@ -6,25 +6,19 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from flask import Blueprint, Response, request
+from flask import Blueprint
 
 from serving.context import Call
 from serving.dataplane import DataPlane
 from serving.errors import InvalidInput, ServingError
 from serving.openapi import Operation, errors
-from serving.protocols.base import (
-    ProtocolSpec,
-    dataplane,
-    json_response,
-    model_before_body,
-    read_json_body,
-    with_call,
-)
+from serving.protocols.base import Answer, ProtocolSpec, Route, json_answer, model_before_body
+from serving.protocols.bodies import read_json_body
 from serving.protocols.predict import codec
 from serving.protocols.predict.schemas import PredictRequest, PredictResponse
 from serving.protocols.schemas import ErrorResponse, parse_body
 
-__all__ = ["OPERATIONS", "PROTOCOL", "bp", "respond"]
+__all__ = ["OPERATIONS", "PROTOCOL", "bp", "predict"]
 
 bp = Blueprint("predict", __name__)
 
@@ -43,26 +37,14 @@ OPERATIONS = [
     )
 ]
 
-#: Errors in the service's own shape.
-PROTOCOL = ProtocolSpec(bp, OPERATIONS)
 
-
-@bp.post("/predict", defaults={"model_name": None}, provide_automatic_options=False)
-@bp.post("/predict/<model_name>", provide_automatic_options=False)
-@with_call
-def predict(call: Call, model_name: str | None) -> Response:
-    """Predict with the model the path or ``model`` names (``respond``)."""
-    return json_response(respond(dataplane(), call, model_name, request.environ))
-
-
-def respond(
-    plane: DataPlane, call: Call, model_name: str | None, environ: Mapping[str, Any]
-) -> dict[str, Any]:
+def predict(
+    plane: DataPlane, call: Call, environ: Mapping[str, Any], *, model_name: str | None = None
+) -> Answer:
     """The answer to the ``/predict`` request of WSGI ``environ``, by the model the path
     (``model_name``) or the body's ``model`` names (default: the first of
     ``SERVING_MODELS``); the body's ``model_version`` picks another version of it, or is
-    refused with 409 when this replica lacks it. The Flask view and the fast path
-    (``serving.protocols.predict.fast``) both answer with it.
+    refused with 409 when this replica lacks it.
 
     :raises InvalidInput: (422) when the path and the body name different models; as
         ``DataPlane.infer`` for the rest (each ``ServingError`` is answered with its
@@ -81,4 +63,12 @@ def respond(
         outputs=body.outputs,
     )  # fmt: skip
     latency_ms = round((time.perf_counter() - answer.timing.started) * 1000.0, 3)
-    return codec.encode(answer, body.outputs, latency_ms)
+    return json_answer(codec.encode(answer, body.outputs, latency_ms))
+
+
+#: No cold routes (``bp`` is empty); errors in the service's own shape.
+PROTOCOL = ProtocolSpec(
+    bp,
+    OPERATIONS,
+    routes=(Route("/predict", predict), Route("/predict/<model_name>", predict)),
+)

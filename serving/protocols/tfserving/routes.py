@@ -15,25 +15,29 @@ Model names cannot contain ``:`` or ``/`` (``SERVING_MODELS`` refuses them), so
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from flask import Blueprint, Response, request
-from flask.blueprints import BlueprintSetupState
+from flask import Blueprint, Response
 from werkzeug.routing import BaseConverter
 
 from serving.context import Call
+from serving.dataplane import DataPlane
 from serving.errors import InvalidInput, LabelNotFound, ServingError
 from serving.model.handle import TensorSpec
 from serving.openapi import Operation, errors
 from serving.protocols.base import (
+    Answer,
+    ErrorStyle,
     ProtocolSpec,
+    Route,
     dataplane,
+    json_answer,
     json_response,
     model_before_body,
-    read_json_body,
-    with_call,
 )
+from serving.protocols.bodies import read_json_body
 from serving.protocols.schemas import parse_body
 from serving.protocols.tfserving.codec import columnar_outputs, decode, row_predictions
 from serving.protocols.tfserving.schemas import (
@@ -64,7 +68,9 @@ def _both(suffix: str) -> tuple[str, str, str]:
     )
 
 
-def _version(model_name: str, model_version: str | None, label: str | None) -> str | None:
+def _version(
+    plane: DataPlane, model_name: str, model_version: str | None, label: str | None
+) -> str | None:
     """The version asked for: ``model_version``, or the one ``label`` names.
 
     :raises ModelNotFound: (404) no model ``model_name``.
@@ -72,9 +78,9 @@ def _version(model_name: str, model_version: str | None, label: str | None) -> s
     """
     if label is None:
         return model_version
-    labels = dataplane().settings.version_labels(model_name)
+    labels = plane.settings.version_labels(model_name)
     if label not in labels:
-        dataplane().models.resolve(model_name)  # an unknown model is a model_not_found
+        plane.models.resolve(model_name)  # an unknown model is a model_not_found
         raise LabelNotFound(model_name, label, sorted(labels))
     return labels[label]
 
@@ -123,32 +129,25 @@ class ModelNameConverter(BaseConverter):
     regex = r"[^/:]+"
 
 
-@bp.record_once
-def _add_converter(state: BlueprintSetupState) -> None:  # before the rules below are added
-    state.app.url_map.converters["tf_model"] = ModelNameConverter
-
-
 def _error_body(
     status: int, code: str, message: str, details: list[dict[str, Any]]
 ) -> dict[str, Any]:
     return {"error": message, "code": code}
 
 
-PROTOCOL = ProtocolSpec(bp, OPERATIONS, _error_body, ("/v1/",))
-
-
-@bp.post(_MODEL + ":predict", defaults={"model_version": None}, provide_automatic_options=False)
-@bp.post(_VERSION + ":predict", provide_automatic_options=False)
-@bp.post(_LABEL + ":predict", defaults={"model_version": None}, provide_automatic_options=False)
-@with_call
 def predict(
-    call: Call, model_name: str, model_version: str | None, label: str | None = None
-) -> Response:
+    plane: DataPlane,
+    call: Call,
+    environ: Mapping[str, Any],
+    *,
+    model_name: str,
+    model_version: str | None = None,
+    label: str | None = None,
+) -> Answer:
     """Row format answers ``{"predictions": ...}``, columnar ``{"outputs": ...}``."""
-    plane = dataplane()
-    model_version = _version(model_name, model_version, label)
+    model_version = _version(plane, model_name, model_version, label)
     try:
-        body = parse_body(TFPredictRequest, read_json_body(request.environ, plane.settings))
+        body = parse_body(TFPredictRequest, read_json_body(environ, plane.settings))
     except ServingError:
         model_before_body(plane, model_name, model_version)
         raise
@@ -157,8 +156,8 @@ def predict(
         raise InvalidInput.at("signature_name", msg, "signature")
     answer = plane.infer(call, model_name, model_version, decode(body))
     if body.instances is not None:
-        return json_response({"predictions": row_predictions(answer.outputs)})
-    return json_response({"outputs": columnar_outputs(answer.outputs)})
+        return json_answer({"predictions": row_predictions(answer.outputs)})
+    return json_answer({"outputs": columnar_outputs(answer.outputs)})
 
 
 _STATES: dict[State, tuple[str, str]] = {
@@ -184,8 +183,9 @@ def _version_status(runtime: ModelRuntime) -> dict[str, Any]:
 def status(model_name: str, model_version: str | None, label: str | None = None) -> Response:
     """Every version of the model this worker serves (or the one asked for), with its
     state; 200 whatever the state, as TF Serving answers."""
-    model_version = _version(model_name, model_version, label)
-    cache = dataplane().models
+    plane = dataplane()
+    model_version = _version(plane, model_name, model_version, label)
+    cache = plane.models
     pinned = cache.resolve(model_name, model_version)
     runtimes = [pinned] if model_version is not None else [
         runtime for runtime in cache.runtimes if runtime.model_name == model_name
@@ -219,8 +219,9 @@ def metadata(model_name: str, model_version: str | None, label: str | None = Non
 
     :raises NotReady: (503) until the model is loaded (its inputs are not known before).
     """
-    model_version = _version(model_name, model_version, label)
-    runtime, handle = dataplane().ready(model_name, model_version)
+    plane = dataplane()
+    model_version = _version(plane, model_name, model_version, label)
+    runtime, handle = plane.ready(model_name, model_version)
     signature = {
         "inputs": {spec.name: _tensor_info(spec) for spec in handle.input_specs()},
         "outputs": {spec.name: _tensor_info(spec) for spec in runtime.outputs},
@@ -235,3 +236,18 @@ def metadata(model_name: str, model_version: str | None, label: str | None = Non
         },
     }
     return json_response(body)
+
+
+#: Errors as ``{"error": message, "code"}``, with the service's statuses.
+PROTOCOL = ProtocolSpec(
+    bp,
+    OPERATIONS,
+    ErrorStyle(_error_body),
+    ("/v1/",),
+    routes=(
+        Route(_MODEL + ":predict", predict),
+        Route(_VERSION + ":predict", predict),
+        Route(_LABEL + ":predict", predict),
+    ),
+    converters={"tf_model": ModelNameConverter},
+)

@@ -16,6 +16,7 @@ bodies are the protocol's ``{"error": "<message>"}`` plus our ``"code"``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -23,17 +24,21 @@ from flask import Blueprint, Response, request
 
 from serving import __version__
 from serving.context import Call
-from serving.errors import InvalidInput, ServingError
+from serving.dataplane import DataPlane
+from serving.errors import ServingError
 from serving.model.handle import ModelHandle, TensorSpec
 from serving.openapi import Operation, errors
 from serving.protocols.base import (
+    Answer,
+    ErrorStyle,
     ProtocolSpec,
+    Route,
     dataplane,
+    json_answer,
     json_response,
     model_before_body,
-    read_body,
-    with_call,
 )
+from serving.protocols.bodies import read_body
 from serving.protocols.schemas import parse_body
 from serving.protocols.v2.codec import (
     HEADER_LENGTH,
@@ -62,7 +67,6 @@ from serving.protocols.v2.schemas import (
 )
 from serving.protocols.v2.stats import V2InferenceStatistics, model_statistics
 from serving.server.board import readiness
-from serving.settings import Settings
 
 __all__ = ["EXTENSIONS", "OPERATIONS", "PROTOCOL", "bp"]
 
@@ -126,15 +130,6 @@ def _error_body(
     status: int, code: str, message: str, details: list[dict[str, Any]]
 ) -> dict[str, Any]:
     return {"error": message, "code": code}
-
-
-PROTOCOL = ProtocolSpec(bp, OPERATIONS, _error_body, ("/v2/",))
-
-
-@bp.errorhandler(InvalidInput)
-def _invalid_input(exc: InvalidInput) -> Response:
-    """The protocol answers every invalid request with 400 (Triton too); ``code`` stays."""
-    return json_response(_error_body(400, exc.code, exc.message, exc.details), 400)
 
 
 @bp.get("/v2")
@@ -208,23 +203,25 @@ def model_ready(model_name: str, model_version: str | None) -> Response:
     return json_response(body, 200 if is_ready else 400)
 
 
-@bp.post(
-    "/v2/models/<model_name>/infer",
-    defaults={"model_version": None},
-    provide_automatic_options=False,
-)
-@bp.post("/v2/models/<model_name>/versions/<model_version>/infer", provide_automatic_options=False)
-@with_call
-def infer(call: Call, model_name: str, model_version: str | None) -> Response:
+def infer(
+    plane: DataPlane,
+    call: Call,
+    environ: Mapping[str, Any],
+    *,
+    model_name: str,
+    model_version: str | None = None,
+) -> Answer:
     """One inference request: JSON, or JSON header + binary tensors (any Content-Type, as
     tritonclient sends none; the body size limit is ``SERVING_MAX_BODY_BYTES`` either way).
 
     :raises InvalidInput: (400 here) naming the input or output that is wrong.
     :raises UnreadableBody: (400) for a compressed body (Content-Encoding is not supported).
     """
-    plane = dataplane()
     try:
-        body, binary = _read(plane.settings)
+        header, binary = split_body(
+            read_body(environ, plane.settings), environ.get(_HEADER_LENGTH_KEY)
+        )
+        body = parse_body(V2InferRequest, header)
         wanted = [out.name for out in body.outputs] if body.outputs else None
         inputs = decode(body, binary, plane.settings.max_instances_per_request)
     except ServingError:
@@ -233,33 +230,25 @@ def infer(call: Call, model_name: str, model_version: str | None) -> Response:
     answer = plane.infer(call, model_name, model_version, inputs, outputs=wanted)
     binary_default = bool(body.parameters and body.parameters.binary_data_output)
     tensors, tail = encode_outputs(answer.outputs, body.outputs, binary_default)
-    return _infer_response(answer.handle, body.id, tensors, tail)
+    return _infer_answer(answer.handle, body.id, tensors, tail)
 
 
-def _read(settings: Settings) -> tuple[V2InferRequest, bytearray]:
-    """The request's JSON header, validated, and its binary tensor data (empty without).
-
-    :raises UnreadableBody: (400) for a compressed body (``read_body``).
-    """
-    header, binary = split_body(
-        read_body(request.environ, settings), request.headers.get(HEADER_LENGTH)
-    )
-    return parse_body(V2InferRequest, header), binary
+#: The WSGI environ key of the binary extension's header length.
+_HEADER_LENGTH_KEY = "HTTP_" + HEADER_LENGTH.upper().replace("-", "_")
 
 
-def _infer_response(
+def _infer_answer(
     handle: ModelHandle, request_id: str | None, tensors: list[dict[str, Any]], tail: bytes
-) -> Response:
+) -> Answer:
     body: dict[str, Any] = {"model_name": handle.name, "model_version": handle.version}
     if request_id is not None:
         body["id"] = request_id
     body["outputs"] = tensors
     if not any("parameters" in tensor for tensor in tensors):
-        return json_response(body)
+        return json_answer(body)
     header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-    response = Response(header + tail, mimetype="application/octet-stream")
-    response.headers[HEADER_LENGTH] = str(len(header))
-    return response
+    headers = ((HEADER_LENGTH, str(len(header))),)
+    return Answer(header + tail, content_type="application/octet-stream", headers=headers)
 
 
 @bp.get("/v2/models/stats", defaults={"model_name": None, "model_version": None})
@@ -308,3 +297,16 @@ def repository() -> Response:
     index = repository_index(plane.models, bool(wanted and wanted.ready))
     data = orjson.dumps(index)
     return Response(data, mimetype="application/json")
+
+
+#: Errors as ``{"error": message, "code"}``; every invalid request is a 400 (Triton's).
+PROTOCOL = ProtocolSpec(
+    bp,
+    OPERATIONS,
+    ErrorStyle(_error_body, invalid_input_status=400),
+    ("/v2/",),
+    routes=(
+        Route("/v2/models/<model_name>/infer", infer),
+        Route("/v2/models/<model_name>/versions/<model_version>/infer", infer),
+    ),
+)
