@@ -2,12 +2,15 @@
 predict and MLflow /invocations, this service against another tree's, taking turns.
 
     python bench/protocols_load.py --before /path/to/worktree    # ~3 min on 2 cores
+    python bench/protocols_load.py --before /path/to/worktree --traced   # and traced
 
 Each round starts each server afresh (own session, 2 workers, demo model, access log on),
 runs wrk (one thread, pinned to the last CPU) with ``--connections`` keep-alive
-connections for ``--duration`` seconds per route, and prints requests/s, p50 and the
-server's CPU per request (utime + stime of master and workers from /proc). The first
-server changes from round to round.
+connections for ``--duration`` seconds per route, and prints requests/s, p50, the
+server's CPU per request (utime + stime of master and workers from /proc) and the mean
+batch (instances per predict call, from /metrics). The first server changes from round to
+round. ``--traced`` adds this service with tracing on, exporting OTLP over HTTP to a
+collector in this process that answers 200 and drops every span.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.host import cpu_model  # noqa: E402
 from bench.http_load import cpu_seconds, free_port  # noqa: E402
-from bench.models import RESULTS, real_rows  # noqa: E402
+from bench.models import RESULTS, batch_totals, real_rows  # noqa: E402
 
 GUNICORN = Path(sys.executable).parent / "gunicorn"
 ROW = [float(v) for v in real_rows()[0]]
@@ -44,10 +49,11 @@ ROUTES = {
 }
 
 
-def serve(root: Path) -> tuple[subprocess.Popen[bytes], int]:
+def serve(root: Path, extra_env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     env = {
         **os.environ,
+        **extra_env,
         "PYTHONPATH": str(root),
         "SERVING_BIND": f"127.0.0.1:{port}",
         "SERVING_WORKERS": "2",
@@ -77,6 +83,7 @@ def load(port: int, route: str, connections: int, duration_s: int, master: int) 
     body_file.write_text(json.dumps(body))
     last_cpu = str(max(os.sched_getaffinity(0)))
     before = cpu_seconds(master)
+    calls_before, instances_before = _batches(port)
     out = subprocess.run(
         [
             "taskset", "-c", last_cpu, "wrk", "-t1", f"-c{connections}", f"-d{duration_s}s",
@@ -86,12 +93,45 @@ def load(port: int, route: str, connections: int, duration_s: int, master: int) 
         capture_output=True, text=True, check=True, timeout=duration_s + 60,
     )  # fmt: skip
     used = cpu_seconds(master) - before
+    calls, instances = _batches(port)
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     rate = summary["requests"] / summary["seconds"]
     bad = summary["errors"] + summary["status_errors"]
     cpu_us = used / max(summary["requests"], 1) * 1e6
     p50_ms = summary["p50_us"] / 1000
-    return f"{rate:7.0f} req/s p50 {p50_ms:6.2f} ms cpu {cpu_us:5.0f} us/req err {bad}"
+    batch = (instances - instances_before) / max(calls - calls_before, 1)
+    return (
+        f"{rate:7.0f} req/s p50 {p50_ms:6.2f} ms cpu {cpu_us:5.0f} us/req "
+        f"batch {batch:5.1f} err {bad}"
+    )
+
+
+def _batches(port: int) -> tuple[float, float]:
+    """(predict calls, instances) so far, summed over the workers (/metrics)."""
+    import requests
+
+    return batch_totals(requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
+
+
+class _Drop(BaseHTTPRequestHandler):
+    """An OTLP/HTTP collector that reads each export and drops it."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _collector() -> str:
+    """Start the dropping collector; its traces endpoint."""
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _Drop)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_port}/v1/traces"
 
 
 def main() -> None:
@@ -100,14 +140,22 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--duration", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--traced", action="store_true", help="also this service traced")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    trees = [("service", ROOT), ("before", args.before)]
+    trees: list[tuple[str, Path, dict[str, str]]] = [
+        ("service", ROOT, {}),
+        ("before", args.before, {}),
+    ]
+    if args.traced:
+        endpoint = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": _collector()}
+        trees.insert(1, ("traced", ROOT, endpoint))
     print(f"CPU: {cpu_model()} ({len(os.sched_getaffinity(0))} usable); 2 workers each, "
           f"{args.connections} keep-alive connections, {args.duration} s a route")  # fmt: skip
     for round_ in range(1, args.rounds + 1):
-        for name, root in trees[round_ % 2 :] + trees[: round_ % 2]:
-            proc, port = serve(root)
+        turn = round_ % len(trees)
+        for name, root, extra_env in trees[turn:] + trees[:turn]:
+            proc, port = serve(root, extra_env)
             try:
                 for route in ROUTES:
                     line = load(port, route, args.connections, args.duration, proc.pid)
