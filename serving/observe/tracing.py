@@ -7,17 +7,22 @@ Spans go out over OTLP/HTTP (protobuf) through the SDK's ``BatchSpanProcessor``,
 thread does not survive fork: ``setup()`` runs in each Gunicorn worker (``post_fork``),
 and again lazily in any process that has not run it.
 
-Each request gets a ``SERVER`` span named ``METHOD /route/{template}``, continuing a
-caller's W3C ``traceparent``, with children (times measured by the data plane with
+Each request gets one ``SERVER`` span named ``METHOD /route/{template}``, continuing a
+caller's W3C ``traceparent``. Its stages are span events on it, as Triton's OpenTelemetry
+trace mode records a request's timestamps (times measured by the data plane with
 ``perf_counter()``, recorded after the fact):
 
-- ``decode``: from the request's start to its instances conformed to the model's rows
-  (reading and decoding the body included);
-- ``queue``: waiting in the model's batcher;
-- ``predict``: the predict call that answered it, with ``serving.batch_size``
-  (instances) and ``serving.batch_requests`` (requests merged) as attributes, and a link
-  to the server span of every traced request that call served (its own included);
-- ``encode``: from the data plane's answer to the response built.
+- ``queue_start``: its instances conformed to the model's rows (reading and decoding the
+  body before it: the span's start to this event);
+- ``compute_start``: the predict call that answered it began (waiting in the model's
+  batcher before it);
+- ``compute_end``: that call answered (encoding the response after it, to the span's end);
+
+with ``serving.batch_size`` (instances) and ``serving.batch_requests`` (requests merged)
+as attributes. Each predict call gets one ``predict`` span, the child of the first traced
+request it served, with a link to the server span of every traced request it served: one
+span a request and one a batch, not one per stage (five spans a request cost about as
+much as the request itself on the ``bench/protocols_load.py --traced`` bench).
 
 The trace id (32 hex digits) goes into the request's access-log line as ``trace_id``.
 
@@ -193,22 +198,15 @@ def start_request(headers: Any, method: str, route: str) -> tuple[Any, Any, str]
     return span, token, format(span.get_span_context().trace_id, "032x")
 
 
-def end_request(state: tuple[Any, Any, str], status: int, timing: Timing | None) -> None:
-    """Close the server span, with an ``encode`` child from the data plane's answer
-    (``timing.answered``) to now when the request reached it."""
+def end_request(state: tuple[Any, Any, str], status: int) -> None:
+    """Close the server span with the response's status (an error for a 5xx)."""
     from opentelemetry import context, trace
 
     span, token, _ = state
-    now = time.time_ns()
-    answered = timing.answered if timing is not None else None
-    if answered is not None and span.is_recording():
-        start = now - int((time.perf_counter() - answered) * 1e9)
-        ctx = trace.set_span_in_context(span)
-        _tracer.start_span("encode", context=ctx, start_time=start).end(end_time=now)
     span.set_attribute("http.response.status_code", status)
     if status >= 500:
         span.set_status(trace.StatusCode.ERROR)
-    span.end(end_time=now)
+    span.end()
     context.detach(token)
 
 
@@ -224,9 +222,11 @@ def current_span_context() -> Any:
 
 
 def record_stages(timing: Timing) -> None:
-    """The ``decode``, ``queue`` and ``predict`` spans of the current request, from the
-    data plane's ``perf_counter()`` marks in ``timing`` (``conformed``, ``computed``,
-    ``answered``; the batch's size and merged tags); nothing when not traced."""
+    """The current request's stage events (``queue_start``, ``compute_start``,
+    ``compute_end``) and batch attributes on its server span, from the data plane's
+    ``perf_counter()`` marks in ``timing`` (``conformed``, ``computed``, ``answered``);
+    and the ``predict`` span of its batch when it is the batch's first traced request;
+    nothing when not traced."""
     if _tracer is None:
         return
     from opentelemetry import trace
@@ -234,33 +234,31 @@ def record_stages(timing: Timing) -> None:
     server = trace.get_current_span()
     if not server.is_recording():
         return
+    conformed, computed, answered = timing.conformed, timing.computed, timing.answered
+    if conformed is None:
+        return
     now_perf, now_ns = time.perf_counter(), time.time_ns()
 
     def wall(mark: float) -> int:
         return now_ns - int((now_perf - mark) * 1e9)
 
-    ctx = trace.set_span_in_context(server)
-    begin = getattr(server, "start_time", None) or wall(timing.started)
-    conformed, computed, answered = timing.conformed, timing.computed, timing.answered
-    if conformed is None:
-        return
-    _span(ctx, "decode", begin, wall(conformed))
+    server.add_event("queue_start", timestamp=wall(conformed))
     if computed is None or answered is None:
         return
-    _span(ctx, "queue", wall(conformed), wall(computed))
-    if timing.batch_size:
-        attributes = {
-            "serving.batch_size": timing.batch_size,
-            "serving.batch_requests": len(timing.merged),
-        }
-        links = [trace.Link(t.span) for t in timing.merged if getattr(t, "span", None)]
-        _span(ctx, "predict", wall(computed), wall(answered), attributes=attributes, links=links)
-
-
-def _span(
-    ctx: Any, name: str, start: int, end: int, *, attributes: Any = None, links: Any = None
-) -> None:
-    span = _tracer.start_span(
-        name, context=ctx, start_time=start, attributes=attributes, links=links
+    server.add_event("compute_start", timestamp=wall(computed))
+    server.add_event("compute_end", timestamp=wall(answered))
+    if not timing.batch_size:
+        return
+    server.set_attributes(
+        {"serving.batch_size": timing.batch_size, "serving.batch_requests": len(timing.merged)}
     )
-    span.end(end_time=max(end, start))
+    traced = [t.span for t in timing.merged if getattr(t, "span", None) is not None]
+    if traced and traced[0] is timing.span:  # the batch's first traced request records it
+        _tracer.start_span(
+            "predict",
+            context=trace.set_span_in_context(server),
+            start_time=wall(computed),
+            attributes={"serving.batch_size": timing.batch_size,
+                        "serving.batch_requests": len(timing.merged)},
+            links=[trace.Link(span) for span in traced],
+        ).end(end_time=max(wall(answered), wall(computed)))  # fmt: skip

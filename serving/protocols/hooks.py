@@ -72,7 +72,7 @@ class RequestHooks:
         self._arrivals.leave()  # when it failed before a batcher
         timing = call.timing
         if trace is not None:
-            tracing.end_request(trace, status, timing)
+            tracing.end_request(trace, status)
         duration_s = time.perf_counter() - timing.started
         self._metrics.observe_request(method, call.route, status, duration_s)
         if self._access_log:
