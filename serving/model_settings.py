@@ -10,6 +10,7 @@ server's: batching, Gunicorn, security, observability); ``ModelSpec`` is one ent
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -30,10 +31,22 @@ from serving.model.artifacts import model_name as default_model_name
 from serving.model.custom import CLASS_PATTERN
 from serving.model.providers import parse_providers
 
-__all__ = ["DEMO_MODEL_PATH", "ModelFormat", "ModelSettings", "ModelSpec", "check_format"]
+__all__ = [
+    "DEMO_MODEL_PATH",
+    "NAME_PATTERN",
+    "VERSION_PATTERN",
+    "ModelFormat",
+    "ModelSettings",
+    "ModelSpec",
+    "check_format",
+]
 
 
 ModelFormat = Literal["pickle", "joblib", "skops", "onnx", "python"]
+
+#: A model's name and version, as URLs, metric labels and file names carry them.
+NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
+VERSION_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 
 #: The bundled demo: StandardScaler + LogisticRegression on scikit-learn's breast-cancer
@@ -49,8 +62,8 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$", description="Name in URLs and metrics.")
-    version: str = Field("1", pattern=r"^[A-Za-z0-9_.:-]{1,128}$", description="Version served.")
+    name: str = Field(pattern=NAME_PATTERN, description="Name in URLs and metrics.")
+    version: str = Field("1", pattern=VERSION_PATTERN, description="Version served.")
     path: FilePath | DirectoryPath = Field(
         description="The model artifact, or a directory holding exactly one (or what the "
         "class of a python model reads)."
@@ -139,12 +152,16 @@ class ModelSettings(BaseSettings):
     )
     model_name: str | None = Field(
         None,
-        min_length=1,
-        description="Name reported in responses",
+        pattern=NAME_PATTERN,
+        description="Name in URLs, responses and metrics (1-128 of `A-Za-z0-9_.-`)",
         json_schema_extra={"shown_default": "file stem"},
     )
     model_version: str = Field(
-        "1", min_length=1, description="Version reported; a request pinning another gets 409"
+        "1",
+        pattern=VERSION_PATTERN,
+        description=(
+            "Version reported (1-128 of `A-Za-z0-9_.:-`); a request pinning another gets 409"
+        ),
     )
     max_models: int = Field(
         8,
@@ -331,4 +348,16 @@ class ModelSettings(BaseSettings):
     def _check_model_format(self) -> ModelSettings:
         path = self.model_path or self.model_dir
         check_format(path, self.model_format, self.model_class, self.model_sha256)
+        return self
+
+    @model_validator(mode="after")
+    def _check_model_name(self) -> ModelSettings:
+        """A model served under its file's name needs a name URLs can carry."""
+        if self.model_name is None and self.models is None:
+            name = self.resolved_model_name
+            if not re.fullmatch(NAME_PATTERN, name):
+                raise ValueError(
+                    f"SERVING_MODEL_NAME: the model's file name {name[:64]!r} is no model "
+                    "name (1-128 of A-Za-z0-9_.-): set SERVING_MODEL_NAME"
+                )
         return self

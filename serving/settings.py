@@ -423,6 +423,10 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     )
 
 
+#: A model validator's message naming its variable (pydantic prefixes "Value error, ").
+_NAMED = re.compile(r"^(?:Value error, )?(?P<variable>SERVING_[A-Z_]+): (?P<problem>.*)$", re.S)
+
+
 def load_settings() -> Settings:
     """Read the settings from the environment.
 
@@ -434,6 +438,9 @@ def load_settings() -> Settings:
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = err["loc"]
+        named = _NAMED.match(err["msg"]) if not loc else None
+        if named:  # a check of several fields names its variable: "SERVING_X: ..."
+            raise SettingsError(named["variable"], named["problem"]) from None
         field = str(loc[0]) if loc else "model_format"
         info = Settings.model_fields.get(field)
         accepts = f" ({info.description})" if info is not None and info.description else ""

@@ -101,6 +101,48 @@ def test_unknown_model_extension_asks_for_a_format(
         load_settings()
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SERVING_MODEL_NAME", "churn model"),
+        ("SERVING_MODEL_NAME", "churn+v2"),
+        ("SERVING_MODEL_NAME", "a/b"),
+        ("SERVING_MODEL_VERSION", "1 2"),
+        ("SERVING_MODEL_VERSION", "v/2"),
+    ],
+)
+def test_a_model_name_or_version_urls_cannot_carry_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """Found by the hostile trial: these passed, and start-up failed later with a pydantic
+    traceback and "Worker failed to boot"."""
+    monkeypatch.setenv(variable, value)
+
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+
+    message = str(info.value)
+    assert message.startswith(f"{variable}: got {value!r}")
+    assert "A-Za-z0-9" in message and "\n" not in message
+
+
+def test_a_model_file_whose_stem_is_no_name_asks_for_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    model = tmp_path / "churn+v2.joblib"
+    model.write_bytes(DEMO_MODEL_PATH.read_bytes())
+    monkeypatch.setenv("SERVING_MODEL_PATH", str(model))
+
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+
+    message = str(info.value)
+    assert message.startswith("SERVING_MODEL_NAME: ")
+    assert "'churn+v2'" in message and "set SERVING_MODEL_NAME" in message
+    monkeypatch.setenv("SERVING_MODEL_NAME", "churn")
+    assert load_settings().model_specs[0].name == "churn"
+
+
 def test_settings_are_frozen() -> None:
     with pytest.raises(Exception, match="frozen"):
         Settings().max_batch_size = 3  # type: ignore[misc]
