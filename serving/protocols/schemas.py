@@ -20,6 +20,7 @@ models below document them (and tests validate real responses against them).
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal, Self, TypeVar
 
 import orjson
@@ -245,12 +246,15 @@ def parse_body(model: type[M], body: bytes) -> M:
 
     :raises MalformedJSON: (400) when ``body`` is not JSON.
     :raises InvalidInput: (422) when it does not match ``model``; ``details`` name each
-        location as ``instances[3][5]``.
+        location as ``instances[3][5]``; for an integer too long to parse (JSON sets no
+        limit) as for ``1e309``: a value that does not fit.
     """
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
+        if errors[0]["type"] == "json_invalid" and "number out of range" in errors[0]["msg"]:
+            raise _too_long(body) from None
         if errors[0]["type"] == "json_invalid":
             raise MalformedJSON(f"request body is not valid JSON: {errors[0]['msg']}") from None
         errors = _relevant(errors)
@@ -266,3 +270,41 @@ def parse_body(model: type[M], body: bytes) -> M:
             elif errors[0]["type"] == "extra_forbidden":
                 more += _fields_taken(model, errors[0]["loc"][0])
         raise InvalidInput(f"{first['loc']}: {first['msg']}{more}", details) from None
+
+
+#: Most digits of an integer the JSON parser reads (Python's ``int(str)`` limit).
+_MAX_DIGITS = 4300
+_TOO_LONG = object()
+
+
+def _too_long(body: bytes) -> InvalidInput:
+    """The ``InvalidInput`` for a body holding an integer of more than 4,300 digits, at
+    its location: the body is parsed once more (the error path only) with the standard
+    library, which hands each integer's digits to a hook instead of converting them."""
+    msg = "an integer of more than 4,300 digits does not fit a number (nor does 1e309)"
+    loc = "body"
+    try:
+        document = json.loads(
+            body, parse_int=lambda digits: _TOO_LONG if len(digits.lstrip("-")) > _MAX_DIGITS else 0
+        )
+        path = _path_to(document, _TOO_LONG)
+        if path is not None:
+            loc = _loc(path)
+    except (ValueError, RecursionError):
+        pass
+    return InvalidInput(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": "finite_number"}])
+
+
+def _path_to(document: Any, target: object) -> tuple[int | str, ...] | None:
+    """The location of the first ``target`` in a parsed JSON ``document`` (keys and
+    indexes), or None; iterative, so no nesting depth recurses."""
+    stack: list[tuple[Any, tuple[int | str, ...]]] = [(document, ())]
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path
+        if isinstance(node, dict):
+            stack.extend((value, (*path, key)) for key, value in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((value, (*path, i)) for i, value in reversed(list(enumerate(node))))
+    return None
