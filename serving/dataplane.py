@@ -168,6 +168,8 @@ class DataPlane:
         :raises InferenceTimeout: (504) no answer by the deadline.
         :raises InferenceError: (500) the model failed on these instances.
         """
+        timing = call.timing
+        timing.model, timing.version = model_name, version  # asked for: logged on a 404
         runtime = self.get_models().resolve(model_name, version)  # 404 whatever the body
         limit = self.settings.max_instances_per_request
         count = _count(instances)
@@ -176,7 +178,6 @@ class DataPlane:
                 "request", count, limit, "SERVING_MAX_INSTANCES_PER_REQUEST", "instances"
             )
         handle, batcher = runtime.require_ready()
-        timing = call.timing
         timing.model, timing.version = handle.name, handle.version
         payloads = self.payloads if call.sampled else None
         kept = None

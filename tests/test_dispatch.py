@@ -227,3 +227,21 @@ def test_a_404_beside_an_mlflow_route_is_the_services_own(client: Any, path: str
     response = client.get(path)
     assert response.status_code == 404
     assert response.get_json()["error"]["code"] == "not_found"
+
+
+def test_the_access_log_names_the_model_asked_for_not_the_default_on_a_404(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the hostile trial: ``/predict/nope`` was logged as the default model."""
+    lines: list[dict[str, Any]] = []
+    monkeypatch.setattr("serving.protocols.hooks.access_log.record", lines.append)
+
+    assert client.post("/predict/nope", json={"instances": [ROW]}).status_code == 404
+    assert client.post("/predict", json={"instances": [ROW], "model": "gone"}).status_code == 404
+    assert client.post("/predict", json={"instances": [ROW]}).status_code == 200
+
+    assert [(line["model"], line["model_version"]) for line in lines] == [
+        ("nope", None),
+        ("gone", None),
+        ("echo", "7"),
+    ]

@@ -76,15 +76,18 @@ class RequestHooks:
         duration_s = time.perf_counter() - timing.started
         self._metrics.observe_request(method, call.route, status, duration_s)
         if self._access_log:
-            served = self._plane.models
+            model, version = timing.model, timing.version  # asked for, or answered by
+            if model is None:  # none named: the default model's request
+                served = self._plane.models
+                model, version = served.model_name, served.model_version
             fields = {
                 "request_id": call.request_id,
                 "method": method[:16],
                 "route": call.route,
                 "status": status,
                 "latency_ms": round(duration_s * 1000, 3),
-                "model": timing.model or served.model_name,
-                "model_version": timing.version or served.model_version,
+                "model": model,
+                "model_version": version,
             }
             if trace is not None:
                 fields["trace_id"] = trace[2]
