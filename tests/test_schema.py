@@ -221,6 +221,79 @@ def test_schema_file_with_an_unknown_type_names_it(
         load_model(path)
 
 
+def test_an_mlmodel_linked_out_of_the_models_folder_is_refused(
+    churn: tuple[Any, Path, Path], tmp_path: Path
+) -> None:
+    """Found by the hostile trial: a link out of the folder was read, and its YAML error
+    quoted the linked file's lines (a ``db_password: ...`` came back in /healthz)."""
+    secret = tmp_path / "etc" / "app.yaml"
+    secret.parent.mkdir()
+    secret.write_text("name: app\ndb_password: hunter2: [\n")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.pkl").write_bytes(churn[1].read_bytes())
+    (folder / "MLmodel").symlink_to(secret)
+
+    with pytest.raises(ModelLoadError) as info:
+        load_model(folder / "model.pkl", "joblib")
+
+    message = str(info.value).replace(str(tmp_path), "<tmp>")
+    assert "is a link out of the model's folder" in message
+    assert "hunter2" not in message
+
+
+def test_an_mlmodel_linked_within_its_folder_is_read(
+    churn: tuple[Any, Path, Path], tmp_path: Path
+) -> None:
+    """As a Kubernetes ConfigMap volume links each file into ``..data/``."""
+    (tmp_path / "..data").mkdir()
+    (tmp_path / "..data" / "MLmodel").write_text(MLMODEL)
+    (tmp_path / "MLmodel").symlink_to(tmp_path / "..data" / "MLmodel")
+    (tmp_path / "model.pkl").write_bytes(churn[1].read_bytes())
+
+    handle = load_model(tmp_path / "model.pkl", "joblib")
+
+    assert _by_name(handle.features)["plan"].categories == frozenset({"basic", "pro", "team"})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("signature:\n  inputs: 1\ndb_password: hunter2: [\n", "not valid YAML"),
+        ("- db_password\n- hunter2\n", "not a mapping"),
+        ("signature: hunter2\n", "signature is not a mapping"),
+    ],
+)
+def test_an_unreadable_mlmodel_is_named_without_quoting_it(
+    churn: tuple[Any, Path, Path], tmp_path: Path, text: str, expected: str
+) -> None:
+    (tmp_path / "MLmodel").write_text(text)
+    (tmp_path / "model.pkl").write_bytes(churn[1].read_bytes())
+
+    with pytest.raises(ModelLoadError) as info:
+        load_model(tmp_path / "model.pkl", "joblib")
+
+    message = str(info.value)
+    assert "MLmodel" in message and expected in message
+    assert "hunter2" not in message
+
+
+def test_a_signature_of_many_other_features_is_named_in_a_short_message(
+    churn: tuple[Any, Path, Path], tmp_path: Path
+) -> None:
+    """Found by the hostile trial: 200,000 columns gave a 2.09 MB error message."""
+    columns = [{"name": f"c{i}", "type": "double"} for i in range(200_000)]
+    (tmp_path / "churn.schema.json").write_text(json.dumps({"inputs": columns}))
+    (tmp_path / "churn.joblib").write_bytes(churn[1].read_bytes())
+
+    with pytest.raises(ModelLoadError) as info:
+        load_model(tmp_path / "churn.joblib")
+
+    message = str(info.value)
+    assert len(message) < 1000
+    assert "'c0'" in message and "200,000" in message and "plan" in message
+
+
 def test_once_per_features_works_out_a_schema_once_per_features_object() -> None:
     import numpy as np
 

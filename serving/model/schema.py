@@ -106,20 +106,59 @@ def features_from_file(path: Path) -> tuple[Feature, ...] | None:
     """The features a schema file declares (None: an ``MLmodel`` without a signature, or a
     tensor-based signature, which says nothing about columns).
 
-    :raises ValueError: naming the file and the entry that cannot be read.
+    :raises ValueError: naming the file and the entry that cannot be read, never quoting
+        the file's lines; for a link out of the model's folder (a link within it, as a
+        Kubernetes volume's ``..data/``, is read).
     """
+    folder = path.parent.resolve()
+    if not path.resolve().is_relative_to(folder):
+        raise ValueError(f"{path.name} is a link out of the model's folder: copy the file in")
     text = path.read_text()
     if path.name == "MLmodel":
         import yaml
 
-        signature = (yaml.safe_load(text) or {}).get("signature") or {}
+        try:
+            document = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            raise ValueError(f"MLmodel is not valid YAML{where}") from None
+        if not isinstance(document, dict | None):
+            raise ValueError("MLmodel is not a mapping of MLflow's fields")
+        signature = (document or {}).get("signature") or {}
+        if not isinstance(signature, dict):
+            raise ValueError("MLmodel's signature is not a mapping (inputs, outputs)")
         inputs = signature.get("inputs")
         if inputs is None:
             return None
-        specs = json.loads(inputs) if isinstance(inputs, str) else inputs
+        specs = _json(inputs, "MLmodel's signature inputs") if isinstance(inputs, str) else inputs
     else:
-        specs = json.loads(text).get("inputs")
+        document = _json(text, path.name)
+        if not isinstance(document, dict):
+            raise ValueError(f"{path.name} is not an object with inputs")
+        specs = document.get("inputs")
     return features_from_specs(specs, str(path))
+
+
+def _json(text: str, what: str) -> Any:
+    """``text`` parsed as JSON; the error names ``what`` and the place, not the text.
+
+    :raises ValueError: when it is not JSON.
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{what}: not valid JSON (line {exc.lineno}, column {exc.colno})"
+        ) from None
+
+
+def _names(names: Sequence[str], most: int = 8) -> str:
+    """At most ``most`` of ``names`` (each cut to 64 characters) for a message, and how
+    many there are when that is more."""
+    shown = ", ".join(repr(name[:64]) for name in names[:most])
+    more = f", ... ({len(names):,} in all)" if len(names) > most else ""
+    return f"[{shown}{more}]"
 
 
 def features_from_specs(specs: Any, where: str) -> tuple[Feature, ...] | None:
@@ -228,8 +267,8 @@ def merge_features(
     known = {f.name: f for f in inferred}
     if [f.name for f in declared] != list(known) and set(known) != {f.name for f in declared}:
         raise ValueError(
-            f"the schema file names features {[f.name for f in declared]}, but the model was "
-            f"fitted on {list(known)}"
+            f"the schema file names features {_names([f.name for f in declared])}, but the "
+            f"model was fitted on {_names(list(known))}"
         )
     merged = [
         replace(
