@@ -196,16 +196,20 @@ def _models_getter(
 ) -> Callable[[], ModelCache]:
     """How the data plane finds the models it serves: those given, else this process's."""
     if models is None:
-        return lambda: current_cache(lambda: ModelCache(settings, metrics))
+        return lambda: current_cache(lambda: ModelCache.of(settings.model_settings(), metrics))
     if not isinstance(models, ModelCache):
         if not models:
             raise ValueError("models: give at least one ModelHandle, or a ModelCache")
         runtimes = []
         for handle in models:
-            runtime = ModelRuntime(settings, metrics)
+            model = settings.model_defaults(
+                name=handle.name, version=handle.version, path=handle.source,
+                format=handle.format,
+            )  # fmt: skip
+            runtime = ModelRuntime(model, metrics)
             runtime.load(handle)
             runtimes.append(runtime)
-        models = ModelCache(settings, metrics, runtimes=runtimes)
+        models = ModelCache(runtimes)
     cache = models
     return lambda: cache
 

@@ -1,8 +1,8 @@
 """``ModelCache``: every model version one worker keeps warm, each with its own batcher.
 
 ``SERVING_MODELS`` lists them (the single-model settings are the one-entry case). Each
-entry becomes a ``ModelRuntime`` with the server settings narrowed to it
-(``Settings.for_model``): its own handle, batcher, batching settings and metric labels,
+entry becomes a ``ModelRuntime`` of its own ``ModelSettings``
+(``Settings.model_settings()``): its own handle, batcher, batching settings and metric labels,
 so two versions served side by side are never mixed in one predict call. Requests pick
 one by name and version (``resolve``); the first entry is the default model, and the
 first entry of a name is that name's default version.
@@ -15,43 +15,48 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from serving.errors import ModelNotFound, VersionConflict
 from serving.model.handle import ModelHandle
+from serving.model_settings import ModelSettings
 from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime, State
-from serving.settings import Settings
 
 __all__ = ["ModelCache", "current_cache", "installed_cache", "install_cache"]
 
 
 class ModelCache:
-    """The model runtimes of one worker, loaded in ``settings.model_specs`` order;
-    ``inherit(model_settings)`` gives a model the master loaded before fork, if any
-    (``serving.server.sharing.inherited``).
+    """The model runtimes of one worker, one per ``ModelSettings`` in order (the first is
+    the default model); ``inherit(model)`` gives a model the master loaded before fork,
+    if any (``serving.server.sharing.inherited``).
 
     Usage::
 
-        cache = ModelCache(settings, metrics)
+        cache = ModelCache.of(settings.model_settings(), metrics)
         cache.start_loading().join()
         runtime = cache.resolve("breast_cancer", "2")   # 404 / 409 when not served
     """
 
-    def __init__(
-        self,
-        settings: Settings,
+    def __init__(self, runtimes: Sequence[ModelRuntime]) -> None:
+        """:param runtimes: built already, loaded or not (``of`` builds them from settings)."""
+        if not runtimes:
+            raise ValueError("a ModelCache serves at least one model")
+        self.runtimes = list(runtimes)
+        self.default = self.runtimes[0]
+
+    @classmethod
+    def of(
+        cls,
+        models: Sequence[ModelSettings],
         metrics: ServingMetrics,
         worker_slot: int = 0,
-        runtimes: list[ModelRuntime] | None = None,
-        inherit: Callable[[Settings], ModelHandle | None] = lambda settings: None,
-    ) -> None:
-        self.settings = settings
-        self.runtimes = runtimes or [
-            ModelRuntime(narrowed, metrics, worker_slot, inherited=inherit(narrowed))
-            for narrowed in map(settings.for_model, settings.model_specs)
-        ]
-        self.default = self.runtimes[0]
+        inherit: Callable[[ModelSettings], ModelHandle | None] = lambda model: None,
+    ) -> ModelCache:
+        """A runtime per model, not loaded yet; ``worker_slot`` picks each one's GPU."""
+        return cls([
+            ModelRuntime(model, metrics, worker_slot, inherited=inherit(model)) for model in models
+        ])  # fmt: skip
 
     def report_stages(self, report: Callable[[str], None]) -> None:
         """Call ``report`` with each stage every model's load enters (``model 'churn':

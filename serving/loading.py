@@ -1,8 +1,9 @@
 """Reading, checking and loading one model's artifact: what a worker and the master share.
 
-``load_artifact(settings, loaders)`` is the one way the server turns a model's settings into
-a ``ModelHandle``: the file's owner and mode and its SHA-256 checked (``check_artifact``),
-then those bytes loaded by the loader ``model_loaders`` configures for its format. A worker
+``load_artifact(model, loaders)`` is the one way the server turns a model's settings
+(``ModelSettings``) into a ``ModelHandle``: the file's owner and mode and its SHA-256
+checked (``check_artifact``), then those bytes loaded by the loader ``model_loaders``
+configures for its format. A worker
 calls it through ``ModelRuntime`` (``serving.runtime``); the Gunicorn master calls it to
 load a model once for every worker (``serving.server.sharing``). It never calls predict:
 the master must not start a BLAS/OpenMP thread pool that its children would inherit
@@ -24,7 +25,7 @@ from serving.model.custom import PythonLoader
 from serving.model.handle import ModelHandle, ModelLoader
 from serving.model.loaders import check_artifact, default_loaders, load_model
 from serving.model.onnx_loader import OnnxLoader
-from serving.settings import Settings
+from serving.model_settings import ModelSettings
 
 __all__ = ["Stage", "describe_features", "load_artifact", "model_loaders"]
 
@@ -33,54 +34,55 @@ log = logging.getLogger(__name__)
 Stage = Literal["reading", "loading", "warming up"]
 
 
-def model_loaders(settings: Settings, worker_slot: int = 0) -> dict[str, ModelLoader]:
-    """The loaders one model's settings configure: ``SERVING_KEEP_MODEL_N_JOBS`` for pickle,
-    joblib and skops, ``SERVING_SKOPS_TRUSTED_TYPES`` for skops, ``SERVING_ONNX_*`` and
-    ``SERVING_CUDA_DEVICE`` (with ``worker_slot``) for ONNX, ``SERVING_MODEL_CLASS`` for
-    ``python``."""
+def model_loaders(model: ModelSettings, worker_slot: int = 0) -> dict[str, ModelLoader]:
+    """The loaders one model's settings configure: ``keep_n_jobs`` for pickle, joblib and
+    skops, ``skops_trusted_types`` for skops, the ONNX Runtime providers and CUDA device
+    (with ``worker_slot``) for ONNX, ``model_class`` for ``python``."""
     onnx = OnnxLoader(
-        settings.onnx_providers,
-        cuda_device=settings.cuda_device,
+        model.onnx_providers,
+        cuda_device=model.cuda_device,
         worker_slot=worker_slot,
-        optimized_model_path=settings.onnx_optimized_model_path,
+        optimized_model_path=model.onnx_optimized_model_path,
     )
-    python = PythonLoader(settings.model_class) if settings.model_class is not None else None
+    python = PythonLoader(model.model_class) if model.model_class is not None else None
     return default_loaders(
-        keep_n_jobs=settings.keep_model_n_jobs,
-        skops_trusted_types=[
-            t.strip() for t in settings.skops_trusted_types.split(",") if t.strip()
-        ],
+        keep_n_jobs=model.keep_n_jobs,
+        skops_trusted_types=list(model.skops_trusted_types),
         onnx=onnx,
         python=python,
     )
 
 
 def load_artifact(
-    settings: Settings,
-    loaders: Mapping[str, ModelLoader],
+    model: ModelSettings,
+    loaders: Mapping[str, ModelLoader] | None = None,
     enter: Callable[[Stage], None] = lambda stage: None,
 ) -> ModelHandle:
-    """Read and check the configured artifact once, then load those bytes (the bytes
-    checked are the bytes loaded, never the path again). Each stage is logged with its
+    """Read and check the model's artifact once, then load those bytes (the bytes
+    checked are the bytes loaded, never the path again): its owner and mode (unless
+    ``allow_world_writable``) and its SHA-256 (``sha256``). Each stage is logged with its
     size and time; ``enter(stage)`` is called as it starts (``reading``, ``loading``).
     BLAS/OpenMP threads are not pinned here: the caller does (after loading, since pinning
     reaches only the libraries already loaded).
 
+    :param loaders: format -> loader; default: those ``model`` configures
+        (``model_loaders``).
     :raises ModelLoadError: naming the path and the cause.
     """
-    path = settings.resolved_model_path
-    fmt = settings.resolved_model_format
+    path, fmt = model.path, model.format
+    if path is None:
+        raise ValueError(f"model {model.name!r} was handed over in memory: no artifact to load")
+    loaders = model_loaders(model) if loaders is None else loaders
     loader = loaders.get(fmt)
-    allow = settings.allow_world_writable_model
     enter("reading")
     started = time.perf_counter()
     if loader is not None and loader.reads_path:
         # A model class reads its own path (a file or a directory): nothing to read,
         # but who may replace it is checked all the same.
-        check_model_path(path, allow)
+        check_model_path(path, model.allow_world_writable)
         data = None
     else:
-        data = check_artifact(path, settings.model_sha256, allow)
+        data = check_artifact(path, model.sha256, model.allow_world_writable)
         log.info(
             "model %s: read and checked %.1f MiB (%.2f s)",
             path, len(data) / 2**20, time.perf_counter() - started,
@@ -90,12 +92,12 @@ def load_artifact(
     handle = load_model(
         path,
         fmt,
-        name=settings.resolved_model_name,
-        version=settings.model_version,
-        threads=settings.blas_threads,
+        name=model.name,
+        version=model.version,
+        threads=model.blas_threads,
         loaders=loaders,
         data=data,
-        pinned=settings.model_sha256 is not None,
+        pinned=model.sha256 is not None,
     )
     log.info(
         "model %r: loaded as %s, %s (%.2f s)",

@@ -1,10 +1,15 @@
-"""Model settings: what model(s) a worker serves and how they are loaded.
+"""Model settings: what model(s) a worker serves and how each is loaded and batched.
 
-``ModelSettings`` holds the ``SERVING_MODEL_*``, ``SERVING_MODELS`` and ONNX Runtime
-fields of the one settings object (``serving.settings.Settings`` extends it with the
-server's: batching, Gunicorn, security, observability); ``ModelSpec`` is one entry of
-``SERVING_MODELS``. As MLServer keeps ``ModelSettings`` apart from its server
-``Settings``, so a model's options can be read alone.
+Two kinds of object, as MLServer keeps ``ModelSettings`` apart from its server
+``Settings``:
+
+- ``ModelFields``: the ``SERVING_MODEL_*``, ``SERVING_MODELS`` and ONNX Runtime
+  environment variables, the part of the environment that names models
+  (``serving.settings.Settings`` extends it with the server's: batching defaults,
+  Gunicorn, security, observability); ``ModelSpec`` is one entry of ``SERVING_MODELS``.
+- ``ModelSettings``: one model's own settings, built once by ``Settings.model_settings()``
+  (which finds each artifact on disk): the only settings a model's runtime, loaders,
+  cache entry and sharing take. Its fields are plain values: reading one does no I/O.
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ __all__ = [
     "DEMO_MODEL_PATH",
     "NAME_PATTERN",
     "VERSION_PATTERN",
+    "ModelFields",
     "ModelFormat",
     "ModelSettings",
     "ModelSpec",
+    "artifact_of",
     "check_format",
 ]
 
@@ -114,8 +121,65 @@ def check_format(
         format_from_path(artifact)  # raises ValueError naming the extension
 
 
-class ModelSettings(BaseSettings):
-    """The model fields of the settings (``SERVING_<NAME>``); see ``Settings``."""
+class ModelSettings(BaseModel):
+    """One model version's own settings: what it is, how it is loaded and batched.
+
+    Built by ``Settings.model_settings()`` from an entry of ``SERVING_MODELS`` (or the one
+    model of ``SERVING_MODEL_PATH``) and the server-wide defaults the entry leaves out.
+
+    Usage::
+
+        model = settings.model_settings()[0]          # the default model
+        runtime = ModelRuntime(model, metrics)
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+
+    name: str = Field(pattern=NAME_PATTERN)
+    version: str = Field(pattern=VERSION_PATTERN)
+    #: The artifact to load; for a python model, what its class's ``load`` gets (a file
+    #: or a directory); None for a model handed over in memory (``create_app(models=)``).
+    path: Path | None = None
+    #: Its loader's format (``joblib``, ``onnx``, ...; ``callable`` for a function).
+    format: str
+    model_class: str | None = None
+    sha256: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    max_batch_size: int = Field(32, ge=1, le=4096)
+    max_batch_latency_ms: float = Field(10.0, ge=0, le=10_000)
+    batch_policy: Literal["adaptive", "window"] = "adaptive"
+    max_queue_depth: int = Field(2048, ge=1)
+    #: Longest its load and warm-up may take, in seconds.
+    load_timeout_s: float = 300
+    #: Longest a predict call may run before the model counts as stuck, in milliseconds.
+    inference_timeout_ms: float = 30_000
+    #: A request's deadline, in milliseconds (Triton's model config shows it as its
+    #: queue policy's timeout).
+    request_timeout_ms: float = 30_000
+    blas_threads: int = 1
+    keep_n_jobs: bool = False
+    skops_trusted_types: tuple[str, ...] = ()
+    onnx_providers: str = "auto"
+    onnx_optimized_model_path: Path | None = None
+    cuda_device: int | None = None
+    allow_world_writable: bool = False
+    share: Literal["auto", "off"] = "auto"
+
+
+def artifact_of(path: Path, model_class: str | None) -> Path:
+    """The artifact a configured ``path`` serves: itself, or for a directory the one
+    artifact in it, unless a python model's class reads the directory itself.
+
+    :raises ValueError: naming what a directory holds when it is not exactly one artifact.
+    """
+    if path.is_dir() and model_class is None:
+        return find_artifact(path)
+    return path
+
+
+class ModelFields(BaseSettings):
+    """The environment variables that name the models (``SERVING_<NAME>``); see
+    ``Settings``, which extends these, and ``ModelSettings``, what each model gets."""
 
     model_config = SettingsConfigDict(env_prefix="SERVING_", frozen=True, extra="forbid")
 
@@ -296,21 +360,23 @@ class ModelSettings(BaseSettings):
             find_artifact(value)  # raises ValueError naming what the directory holds
         return value
 
-    @property
-    def model_specs(self) -> list[ModelSpec]:
-        """``models``, or the one model of ``model_path``/``model_name``/``model_version``."""
-        if self.models is not None:
-            return list(self.models)
-        return [
-            ModelSpec(
-                name=self.resolved_model_name,
-                version=self.model_version,
-                path=self.resolved_model_path,
-                format=self.model_format,
-                sha256=self.model_sha256,
-                **{"class": self.model_class},
-            )
-        ]
+    def single_spec(self) -> ModelSpec:
+        """The one model of ``model_path``/``model_dir``, ``model_name``,
+        ``model_version``, ``model_format``, ``model_sha256`` and ``model_class`` as a
+        ``SERVING_MODELS`` entry (its name the file's when not given). Reads the file
+        system: a directory's one artifact.
+
+        :raises ValueError: when a directory does not hold exactly one artifact.
+        """
+        path = artifact_of(self.model_path or self.model_dir or DEMO_MODEL_PATH, self.model_class)
+        return ModelSpec(
+            name=self.model_name or default_model_name(path),
+            version=self.model_version,
+            path=path,
+            format=self.model_format,
+            sha256=self.model_sha256,
+            **{"class": self.model_class},
+        )
 
     def version_labels(self, name: str) -> dict[str, str]:
         """Model ``name``'s TF Serving version labels (label -> version), from every
@@ -321,40 +387,18 @@ class ModelSettings(BaseSettings):
                 labels.update(spec.labels)
         return labels
 
-    @property
-    def resolved_model_path(self) -> Path:
-        """``model_path``, else ``model_dir``, else the bundled demo; for a directory, the one
-        artifact in it, unless a python model's class reads the directory itself."""
-        path = self.model_path or self.model_dir or DEMO_MODEL_PATH
-        if path.is_dir() and self.model_class is None:
-            return find_artifact(path)
-        return path
-
-    @property
-    def resolved_model_format(self) -> str:
-        """``model_format``; else python when ``model_class`` is set; else the format the
-        resolved path's extension implies."""
-        if self.model_format is not None:
-            return self.model_format
-        return "python" if self.model_class else format_from_path(self.resolved_model_path)
-
-    @property
-    def resolved_model_name(self) -> str:
-        """``model_name``, or the model file's stem (``breast_cancer`` for the demo), or
-        for a model MLflow saved the name of its folder."""
-        return self.model_name or default_model_name(self.resolved_model_path)
-
     @model_validator(mode="after")
-    def _check_model_format(self) -> ModelSettings:
+    def _check_model_format(self) -> ModelFields:
         path = self.model_path or self.model_dir
         check_format(path, self.model_format, self.model_class, self.model_sha256)
         return self
 
     @model_validator(mode="after")
-    def _check_model_name(self) -> ModelSettings:
+    def _check_model_name(self) -> ModelFields:
         """A model served under its file's name needs a name URLs can carry."""
         if self.model_name is None and self.models is None:
-            name = self.resolved_model_name
+            path = self.model_path or self.model_dir or DEMO_MODEL_PATH
+            name = default_model_name(artifact_of(path, self.model_class))
             if not re.fullmatch(NAME_PATTERN, name):
                 raise ValueError(
                     f"SERVING_MODEL_NAME: the model's file name {name[:64]!r} is no model "

@@ -29,8 +29,8 @@ from serving.batching.batcher import ThreadedBatcher
 from serving.errors import ModelLoadError, NotReady
 from serving.loading import Stage, describe_features, load_artifact, model_loaders
 from serving.model.handle import ModelHandle, ModelLoader, TensorSpec
+from serving.model_settings import ModelSettings
 from serving.observe.metrics import ServingMetrics
-from serving.settings import Settings
 
 __all__ = ["ModelRuntime", "State"]
 
@@ -44,14 +44,14 @@ class ModelRuntime:
 
     Usage::
 
-        runtime = ModelRuntime(settings, metrics)
+        runtime = ModelRuntime(settings.model_settings()[0], metrics)
         runtime.load()                       # or start_loading() for a background thread
         handle, batcher = runtime.require_ready()
     """
 
     def __init__(
         self,
-        settings: Settings,
+        settings: ModelSettings,
         metrics: ServingMetrics,
         worker_slot: int = 0,
         loaders: Mapping[str, ModelLoader] | None = None,
@@ -80,11 +80,11 @@ class ModelRuntime:
 
     @property
     def model_name(self) -> str:
-        return self.handle.name if self.handle else self.settings.resolved_model_name
+        return self.handle.name if self.handle else self.settings.name
 
     @property
     def model_version(self) -> str:
-        return self.handle.version if self.handle else self.settings.model_version
+        return self.handle.version if self.handle else self.settings.version
 
     @property
     def state(self) -> State:
@@ -232,7 +232,7 @@ class ModelRuntime:
                 done.set()
                 limit = settings.load_timeout_s
                 self.error = ModelLoadError(
-                    settings.resolved_model_path,
+                    settings.path,
                     f"not loaded and warmed up within {limit:g} s (SERVING_LOAD_TIMEOUT_S)",
                 )
                 fail(self.error)

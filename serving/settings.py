@@ -1,4 +1,5 @@
-"""The one settings object, read once from ``SERVING_*`` environment variables.
+"""The server's settings, read once from ``SERVING_*`` environment variables, and each
+model's own settings built from them (``Settings.model_settings()``).
 
 ``load_settings()`` is called by ``gunicorn.conf.py`` in the master (so a bad value
 stops start-up before any worker forks) and by ``create_app()`` when no settings are
@@ -13,7 +14,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     Field,
@@ -27,12 +28,21 @@ from pydantic_core import PydanticUndefined
 from pydantic_settings import SettingsConfigDict
 
 from serving.errors import SettingsError
-from serving.model_settings import DEMO_MODEL_PATH, ModelFormat, ModelSettings, ModelSpec
+from serving.model.artifacts import format_from_path
+from serving.model_settings import (
+    DEMO_MODEL_PATH,
+    ModelFields,
+    ModelFormat,
+    ModelSettings,
+    ModelSpec,
+    artifact_of,
+)
 
 __all__ = [
     "settings_table",
     "DEMO_MODEL_PATH",
     "ModelFormat",
+    "ModelSettings",
     "ModelSpec",
     "Settings",
     "load_settings",
@@ -49,13 +59,15 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-class Settings(ModelSettings):
+class Settings(ModelFields):
     """Every setting of the service; each field is the environment variable ``SERVING_<NAME>``.
+    Each model's code takes its own ``ModelSettings`` (``model_settings()``), not these.
 
     Usage::
 
         settings = Settings(max_batch_size=8)          # explicit values win over the environment
         settings = load_settings()                     # from SERVING_* only, errors in one line
+        default_model = settings.model_settings()[0]
     """
 
     model_config = SettingsConfigDict(env_prefix="SERVING_", frozen=True, extra="forbid")
@@ -378,22 +390,49 @@ class Settings(ModelSettings):
             raise ValueError("SERVING_PAYLOAD_LOG needs SERVING_PAYLOAD_LOG_URL (the sink)")
         return self
 
-    def for_model(self, spec: ModelSpec) -> Settings:
-        """These settings narrowed to one model: its path, name, version and batching."""
-        update: dict[str, object] = {
-            "model_path": spec.path,
-            "model_dir": None,
-            "model_format": spec.format,
-            "model_class": spec.class_,
-            "model_name": spec.name,
-            "model_version": spec.version,
-            "model_sha256": spec.sha256,
-            "models": None,
+    def model_settings(self) -> tuple[ModelSettings, ...]:
+        """Each model's own settings, in ``SERVING_MODELS`` order (the first is the default
+        model), or the one model of ``SERVING_MODEL_PATH``: its artifact (a directory's
+        one), format, name, version, and batching, loading and sharing settings, the
+        server-wide value where its entry leaves one out. Reads the file system (a
+        directory's artifact, a format from its extension): call it once, at start.
+
+        :raises ValueError: when an artifact can no longer be found (the settings checked
+            it when they were read).
+        """
+        return tuple(self._model(spec) for spec in (self.models or [self.single_spec()]))
+
+    def _model(self, spec: ModelSpec) -> ModelSettings:
+        path = artifact_of(spec.path, spec.class_)
+        overrides = {
+            name: getattr(spec, name) for name in _BATCHING if getattr(spec, name) is not None
         }
-        for name in ("max_batch_size", "max_batch_latency_ms", "batch_policy", "max_queue_depth"):
-            if getattr(spec, name) is not None:
-                update[name] = getattr(spec, name)
-        return self.model_copy(update=update)
+        return self.model_defaults(
+            name=spec.name, version=spec.version, path=path,
+            format=spec.format or ("python" if spec.class_ else format_from_path(path)),
+            model_class=spec.class_, sha256=spec.sha256, labels=spec.labels, **overrides,
+        )  # fmt: skip
+
+    def model_defaults(self, **fields: Any) -> ModelSettings:
+        """A ``ModelSettings`` of ``fields`` (``name``, ``version``, ``format`` at least),
+        the server-wide values for the rest: a model handed over in memory gets these
+        (``create_app(models=[handle])``). No I/O."""
+        trusted = tuple(t.strip() for t in self.skops_trusted_types.split(",") if t.strip())
+        defaults: dict[str, Any] = {name: getattr(self, name) for name in _BATCHING}
+        defaults |= {
+            "load_timeout_s": self.load_timeout_s,
+            "inference_timeout_ms": self.inference_timeout_ms,
+            "request_timeout_ms": self.request_timeout_ms,
+            "blas_threads": self.blas_threads,
+            "keep_n_jobs": self.keep_model_n_jobs,
+            "skops_trusted_types": trusted,
+            "onnx_providers": self.onnx_providers,
+            "onnx_optimized_model_path": self.onnx_optimized_model_path,
+            "cuda_device": self.cuda_device,
+            "allow_world_writable": self.allow_world_writable_model,
+            "share": self.share_model,
+        }
+        return ModelSettings(**(defaults | fields))
 
     @property
     def drain_timeout_s(self) -> int:
@@ -407,6 +446,9 @@ class Settings(ModelSettings):
         """Threads per worker: ``threads``, or twice ``max_batch_size`` so a batch can fill."""
         return self.threads or 2 * self.max_batch_size
 
+
+#: The batching fields a ``SERVING_MODELS`` entry may set for itself.
+_BATCHING = ("max_batch_size", "max_batch_latency_ms", "batch_policy", "max_queue_depth")
 
 #: Variables Kubernetes injects for a Service named "serving" (SERVING_SERVICE_HOST, SERVING_PORT,
 #: SERVING_PORT_8000_TCP_ADDR, ...): not ours, not typos.

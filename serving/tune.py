@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from serving.model.loaders import ModelHandle, load_model
+from serving.model.loaders import ModelHandle
 from serving.model.schema import Feature, structured_dtype
 
 __all__ = [
@@ -354,8 +354,9 @@ def plot(points: list[SweepPoint], path: Path, title: str) -> None:
 def load_as_served(
     path: Path, fmt: str | None = None, model_class: str | None = None
 ) -> ModelHandle:
-    """The model at ``path`` loaded as the server loads it: a directory's one artifact (an
-    MLflow folder's ``model.skops``), the loaders the ``SERVING_*`` environment configures
+    """The model at ``path`` loaded exactly as the server loads it (``load_artifact``): a
+    directory's one artifact (an MLflow folder's ``model.skops``), its owner, mode and
+    SHA-256 checked, the loaders the ``SERVING_*`` environment configures
     (``SERVING_SKOPS_TRUSTED_TYPES``, ``SERVING_ONNX_PROVIDERS``, ...), your own class.
 
     :raises SettingsError: when those settings are invalid, naming the variable.
@@ -364,7 +365,7 @@ def load_as_served(
     from pydantic import ValidationError
 
     from serving.errors import SettingsError
-    from serving.loading import model_loaders
+    from serving.loading import load_artifact
     from serving.settings import Settings
 
     where = {"model_dir": path} if path.is_dir() else {"model_path": path}
@@ -372,12 +373,7 @@ def load_as_served(
         settings = Settings(**where, model_format=fmt, model_class=model_class, workers=1)  # type: ignore[arg-type]
     except ValidationError as exc:
         raise SettingsError("--model/--format/--class", str(exc.errors()[0]["msg"])) from None
-    return load_model(
-        settings.resolved_model_path,
-        settings.resolved_model_format,
-        name=settings.resolved_model_name,
-        loaders=model_loaders(settings),
-    )
+    return load_artifact(settings.model_settings()[0])
 
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:

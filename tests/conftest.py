@@ -118,7 +118,7 @@ def serve_runtimes(settings: Settings, metrics: ServingMetrics, runtimes: list[A
     """An app serving ``runtimes`` (loaded or not) as its ModelCache, first one the default."""
     from serving.cache import ModelCache
 
-    models = ModelCache(settings, metrics, runtimes=runtimes)
+    models = ModelCache(runtimes)
     return create_app(settings, models=models, metrics=metrics)
 
 

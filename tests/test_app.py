@@ -217,7 +217,7 @@ def test_model_failure_is_logged_with_its_request_id_and_the_models_traceback(
 
 def test_healthz_is_503_until_the_model_is_ready_then_200(settings: Settings) -> None:
     metrics = ServingMetrics(CollectorRegistry())
-    runtime = ModelRuntime(settings, metrics)
+    runtime = ModelRuntime(settings.model_settings()[0], metrics)
     client = serve_runtimes(settings, metrics, [runtime]).test_client()
 
     loading = client.get("/healthz")

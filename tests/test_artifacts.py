@@ -68,7 +68,7 @@ def test_a_model_in_a_world_writable_directory_is_refused_before_another_users_p
     assert "SERVING_ALLOW_WORLD_WRITABLE_MODEL=true" in message
 
     runtime = ModelRuntime(
-        Settings(**{**settings.model_dump(), "model_path": path}),
+        Settings(**{**settings.model_dump(), "model_path": path}).model_settings()[0],
         ServingMetrics(CollectorRegistry()),
     )
     with pytest.raises(ModelLoadError, match="not sticky"):
@@ -239,7 +239,7 @@ def test_a_models_file_others_may_replace_is_refused_at_start_up(
     listed = shared / "models.json"
     listed.write_text(f'[{{"name": "m", "path": "{DEMO_MODEL_PATH}"}}]')
     monkeypatch.setenv("SERVING_MODELS", str(listed))
-    assert load_settings().model_specs[0].path == DEMO_MODEL_PATH
+    assert load_settings().model_settings()[0].path == DEMO_MODEL_PATH
 
     shared.chmod(0o777)
     with pytest.raises(SettingsError, match=f"SERVING_MODELS: .*directory {shared} .*mode 0777"):

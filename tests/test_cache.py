@@ -39,7 +39,7 @@ class Recording(RowOffset):
 
 def loaded(settings: Settings, metrics: ServingMetrics, name: str, version: str,
            model: RowOffset) -> ModelRuntime:  # fmt: skip
-    runtime = ModelRuntime(settings, metrics)
+    runtime = ModelRuntime(settings.model_settings()[0], metrics)
     runtime.load(ModelHandle.from_callable(model.predict, name=name, version=version,
                                            n_features=1))  # fmt: skip
     return runtime
@@ -66,9 +66,9 @@ def two_versions(settings: Settings) -> tuple[Flask, Recording, Recording, Servi
 
 def test_resolve_picks_the_default_model_and_version_or_refuses(settings: Settings) -> None:
     metrics = ServingMetrics(CollectorRegistry())
-    runtimes = [ModelRuntime(settings.model_copy(update={"model_name": n, "model_version": v}),
+    runtimes = [ModelRuntime(settings.model_defaults(name=n, version=v, format="callable"),
                              metrics) for n, v in [("m", "1"), ("m", "2"), ("x", "7")]]  # fmt: skip
-    cache = ModelCache(settings, metrics, runtimes=runtimes)
+    cache = ModelCache(runtimes)
 
     assert cache.resolve() is runtimes[0]
     assert cache.resolve(None, "2") is runtimes[1]
@@ -142,7 +142,7 @@ def test_serving_models_reads_a_json_file_and_narrows_settings_per_model(
     monkeypatch.setenv("SERVING_MAX_BATCH_SIZE", "16")
 
     loaded_settings = load_settings()
-    cache = ModelCache(loaded_settings, ServingMetrics(CollectorRegistry()))
+    cache = ModelCache.of(loaded_settings.model_settings(), ServingMetrics(CollectorRegistry()))
     cache.start_loading().join(60)
 
     assert cache.state == "ready"

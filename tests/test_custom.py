@@ -157,7 +157,7 @@ def test_models_entry_with_a_class_loads_through_the_runtime_and_batches(
 
     spec = ModelSpec(name="scaled", path=factor_file, **{"class": f"{__name__}:Scaled"})
     settings = Settings(models=[spec], workers=1)
-    runtime = ModelRuntime(settings.for_model(spec), ServingMetrics(CollectorRegistry()))
+    runtime = ModelRuntime(settings.model_settings()[0], ServingMetrics(CollectorRegistry()))
     runtime.load()
     try:
         handle, batcher = runtime.require_ready()
@@ -251,7 +251,7 @@ def test_warm_up_failure_names_the_class_and_stage_and_logs_the_traceback(
     settings = Settings(
         model_dir=tmp_path, model_class="tests.models:StringsWithoutSchema", workers=1
     )
-    runtime = ModelRuntime(settings, ServingMetrics(CollectorRegistry()))
+    runtime = ModelRuntime(settings.model_settings()[0], ServingMetrics(CollectorRegistry()))
 
     with caplog.at_level("ERROR", logger="serving.runtime"), pytest.raises(ModelLoadError) as info:
         runtime.load()

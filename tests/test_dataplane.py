@@ -33,7 +33,7 @@ from tests.waiting import until
 
 
 def runtime_of(settings: Settings, metrics: ServingMetrics, handle: ModelHandle) -> ModelRuntime:
-    runtime = ModelRuntime(settings, metrics)
+    runtime = ModelRuntime(settings.model_settings()[0], metrics)
     runtime.load(handle)
     return runtime
 
@@ -46,9 +46,7 @@ def plane(settings: Settings, metrics: ServingMetrics) -> Iterator[DataPlane]:
         estimator_handle(RowOffset(3, 100.0), name="offset", version="2", format="pickle"),
         estimator_handle(RowEcho(3), name="echo", version="7", format="pickle"),
     ]
-    cache = ModelCache(
-        settings, metrics, runtimes=[runtime_of(settings, metrics, h) for h in handles]
-    )
+    cache = ModelCache([runtime_of(settings, metrics, h) for h in handles])
     yield DataPlane(settings, metrics, lambda: cache)
     cache.stop(timeout_s=10)
 
@@ -159,7 +157,7 @@ def test_dataplane_infer_is_408_when_the_deadline_passed_before_queueing(
 def test_dataplane_infer_is_503_while_the_model_loads(
     settings: Settings, metrics: ServingMetrics
 ) -> None:
-    cache = ModelCache(settings, metrics, runtimes=[ModelRuntime(settings, metrics)])
+    cache = ModelCache([ModelRuntime(settings.model_settings()[0], metrics)])
     plane = DataPlane(settings, metrics, lambda: cache)
 
     with pytest.raises(NotReady, match="is not ready \\(loading\\)"):
@@ -186,7 +184,7 @@ def test_dataplane_infer_counts_queue_depth_and_rejections(
 
     small = Settings(**{**settings.model_dump(), "max_queue_depth": 2, "max_batch_size": 1})
     handle = ModelHandle.from_callable(slow, name="slow", version="1", n_features=1)
-    cache = ModelCache(small, metrics, runtimes=[runtime_of(small, metrics, handle)])
+    cache = ModelCache([runtime_of(small, metrics, handle)])
     plane = DataPlane(small, metrics, lambda: cache)
     batcher = cache.default.batcher
     assert batcher is not None
@@ -231,7 +229,7 @@ def test_dataplane_counts_a_request_that_timed_out_once_and_as_failed(
 
     short = Settings(**{**settings.model_dump(), "request_timeout_ms": 300, "batch_policy": policy})
     handle = ModelHandle.from_callable(slow, name="slow", version="1", n_features=1)
-    cache = ModelCache(short, metrics, runtimes=[runtime_of(short, metrics, handle)])
+    cache = ModelCache([runtime_of(short, metrics, handle)])
     plane = DataPlane(short, metrics, lambda: cache)
     batcher = cache.default.batcher
     assert batcher is not None

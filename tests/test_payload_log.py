@@ -266,9 +266,9 @@ def test_payload_log_records_what_the_client_sent_when_the_model_writes_into_its
     handle = ModelHandle.from_callable(predict, name="mutates", version="1", n_features=3)
     settings = Settings(payload_log="request", payload_log_url=f"file://{tmp_path}/p.jsonl")
     metrics = ServingMetrics(CollectorRegistry())
-    runtime = ModelRuntime(settings, metrics)
+    runtime = ModelRuntime(settings.model_settings()[0], metrics)
     runtime.load(handle)
-    cache = ModelCache(settings, metrics, runtimes=[runtime])
+    cache = ModelCache([runtime])
     plane = DataPlane(settings, metrics, lambda: cache)
     try:
         call = plane.call("mutated", protocol="predict", route="/predict")

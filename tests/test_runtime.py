@@ -24,7 +24,7 @@ def test_a_load_slower_than_load_timeout_fails_with_the_setting_named(
     path = tmp_path / "slow.pkl"
     path.write_bytes(pickle.dumps(SlowLoading(n_features=1, load_s=3.0)))
     configured = Settings(**{**settings.model_dump(), "model_path": path, "load_timeout_s": 0.3})
-    runtime = ModelRuntime(configured, ServingMetrics(CollectorRegistry()))
+    runtime = ModelRuntime(configured.model_settings()[0], ServingMetrics(CollectorRegistry()))
     failures: list[BaseException] = []
     failed = threading.Event()
 
@@ -40,7 +40,7 @@ def test_a_model_that_loads_in_time_calls_on_ready(settings: Settings, tmp_path:
     path = tmp_path / "quick.pkl"
     path.write_bytes(pickle.dumps(SlowLoading(n_features=1, load_s=0.0)))
     configured = Settings(**{**settings.model_dump(), "model_path": path, "load_timeout_s": 30})
-    runtime = ModelRuntime(configured, ServingMetrics(CollectorRegistry()))
+    runtime = ModelRuntime(configured.model_settings()[0], ServingMetrics(CollectorRegistry()))
     ready = threading.Event()
 
     runtime.start_loading(on_failure=lambda exc: None, on_ready=ready.set)
@@ -58,7 +58,7 @@ def test_load_warms_up_batches_of_one_and_of_max_batch_size(settings: Settings) 
         sizes.append(len(rows))
         return rows[:, 0]
 
-    runtime = ModelRuntime(settings, ServingMetrics(CollectorRegistry()))
+    runtime = ModelRuntime(settings.model_settings()[0], ServingMetrics(CollectorRegistry()))
     runtime.load(ModelHandle.from_callable(record, name="r", version="1", n_features=2))
     runtime.stop(timeout_s=10)
 
@@ -99,14 +99,14 @@ def test_a_file_swapped_after_the_sha256_check_is_not_what_gets_loaded(
     monkeypatch.setattr(runtime_module, "check_artifact", check_then_swap)
     pinned = {"model_path": path, "model_sha256": hashlib.sha256(good).hexdigest()}
     configured = Settings(**{**settings.model_dump(), **pinned})
-    runtime = ModelRuntime(configured, ServingMetrics(CollectorRegistry()))
+    runtime = ModelRuntime(configured.model_settings()[0], ServingMetrics(CollectorRegistry()))
 
     runtime.load()  # loads the bytes that were hashed
 
     assert runtime.state == "ready"
     assert not marker.exists(), "the swapped pickle ran"
     monkeypatch.setattr(runtime_module, "check_artifact", checked)
-    refused = ModelRuntime(configured, ServingMetrics(CollectorRegistry()))
+    refused = ModelRuntime(configured.model_settings()[0], ServingMetrics(CollectorRegistry()))
     with pytest.raises(ModelLoadError, match="SHA-256 is"):
         refused.load()  # the swapped file itself is refused
     assert not marker.exists()
@@ -119,7 +119,7 @@ def test_load_logs_each_stage_with_its_size_and_names_the_stage_while_it_runs(
     path = tmp_path / "slow.pkl"
     path.write_bytes(pickle.dumps(SlowLoading(n_features=1, load_s=0.5)))
     configured = Settings(**{**settings.model_dump(), "model_path": path, "load_timeout_s": 30})
-    runtime = ModelRuntime(configured, ServingMetrics(CollectorRegistry()))
+    runtime = ModelRuntime(configured.model_settings()[0], ServingMetrics(CollectorRegistry()))
     ready = threading.Event()
     seen: set[str | None] = set()
 

@@ -31,9 +31,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_settings_defaults_serve_the_demo_with_the_issue_defaults() -> None:
     settings = load_settings()
-    assert settings.resolved_model_path == DEMO_MODEL_PATH
-    assert settings.resolved_model_format == "joblib"
-    assert settings.resolved_model_name == "breast_cancer"
+    (model,) = settings.model_settings()
+    assert (model.path, model.format, model.name) == (DEMO_MODEL_PATH, "joblib", "breast_cancer")
     assert (settings.max_batch_size, settings.max_batch_latency_ms) == (32, 10.0)
     assert settings.worker_threads == 64
 
@@ -51,10 +50,10 @@ def test_settings_read_environment_variables(
 
     settings = load_settings()
 
-    assert settings.resolved_model_path == model
-    assert settings.resolved_model_format == "pickle"
-    assert settings.resolved_model_name == "m"
+    (served,) = settings.model_settings()
+    assert (served.path, served.format, served.name) == (model, "pickle", "m")
     assert (settings.max_batch_size, settings.max_batch_latency_ms) == (64, 2.5)
+    assert (served.max_batch_size, served.max_batch_latency_ms) == (64, 2.5)
     assert settings.worker_threads == 8
 
 
@@ -140,7 +139,7 @@ def test_a_model_file_whose_stem_is_no_name_asks_for_one(
     assert message.startswith("SERVING_MODEL_NAME: ")
     assert "'churn+v2'" in message and "set SERVING_MODEL_NAME" in message
     monkeypatch.setenv("SERVING_MODEL_NAME", "churn")
-    assert load_settings().model_specs[0].name == "churn"
+    assert load_settings().model_settings()[0].name == "churn"
 
 
 def test_settings_are_frozen() -> None:
@@ -230,14 +229,8 @@ def test_model_dir_serves_the_one_artifact_in_it(
 
     settings = load_settings()
 
-    assert settings.resolved_model_path == tmp_path / "model.onnx"
-    assert settings.resolved_model_format == "onnx"
-    (spec,) = settings.model_specs
-    assert (spec.name, spec.path, settings.for_model(spec).resolved_model_path) == (
-        "demo",
-        tmp_path / "model.onnx",
-        tmp_path / "model.onnx",
-    )
+    (model,) = settings.model_settings()
+    assert (model.name, model.path, model.format) == ("demo", tmp_path / "model.onnx", "onnx")
 
 
 @pytest.mark.parametrize(
@@ -267,10 +260,9 @@ def test_model_class_implies_python_and_keeps_the_directory(
 
     settings = load_settings()
 
-    assert (settings.resolved_model_format, settings.resolved_model_path) == ("python", tmp_path)
-    (spec,) = settings.model_specs
-    narrowed = settings.for_model(spec)
-    assert (narrowed.model_class, narrowed.resolved_model_path) == (spec.class_, tmp_path)
+    (model,) = settings.model_settings()
+    assert (model.format, model.path) == ("python", tmp_path)
+    assert model.model_class == "custom_model:ShapeRatioModel"
 
 
 @pytest.mark.parametrize(
@@ -306,10 +298,11 @@ def test_models_entries_take_a_class(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     entry = f'{{"name": "ratios", "path": "{tmp_path}", "class": "custom_model:ShapeRatioModel"}}'
     monkeypatch.setenv("SERVING_MODELS", f"[{entry}]")
 
-    (spec,) = load_settings().model_specs
+    (model,) = load_settings().model_settings()
 
-    assert (spec.class_, spec.format, spec.path) == ("custom_model:ShapeRatioModel", None, tmp_path)
-    assert load_settings().for_model(spec).resolved_model_format == "python"
+    assert (model.model_class, model.format, model.path) == (
+        "custom_model:ShapeRatioModel", "python", tmp_path,
+    )  # fmt: skip
 
 
 def test_model_labels_must_name_a_listed_version_and_one_version_each() -> None:

@@ -92,10 +92,11 @@ def test_the_master_loads_once_and_a_worker_warms_up_the_inherited_model_without
     assert gc.get_freeze_count() > 0
     assert "shared" in lines[0] and "loaded 1 model(s) in the master" in lines[1]
 
+    model = configured.model_settings()[0]  # as the worker forked now takes it
     path.unlink()  # a worker that read the file now would fail
-    inherited = sharing.inherited(configured)
+    inherited = sharing.inherited(model)
     assert inherited is not None
-    runtime = ModelRuntime(configured, ServingMetrics(CollectorRegistry()), inherited=inherited)
+    runtime = ModelRuntime(model, ServingMetrics(CollectorRegistry()), inherited=inherited)
     runtime.load()
     handle, batcher = runtime.require_ready()
     try:
@@ -112,10 +113,15 @@ def test_inherited_is_only_for_the_same_file_name_version_and_sha256(
     path = _pickle(UnevenLoading(), tmp_path / "m.pkl")
     configured = _settings(settings, model_path=path)
     sharing.load_in_master(configured, log.info, log.error)
-    assert sharing.inherited(configured) is not None
-    assert sharing.inherited(_settings(configured, model_version="2")) is None
+    assert sharing.inherited(configured.model_settings()[0]) is not None
+    assert sharing.inherited(_settings(configured, model_version="2").model_settings()[0]) is None
     other = _pickle(UnevenLoading(), tmp_path / "other.pkl")
-    assert sharing.inherited(_settings(configured, model_path=other, model_name="m")) is None
+    assert (
+        sharing.inherited(
+            _settings(configured, model_path=other, model_name="m").model_settings()[0]
+        )
+        is None
+    )
 
 
 def test_a_failed_load_in_the_master_shares_nothing_and_says_why(
@@ -124,12 +130,14 @@ def test_a_failed_load_in_the_master_shares_nothing_and_says_why(
     path = _pickle(UnevenLoading(), tmp_path / "m.pkl")
     configured = _settings(settings, model_path=path)
     sharing.load_in_master(configured, log.info, log.error)
-    assert sharing.inherited(configured) is not None
+    assert sharing.inherited(configured.model_settings()[0]) is not None
     path.write_bytes(b"not a pickle")  # the reload's new file is broken
     errors: list[str] = []
 
     sharing.load_in_master(configured, log.info, lambda msg, *a: errors.append(msg % a))
-    assert sharing.inherited(configured) is None  # workers load for themselves (and fail)
+    assert (
+        sharing.inherited(configured.model_settings()[0]) is None
+    )  # workers load for themselves (and fail)
     assert f"the master cannot load 'm' version '1': cannot load model {path}" in errors[0]
 
 
@@ -139,7 +147,7 @@ def test_under_off_the_master_loads_nothing(settings: Settings, tmp_path: Path) 
     path = _pickle(UnevenLoading((0.0,), str(tickets)), tmp_path / "m.pkl")
     configured = _settings(settings, model_path=path, share_model="off")
     sharing.load_in_master(configured, log.info, log.error)
-    assert sharing.inherited(configured) is None
+    assert sharing.inherited(configured.model_settings()[0]) is None
     assert list(tickets.iterdir()) == []  # never unpickled
 
 
@@ -148,9 +156,10 @@ def test_a_model_file_gone_before_a_reload_does_not_stop_the_master(
 ) -> None:
     path = _pickle(UnevenLoading(), tmp_path / "m.pkl")
     configured = _settings(settings, model_path=path)
+    model = configured.model_settings()[0]
     path.unlink()  # the settings were read (a HUP), then the file vanished
     errors: list[str] = []
 
     sharing.load_in_master(configured, log.info, lambda msg, *a: errors.append(msg % a))
-    assert sharing.inherited(configured) is None
+    assert sharing.inherited(model) is None
     assert errors and errors[0].startswith("model sharing: none (")

@@ -100,7 +100,7 @@ def test_skops_runtime_serves_a_model_dir_with_the_setting(
     configured = settings.model_copy(
         update={"model_dir": path.parent, "skops_trusted_types": "numpy.dtype"}
     )
-    runtime = ModelRuntime(configured, ServingMetrics(CollectorRegistry()))
+    runtime = ModelRuntime(configured.model_settings()[0], ServingMetrics(CollectorRegistry()))
     runtime.load()
     try:
         assert runtime.model_name == "churn_classifier"
@@ -109,7 +109,7 @@ def test_skops_runtime_serves_a_model_dir_with_the_setting(
         runtime.stop(timeout_s=10)
 
     refused = ModelRuntime(
-        settings.model_copy(update={"model_dir": path.parent}),
+        Settings(**{**settings.model_dump(), "model_dir": path.parent}).model_settings()[0],
         ServingMetrics(CollectorRegistry()),
     )
     with pytest.raises(ModelLoadError, match="SERVING_SKOPS_TRUSTED_TYPES"):

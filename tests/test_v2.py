@@ -94,7 +94,7 @@ def test_v2_server_metadata_and_health_answer_200(client: FlaskClient) -> None:
 
 def test_v2_readiness_is_400_while_loading_and_infer_503(settings: Settings) -> None:
     metrics = ServingMetrics(CollectorRegistry())
-    runtime = ModelRuntime(settings, metrics)
+    runtime = ModelRuntime(settings.model_settings()[0], metrics)
     client = serve_runtimes(settings, metrics, [runtime]).test_client()
     name = runtime.model_name
 
@@ -636,9 +636,9 @@ def test_v2_a_lone_binary_request_reaches_the_model_as_its_own_writable_view(
         return {"predictions": X.sum(axis=1)}
 
     handle = ModelHandle("f32", "1", "callable", model, n_features=3, input_dtype=np.float32)
-    runtime = ModelRuntime(settings, metrics)
+    runtime = ModelRuntime(settings.model_settings()[0], metrics)
     runtime.load(handle)
-    cache = ModelCache(settings, metrics, runtimes=[runtime])
+    cache = ModelCache([runtime])
     plane = DataPlane(settings, metrics, lambda: cache)
     rows = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
     tensors, binary = decoded(*binary_request([("input-0", "FP32", rows)]))

@@ -141,7 +141,7 @@ def when_ready(server: Any, settings: Settings) -> None:
     _log_to_gunicorn(server)  # the loader's own lines (read and checked, loaded as)
     if sharing.load_in_master(settings, server.log.info, server.log.error) == "timed_out":
         print(
-            f"serving: the master's load of model {settings.resolved_model_name!r} took "
+            f"serving: the master's load of model {settings.model_settings()[0].name!r} took "
             f"longer than SERVING_LOAD_TIMEOUT_S={settings.load_timeout_s:g} s; not starting",
             file=sys.stderr,
         )
@@ -216,7 +216,7 @@ def _get_model(server: Any, worker: Any, settings: Settings, service_log: Any) -
         if board is not None:
             board.write(pid, "ready")
         return cache
-    cache = ModelCache(settings, default_metrics(), slot, inherit=sharing.inherited)
+    cache = ModelCache.of(settings.model_settings(), default_metrics(), slot, sharing.inherited)
     install_cache(cache)
     load_while_accepting(cache, board, halt_on_failure(server, worker, _boot, service_log))
     return cache

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from serving.model.handle import ModelHandle
+from serving.model_settings import ModelSettings
 from serving.settings import Settings
 
 __all__ = [
@@ -82,43 +83,36 @@ Key = tuple[str, str, str, str, str | None]
 
 @dataclass(frozen=True)
 class Choice:
-    """Whether one model (one entry of ``model_specs``) is shared, and why."""
+    """Whether one model (one of ``Settings.model_settings()``) is shared, and why."""
 
-    settings: Settings  # narrowed to the model (for_model)
+    model: ModelSettings
     shared: bool
     why: str
 
     @property
     def label(self) -> str:
-        return f"{self.settings.resolved_model_name!r} version {self.settings.model_version!r}"
+        return f"{self.model.name!r} version {self.model.version!r}"
 
 
-def _key(settings: Settings) -> Key:
+def _key(model: ModelSettings) -> Key:
     """What a worker's model must match to take the master's copy: name, version, path,
     format and pinned SHA-256."""
-    return (
-        settings.resolved_model_name,
-        settings.model_version,
-        str(settings.resolved_model_path),
-        settings.resolved_model_format,
-        settings.model_sha256,
-    )
+    return (model.name, model.version, str(model.path), model.format, model.sha256)
 
 
 def choose(settings: Settings) -> list[Choice]:
     """Per model of ``settings``, whether the master
     loads it for every worker: formats in ``SHARED_FORMATS`` under ``share_model=auto``."""
     choices = []
-    for spec in settings.model_specs:
-        narrowed = settings.for_model(spec)
-        fmt = narrowed.resolved_model_format
-        if settings.share_model == "off":
-            choices.append(Choice(narrowed, False, "SERVING_SHARE_MODEL=off"))
+    for model in settings.model_settings():
+        fmt = model.format
+        if model.share == "off":
+            choices.append(Choice(model, False, "SERVING_SHARE_MODEL=off"))
         elif fmt in SHARED_FORMATS:
-            choices.append(Choice(narrowed, True, f"{fmt}: loaded once in the master"))
+            choices.append(Choice(model, True, f"{fmt}: loaded once in the master"))
         else:
             why = PER_WORKER.get(fmt, "only pickle, joblib and skops models are shared")
-            choices.append(Choice(narrowed, False, f"{fmt}: {why}"))
+            choices.append(Choice(model, False, f"{fmt}: {why}"))
     return choices
 
 
@@ -132,10 +126,10 @@ def describe(choices: list[Choice]) -> str:
 _handles: dict[Key, ModelHandle] = {}
 
 
-def inherited(settings: Settings) -> ModelHandle | None:
-    """Worker: the ``ModelHandle`` the master loaded for this model (``settings`` narrowed
-    by ``for_model``), or None: load it yourself."""
-    return _handles.get(_key(settings))
+def inherited(model: ModelSettings) -> ModelHandle | None:
+    """Worker: the ``ModelHandle`` the master loaded for this model, or None: load it
+    yourself."""
+    return _handles.get(_key(model))
 
 
 def load_in_master(
@@ -229,9 +223,7 @@ def _load(wanted: list[Choice], error: Callable[..., None]) -> dict[Key, ModelHa
     handles: dict[Key, ModelHandle] = {}
     try:
         for choice in wanted:
-            handles[_key(choice.settings)] = load_artifact(
-                choice.settings, model_loaders(choice.settings)
-            )
+            handles[_key(choice.model)] = load_artifact(choice.model, model_loaders(choice.model))
     except Exception as exc:  # ModelLoadError, or a loader's own failure
         error(
             "model sharing: the master cannot load %s: %s; each worker loads its own "

@@ -26,13 +26,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from serving.server import sharing
 from serving.server.board import Board, install_board
 from serving.server.metrics_dir import remove_at_exit
 from serving.server.recycling import RecycleGate
-from serving.settings import Settings
+from serving.settings import DEMO_MODEL_PATH, Settings
 
 __all__ = [
     "RETRY_FIRST_S",
@@ -188,6 +189,16 @@ def load_before_accepting(
         delay_s = min(delay_s * 2, RETRY_MAX_S)
 
 
+def _first_model(settings: Settings) -> tuple[str, str, Path]:
+    """The first model's name, version and configured path, asking nothing of the file
+    system (its artifact may be what vanished)."""
+    if settings.models:
+        first = settings.models[0]
+        return first.name, first.version, first.path
+    path = settings.model_path or settings.model_dir or DEMO_MODEL_PATH
+    return settings.model_name or path.stem, settings.model_version, path
+
+
 def _load_once(
     worker: Any, settings: Settings, slot: int, board: Board | None, last_error: str | None
 ) -> tuple[Any, BaseException | None]:
@@ -200,11 +211,12 @@ def _load_once(
 
     metrics = default_metrics()
     try:
-        cache = ModelCache(settings, metrics, slot, inherit=sharing.inherited)
-    except ValueError as exc:  # SERVING_MODELS paths are checked when read: vanished
+        cache = ModelCache.of(settings.model_settings(), metrics, slot, sharing.inherited)
+    except ValueError as exc:  # the paths were checked when the settings were read: vanished
         reason = "; ".join(e["msg"] for e in getattr(exc, "errors", lambda: [])())
-        metrics.model_load_failed(settings.resolved_model_name, settings.model_version)
-        return None, ModelLoadError(settings.resolved_model_path, reason or str(exc))
+        name, version, path = _first_model(settings)
+        metrics.model_load_failed(name, version)
+        return None, ModelLoadError(path, reason or str(exc))
     if board is not None:
         cache.report_stages(functools.partial(board.write, os.getpid(), "warming", last_error))
     done = threading.Event()
