@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from serving.app import create_app as create_app
     from serving.batching.batcher import ThreadedBatcher as ThreadedBatcher
+    from serving.loading import load_model as load_model
     from serving.model.loaders import ModelHandle as ModelHandle
     from serving.model.loaders import default_loaders as default_loaders
-    from serving.model.loaders import load_model as load_model
     from serving.settings import Settings as Settings
 
 __all__ = [
@@ -32,7 +32,7 @@ _EXPORTS = {
     "create_app": "serving.app",
     "ThreadedBatcher": "serving.batching.batcher",
     "ModelHandle": "serving.model.loaders",
-    "load_model": "serving.model.loaders",
+    "load_model": "serving.loading",
     "default_loaders": "serving.model.loaders",
     "Settings": "serving.settings",
 }

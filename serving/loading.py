@@ -18,16 +18,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Literal
 
-from serving.model.artifacts import check_model_path
+from serving.model.artifacts import check_model_path, format_from_path
+from serving.model.artifacts import model_name as default_model_name
 from serving.model.custom import PythonLoader
 from serving.model.handle import ModelHandle, ModelLoader
-from serving.model.loaders import check_artifact, default_loaders, load_model
+from serving.model.loaders import check_artifact, default_loaders
+from serving.model.loaders import load_model as load_bytes
 from serving.model.onnx_loader import OnnxLoader
 from serving.model_settings import ModelSettings
 
-__all__ = ["Stage", "describe_features", "load_artifact", "model_loaders"]
+__all__ = ["Stage", "describe_features", "load_artifact", "load_model", "model_loaders"]
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,7 @@ def load_artifact(
         )  # fmt: skip
     enter("loading")
     started = time.perf_counter()
-    handle = load_model(
+    handle = load_bytes(
         path,
         fmt,
         name=model.name,
@@ -104,6 +107,38 @@ def load_artifact(
         handle.name, handle.format, describe_features(handle), time.perf_counter() - started,
     )  # fmt: skip
     return handle
+
+
+def load_model(
+    path: str | Path,
+    fmt: str | None = None,
+    *,
+    name: str | None = None,
+    version: str = "1",
+    sha256: str | None = None,
+    loaders: Mapping[str, ModelLoader] | None = None,
+    allow_world_writable: bool = False,
+) -> ModelHandle:
+    """Load the artifact at ``path`` as the server does (``load_artifact``): its owner and
+    mode checked (and ``sha256`` when given), then those bytes loaded by the loader of
+    ``fmt`` (default: from the extension) among ``loaders`` (default:
+    ``default_loaders()``); its schema file read beside it. The public way to load a model.
+
+    :param name: for responses; default: the file's stem (an MLflow folder's name).
+    :raises ModelLoadError: naming the path and the cause.
+
+    Usage::
+
+        handle = serving.load_model("models/churn.joblib")
+        app = serving.create_app(models=[handle])
+    """
+    path = Path(path)
+    model = ModelSettings(
+        name=name or default_model_name(path), version=version, path=path,
+        format=fmt or format_from_path(path), sha256=sha256,
+        allow_world_writable=allow_world_writable,
+    )  # fmt: skip
+    return load_artifact(model, loaders)
 
 
 def describe_features(handle: ModelHandle) -> str:

@@ -244,3 +244,22 @@ def test_a_models_file_others_may_replace_is_refused_at_start_up(
     shared.chmod(0o777)
     with pytest.raises(SettingsError, match=f"SERVING_MODELS: .*directory {shared} .*mode 0777"):
         load_settings()
+
+
+def test_the_public_load_model_checks_as_the_server_does(tmp_path: Path) -> None:
+    """``serving.load_model``, the one public way to load, makes the server's checks: a
+    wrong SHA-256 and a file others may replace are refused, naming the cause."""
+    import serving
+
+    path = tmp_path / "demo.joblib"
+    path.write_bytes(DEMO_MODEL_PATH.read_bytes())
+    assert serving.load_model(path).name == "demo"
+    with pytest.raises(ModelLoadError, match="SHA-256"):
+        serving.load_model(path, sha256="0" * 64)
+    tmp_path.chmod(0o777)
+    try:
+        with pytest.raises(ModelLoadError, match="SERVING_ALLOW_WORLD_WRITABLE_MODEL"):
+            serving.load_model(path)
+        assert serving.load_model(path, allow_world_writable=True).name == "demo"
+    finally:
+        tmp_path.chmod(0o755)
