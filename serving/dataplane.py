@@ -1,6 +1,6 @@
 """The one request path every protocol shares, without a web framework.
 
-A protocol's route reads its body, its codec decodes it into ``serving.instances``
+A protocol's route reads its body, its codec decodes it into ``serving.inputs.instances``
 (``Frame``, ``Records``, ``Columns`` or ``Tensors``, no model needed), and
 ``DataPlane.infer`` does the rest once, in this order:
 
@@ -8,7 +8,7 @@ A protocol's route reads its body, its codec decodes it into ``serving.instances
 2. the model by name and version (``ModelCache.resolve``: 404, 409) and its readiness
    (``ModelRuntime.require_ready``: 503);
 3. the output names asked for, against the model's (422);
-4. ``serving.conform.conform``: the instances against the model's inputs, as the
+4. ``serving.inputs.conform.conform``: the instances against the model's inputs, as the
    ``(n_instances, n_features)`` rows its batcher merges (422);
 5. what is left of the request's deadline (408 when receiving the request used it up);
 6. the model's batcher (``submit``, tagged with the
@@ -40,15 +40,15 @@ from typing import Any
 from serving.batching.arrivals import Arrivals, process_arrivals
 from serving.batching.batcher import ThreadedBatcher
 from serving.cache import ModelCache
-from serving.conform import conform
 from serving.context import Call, Timing
 from serving.errors import InvalidInput, Overloaded, PayloadTooLarge, RequestTimeout
-from serving.instances import Instances, Tensors
+from serving.inputs.conform import conform
+from serving.inputs.instances import Instances, Tensors
+from serving.inputs.rules import Rules
 from serving.model.handle import ModelHandle, Outputs
 from serving.observe import tracing
 from serving.observe.metrics import ServingMetrics
 from serving.observe.payload_log import PayloadLog
-from serving.rules import Rules
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
 
@@ -155,7 +155,7 @@ class DataPlane:
         the end of each stage, whether it succeeds or not (the access log reads it).
 
         :param outputs: output names the caller asked for; each must be one of the model's.
-        :param rules: how the request's columns are taken (``serving.rules``; default:
+        :param rules: how the request's columns are taken (``serving.inputs.rules``; default:
             ``SERVING_EXTRA_COLUMNS``); each name ignored is logged once per model.
         :raises ModelNotFound: (404) no model called ``model_name``.
         :raises VersionConflict: (409) the model is served here, but not at ``version``.

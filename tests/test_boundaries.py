@@ -47,12 +47,14 @@ RULES = {
     # The wire protocols: the dispatcher's handlers and Flask's views, under any server.
     "protocols": Rule(("gunicorn",)),
     "demo": Rule(()),
+    # Checking instances against a model: per value, no settings, metrics or web.
+    "inputs": Rule(CORE, serving=("serving.errors", "serving.model", "serving.inputs")),
 }
 # Top level: the data plane and everything it calls import no web framework; the app
 # wires Flask. The request checks run per instance and take no settings or metrics.
 TOP = Rule(WEB)
 TOP_WEB = {"app"}
-TOP_CORE = {"errors", "instances", "conform", "values", "cells", "context"}
+TOP_CORE = {"errors", "context"}
 
 
 def modules() -> list[str]:
@@ -202,7 +204,7 @@ def test_boundaries_rules_catch_a_violation() -> None:
     dataplane = run("core", "serving.dataplane")
     assert {"pydantic", "prometheus_client"} <= set(dataplane["third"])
     assert "serving.settings" in dataplane["serving"]
-    assert rule_for("serving.conform").forbidden == CORE
+    assert rule_for("serving.inputs.conform").forbidden == CORE
     assert "flask" in run("web", "serving.app")["third"]
     assert "the fork server holds ['flask'" in run("web", "serving.errors", ("flask",))
 

@@ -11,9 +11,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from serving.conform import conform
 from serving.errors import InvalidInput
-from serving.instances import Columns, Frame, Records, Tensors
+from serving.inputs.conform import conform
+from serving.inputs.instances import Columns, Frame, Records, Tensors
 from serving.model.handle import ModelHandle
 from serving.model.loaders import load_model
 from tests.onnx_graphs import int_identity_graph

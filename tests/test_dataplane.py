@@ -23,7 +23,7 @@ from serving.errors import (
     RequestTimeout,
     VersionConflict,
 )
-from serving.instances import Columns, Frame, Records, Tensors
+from serving.inputs.instances import Columns, Frame, Records, Tensors
 from serving.model.loaders import ModelHandle, estimator_handle
 from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime

@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ValidationError
 
 from serving.app import create_app
-from serving.conform import conform
 from serving.errors import InvalidInput
-from serving.instances import Columns, Frame, Records, Tensors
+from serving.inputs.conform import conform
+from serving.inputs.instances import Columns, Frame, Records, Tensors
 from serving.model.handle import ModelHandle
 from serving.model.loaders import estimator_handle
 from serving.model.schema import Feature, feature, sample_batch

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from serving.cache import ModelCache
 from serving.context import Call
 from serving.dataplane import DataPlane
-from serving.instances import Frame
+from serving.inputs.instances import Frame
 from serving.model.handle import ModelHandle
 from serving.observe.metrics import ServingMetrics
 from serving.observe.payload_log import PayloadLog

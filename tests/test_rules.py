@@ -15,9 +15,9 @@ from flask.testing import FlaskClient
 from prometheus_client import CollectorRegistry
 
 from serving.app import create_app
+from serving.inputs.rules import Rules, check_names
 from serving.model.loaders import load_model
 from serving.observe.metrics import ServingMetrics
-from serving.rules import Rules, check_names
 from serving.settings import Settings
 from tests.tabular import churn_rows, frame_of, write_churn
 

@@ -316,7 +316,7 @@ def test_once_per_features_works_out_a_schema_once_per_features_object() -> None
 
 
 def test_a_model_without_a_schema_gets_the_same_float_features_every_request() -> None:
-    from serving.conform import _floats
+    from serving.inputs.conform import _floats
 
     assert _floats(30) is _floats(30)
     assert [f.name for f in _floats(3)] == ["0", "1", "2"]

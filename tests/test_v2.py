@@ -23,9 +23,9 @@ from prometheus_client import CollectorRegistry
 from serving import __version__
 from serving.app import create_app
 from serving.cache import ModelCache
-from serving.conform import conform
 from serving.dataplane import DataPlane
-from serving.instances import Frame, Tensors
+from serving.inputs.conform import conform
+from serving.inputs.instances import Frame, Tensors
 from serving.model.handle import ModelHandle, TensorSpec
 from serving.model.loaders import load_model
 from serving.observe.metrics import ServingMetrics

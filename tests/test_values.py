@@ -1,4 +1,4 @@
-"""Typed columns from request values (``serving.values``), on their own."""
+"""Typed columns from request values (``serving.inputs.values``), on their own."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from serving.errors import InvalidInput
+from serving.inputs.values import column
 from serving.model.schema import feature
-from serving.values import column
 
 
 class NoLists(np.ndarray):  # type: ignore[type-arg]

@@ -4,7 +4,7 @@ Request threads call ``ThreadedBatcher.submit_many(rows)`` and block; the batche
 background thread takes queued instances off a ``queue.SimpleQueue`` (the ``queue``
 module's C-implemented FIFO: no Python-level locking per put/get) and makes one
 ``predict_batch`` call per batch on a single ``(n_instances, n_features)`` array (or a
-record array of typed columns, ``serving.conform``) built from
+record array of typed columns, ``serving.inputs.conform``) built from
 instances of different requests, then hands each caller exactly its own output rows.
 
 Two flush policies (``docs/batching.md`` draws both):

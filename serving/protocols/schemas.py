@@ -4,7 +4,7 @@ and the probes' responses. Each protocol's own bodies are in its ``schemas.py``.
 Requests are validated straight from the raw body bytes (``model_validate_json``): the
 envelope strictly (unknown fields are refused, so a typo such as ``instance`` is a 422,
 not silently ignored), the instances' values (``Value``) only as JSON scalars: they are
-checked against the model's input schema by ``serving.conform``, which stops at the first
+checked against the model's input schema by ``serving.inputs.conform``, which stops at the first
 bad value (pydantic would collect an error per value: 6 s of CPU and 4 GB for a body of
 500,000 wrong values). JSON integers stay Python ints, so int64 values are exact.
 
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 #: One value of an instance, as JSON has it: a number, a string, a boolean or null
-#: (missing). Its type is checked against the model's schema by ``serving.conform``.
+#: (missing). Its type is checked against the model's schema by ``serving.inputs.conform``.
 Value = Annotated[Any, WithJsonSchema({"type": ["number", "string", "boolean", "null"]})]
 
 #: At most this many error details are returned; the message says how many there were.

@@ -1,8 +1,8 @@
 """MLflow scoring bodies <-> the data plane: ``dataframe_split``, ``dataframe_records``,
-``instances``, ``inputs`` and ``text/csv`` -> ``serving.instances``, without the model.
+``instances``, ``inputs`` and ``text/csv`` -> ``serving.inputs.instances``, without the model.
 
 Named columns stay named (``Frame`` with ``columns``, ``Records``, ``Columns``):
-``serving.conform`` reorders them to the model's feature names, or takes them
+``serving.inputs.conform`` reorders them to the model's feature names, or takes them
 positionally when the model knows none. pandas' default integer column labels are
 positions: the codec puts the values in position order and sends unnamed rows.
 
@@ -18,7 +18,7 @@ import io
 import itertools
 
 from serving.errors import InvalidInput, PayloadTooLarge
-from serving.instances import Columns, Frame, Instances, Records
+from serving.inputs.instances import Columns, Frame, Instances, Records
 from serving.protocols.mlflow.schemas import DataframeSplit, MlflowRequest
 
 __all__ = ["decode", "decode_csv", "parse_csv"]
@@ -94,7 +94,7 @@ def parse_csv(body: bytes, max_rows: int | None = None) -> tuple[list[str], list
     read as pandas' ``read_csv`` reads them by default (first row = column names, blank
     lines skipped). A first column with an empty name is pandas' default index (what
     ``DataFrame.to_csv()`` writes) and is dropped. Cells are typed later, by each
-    feature's kind (``serving.cells.from_text``).
+    feature's kind (``serving.inputs.cells.from_text``).
 
     :param max_rows: ``SERVING_MAX_INSTANCES_PER_REQUEST``: reading stops at the row past
         it, so a body of many tiny rows costs no more than the limit's worth of rows.

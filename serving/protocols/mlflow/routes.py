@@ -21,7 +21,8 @@ from serving import __version__
 from serving.context import Call
 from serving.dataplane import DataPlane
 from serving.errors import UnsupportedMediaType
-from serving.instances import Instances
+from serving.inputs.instances import Instances
+from serving.inputs.rules import MLFLOW
 from serving.openapi import Operation, errors
 from serving.protocols.base import (
     Answer,
@@ -42,7 +43,6 @@ from serving.protocols.mlflow.schemas import (
     PingResponse,
 )
 from serving.protocols.schemas import parse_body
-from serving.rules import MLFLOW
 from serving.server.board import readiness
 
 __all__ = ["OPERATIONS", "PROTOCOL", "bp"]

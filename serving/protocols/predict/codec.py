@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from serving.dataplane import Inference
-from serving.instances import Frame, Instances, Records
+from serving.inputs.instances import Frame, Instances, Records
 from serving.protocols.base import jsonable
 from serving.protocols.predict.schemas import PredictRequest
 

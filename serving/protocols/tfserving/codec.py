@@ -1,11 +1,11 @@
 """TF Serving bodies <-> the data plane: row format (``instances``) and columnar format
-(``inputs``) -> ``serving.instances``, model outputs -> TF Serving's response values.
+(``inputs``) -> ``serving.inputs.instances``, model outputs -> TF Serving's response values.
 
 Formats as TF Serving's REST API defines them. Rows are lists of values in the model's
 order (``Frame``), numbers for one-feature models (``Frame`` of one-wide rows), or
 objects (``Records``); columnar is the one input tensor (``Frame``) or an object of
 columns (``Columns``). Objects are keyed by feature name or by input name (a list of the
-input's ``width`` values); ``serving.conform`` tells which from the model.
+input's ``width`` values); ``serving.inputs.conform`` tells which from the model.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InvalidInput
-from serving.instances import Columns, Frame, Instances, Records
+from serving.inputs.instances import Columns, Frame, Instances, Records
 from serving.model.handle import Outputs
 from serving.protocols.tfserving.schemas import TFPredictRequest
 

@@ -1,10 +1,10 @@
-"""KServe V2 bodies <-> the data plane: input tensors -> ``serving.instances.Tensors``,
+"""KServe V2 bodies <-> the data plane: input tensors -> ``serving.inputs.instances.Tensors``,
 model outputs -> output tensors.
 
 Inputs: each tensor's ``data`` as JSON (flat or nested, row-major) or as raw
 little-endian bytes (Triton's binary tensor data extension), checked against its
 ``datatype`` and ``shape`` and decoded to an array of that shape and element type, without
-the model: ``serving.conform`` then matches the names to the model's inputs (each sent
+the model: ``serving.inputs.conform`` then matches the names to the model's inputs (each sent
 once, ``[n, width]`` or ``[n]`` for a one-column input) and refuses values the model's
 own input type cannot hold. Each tensor keeps its datatype (``FP32`` is float32, ``INT64``
 int64, exact end to end): a tensor of the model's own type and shape becomes its batch
@@ -50,7 +50,8 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InvalidInput, PayloadTooLarge
-from serving.instances import Tensors
+from serving.inputs.instances import Tensors
+from serving.inputs.values import show
 from serving.model.handle import Outputs
 from serving.protocols.v2.schemas import (
     Datatype,
@@ -58,7 +59,6 @@ from serving.protocols.v2.schemas import (
     V2RequestInput,
     V2RequestOutput,
 )
-from serving.values import show
 
 __all__ = ["HEADER_LENGTH", "datatype_of", "decode", "encode_outputs", "split_body"]
 
@@ -178,7 +178,7 @@ def _json_values(tensor: V2RequestInput, kind: np.dtype[Any], loc: str) -> npt.N
 
     The values are looked at in Python only to name a refused one, or to build an integer
     tensor holding ``null``. Whether a value suits the model's feature (finite, missing
-    allowed, within its range) is ``serving.conform``'s check, done once for every tensor.
+    allowed, within its range) is ``serving.inputs.conform``'s check, done once for every tensor.
     """
     if tensor.data is None:
         msg = f"input {tensor.name!r} has no data (send data, or parameters.binary_data_size)"

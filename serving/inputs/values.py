@@ -1,4 +1,4 @@
-"""Request values (JSON scalars, CSV cells read by ``serving.cells``, tensor elements) ->
+"""Request values (JSON scalars, CSV cells read by ``serving.inputs.cells``, tensor elements) ->
 typed numpy columns.
 
 Each value is checked against its feature (``serving.model.schema.Feature``): a float feature

@@ -6,7 +6,7 @@ full-width digits, which a CSV client means as text. A number no type can hold (
 integer of more digits than any type's range, one past float64's) is refused naming its
 cell; ``int()`` would raise a ValueError past 4,300 digits (a 500).
 
-Boundary: standard library and ``serving`` core modules (``serving.values``).
+Boundary: standard library and ``serving`` core modules (``serving.inputs.values``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from serving.errors import InvalidInput
+from serving.inputs.values import Locate, show
 from serving.model.schema import Feature
-from serving.values import Locate, show
 
 __all__ = ["from_text", "text_rows"]
 

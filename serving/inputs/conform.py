@@ -1,4 +1,4 @@
-"""Decoded instances (``serving.instances``) -> the batch one model's batcher merges.
+"""Decoded instances (``serving.inputs.instances``) -> the batch one model's batcher merges.
 
 ``conform(instances, handle)`` checks a request's instances against the model's input
 schema (``handle.features``: names, kinds, missing values, categories) and builds its
@@ -10,7 +10,7 @@ exact, never through float64), else a record array with one typed field per feat
 into one predict call; every protocol gives one model the same dtype, so they merge.
 
 KServe V2 tensors arrive typed (``serving.protocols.v2.codec``): one holding every
-feature is checked whole with numpy (``serving.values.typed_matrix``) and is the batch
+feature is checked whole with numpy (``serving.inputs.values.typed_matrix``) and is the batch
 itself when it has the batch's dtype (a binary tensor: a view of the request body, no
 copy, no Python per value); one of another dtype is cast once.
 
@@ -32,20 +32,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from serving.cells import text_rows
 from serving.errors import InvalidInput
-from serving.instances import Columns, Frame, Instances, Records, Tensors, Unnamed
+from serving.inputs.cells import text_rows
+from serving.inputs.instances import Columns, Frame, Instances, Records, Tensors, Unnamed
+from serving.inputs.rules import STRICT, Rules, check_names, numbers_from_strings
+from serving.inputs.values import Locate, column, matrix, typed_matrix
 from serving.model.handle import ModelHandle, TensorSpec
 from serving.model.schema import Feature, feature, structured_dtype, uniform_dtype
-from serving.rules import STRICT, Rules, check_names, numbers_from_strings
-from serving.values import Locate, column, matrix, typed_matrix
 
 __all__ = ["conform"]
 
 
 def conform(instances: Instances, handle: ModelHandle, rules: Rules = STRICT) -> npt.NDArray[Any]:
     """``instances`` as the batch of ``handle``'s model, checked against its schema, with
-    ``rules`` for names it does not have and numbers sent as strings (``serving.rules``).
+    ``rules`` for names it does not have and numbers sent as strings (``serving.inputs.rules``).
 
     :returns: ``(n_instances, n_features)`` of ``handle.matrix_dtype``, or a record array
         ``(n_instances,)`` of ``handle.batch_dtype``.

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from serving.cells import from_text
 from serving.errors import InvalidInput
+from serving.inputs.cells import from_text
+from serving.inputs.values import Locate, show
 from serving.model.schema import Feature
-from serving.values import Locate, show
 
 #: Most characters of a client's name put in an error's location.
 _NAME_CHARS = 64
@@ -93,7 +93,7 @@ def numbers_from_strings(
     rows: Sequence[Sequence[Any]], features: Sequence[Feature], loc: Locate
 ) -> Sequence[Sequence[Any]]:
     """``rows`` (model order) with each string in a number or boolean feature read as the
-    value it spells (``serving.cells.from_text``); rows without such strings as they are.
+    value it spells (``serving.inputs.cells.from_text``); rows without such strings as they are.
 
     :raises InvalidInput: (422) naming a string spelling a number no type holds.
     """
