@@ -1,4 +1,4 @@
-"""serving/rules.py: a client's extra columns and numbers sent as strings, per protocol:
+"""serving/inputs/rules.py: a client's extra columns and numbers sent as strings, per protocol:
 refused by default on /predict, V2 and TF Serving (SERVING_EXTRA_COLUMNS=ignore takes
 them as scikit-learn does), MLflow's scoring server's rules on /invocations. Every answer
 is compared with the churn pipeline called in-process on the same rows."""
