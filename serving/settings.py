@@ -4,8 +4,8 @@ model's own settings built from them (``Settings.model_settings()``).
 ``load_settings()`` is called by ``gunicorn.conf.py`` in the master (so a bad value
 stops start-up before any worker forks) and by ``create_app()`` when no settings are
 passed. Nothing else in the service reads ``os.environ`` for its settings; the
-README's settings table lists exactly the fields below and the model fields of
-``serving.model_settings`` (a test checks it).
+settings table of docs/settings.md lists exactly the fields below and the model fields
+of ``serving.model_settings`` (a test checks it).
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ class Settings(ModelFields):
         description=(
             "`auto`: the master loads pickle, joblib and skops models once, before it forks,"
             " and every worker (respawns, recycles and reloads too) shares its memory; ONNX"
-            " models and your own classes are still loaded in each worker (see README, "
+            " models and your own classes are still loaded in each worker (see docs/models.md, "
             '"One copy of the model per host"); `off`: every worker loads its own copy'
         ),
     )
@@ -296,7 +296,7 @@ class Settings(ModelFields):
         "off",
         description=(
             "Payload logging: `request` (the decoded instances), `response` (the "
-            "outputs), `all`; see [Observe](#observe)"
+            "outputs), `all`; see [docs/observe.md](observe.md)"
         ),
     )
     payload_log_url: str | None = Field(
@@ -495,10 +495,10 @@ def load_settings() -> Settings:
 
 
 def settings_table() -> str:
-    """README's settings table (markdown), generated from the fields as Gunicorn's docs
+    """docs/settings.md's table (markdown), generated from the fields as Gunicorn's docs
     are from its settings: ``SERVING_<NAME>``, the default (a field's
     ``json_schema_extra["shown_default"]`` where it is computed at start), and its
-    description. ``python -m serving.settings`` prints it; a test checks the README."""
+    description. ``python -m serving.settings`` prints it; a test checks docs/settings.md."""
     rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
     for name, info in Settings.model_fields.items():
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}

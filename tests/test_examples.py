@@ -1,4 +1,4 @@
-"""The README's examples run: the MLP demo builds, and its ONNX graph serves like its joblib."""
+"""docs/models.md's examples run: the MLP demo builds, and its ONNX graph serves like its joblib."""
 
 from __future__ import annotations
 

@@ -225,7 +225,7 @@ def test_mlflow_operations_are_documented_with_json_and_csv_bodies(client: Flask
 
 
 def test_mlflow_readme_examples_are_valid_requests() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "api.md").read_text()
     curl = r"curl -s \S+/invocations -H 'Content-Type: application/json' -d '(.+?)'"
     bodies = re.findall(curl, readme)
 

@@ -18,13 +18,18 @@ from serving.model.loaders import load_model
 from serving.observe.metrics import ServingMetrics
 from serving.settings import DEMO_MODEL_PATH, Settings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-#: ``curl ... http://host:port/PATH ... -d 'BODY'`` in the README, one command per match.
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+#: The README and every guide under docs/ (the dated measurement log aside).
+DOCS = [README, *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "measurements.md")]
+#: ``curl ... http://host:port/PATH ... -d 'BODY'`` in the docs, one command per match.
 CURL = re.compile(r"curl [^\n]*?https?://[^/\s]+(/[^\s'\"]*)[^\n]*?-d '([^']*)'")
 
 
 def readme_requests() -> list[tuple[str, Any]]:
-    return [(path, json.loads(body)) for path, body in CURL.findall(README.read_text())]
+    return [
+        (path, json.loads(body)) for doc in DOCS for path, body in CURL.findall(doc.read_text())
+    ]
 
 
 def operation_for(spec: dict[str, Any], path: str) -> dict[str, Any]:
@@ -64,14 +69,24 @@ def test_the_readme_predict_example_is_answered_by_the_demo_model(settings: Sett
 
 
 def test_readme_layout_names_every_module_and_folder_and_only_those() -> None:
-    """The Layout drawing is the map of ``serving/``: a module added, moved or removed
-    shows there, as the folders' import rules do in tests/test_boundaries.py."""
-    text = README.read_text()
+    """The Layout drawing (docs/architecture.md) is the map of ``serving/``: a module
+    added, moved or removed shows there, as the folders' import rules do in
+    tests/test_boundaries.py."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
     drawing = text[text.index("```\nserving/\n") : text.index("`deploy/` holds nginx")]
-    package = README.parent / "serving"
+    package = ROOT / "serving"
     modules = {p.name for p in package.rglob("*.py") if p.name != "__init__.py"}
     named = set(re.findall(r"(?<![\w.])([a-z_]+\.py)\b", drawing))
     assert modules - named == set(), "modules missing from the README's Layout"
     assert named - modules == set(), "the README's Layout names modules that do not exist"
     folders = {p.name for p in package.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert {f for f in folders if f"  {f}/" not in drawing} == set()
+
+
+def test_readme_is_a_front_door_and_links_only_to_what_exists() -> None:
+    """The README is read in ten minutes (issue 31: at most ~250 lines); the details live
+    in docs/, and every relative link of the README and the guides resolves."""
+    assert len(README.read_text().splitlines()) <= 250
+    for doc in [*DOCS, ROOT / "CONTRIBUTING.md"]:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", doc.read_text()):
+            assert (doc.parent / target).exists(), f"{doc.name} links to {target}, missing"

@@ -279,7 +279,7 @@ def test_tfserving_operations_are_documented_with_tf_servings_error_shape(
 
 
 def test_tfserving_readme_examples_are_valid_requests() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "api.md").read_text()
     bodies = re.findall(r"curl -s \S+/v1/models/\S+:predict .*?-d '(.+?)'", readme)
 
     assert bodies

@@ -170,7 +170,7 @@ def test_recommend_noisy_forest_sweep_is_not_fooled_by_a_slow_first_call() -> No
 def test_sweep_times_a_typed_dataframe_model_on_varied_rows_from_its_schema(
     tmp_path: Path,
 ) -> None:
-    """The README's churn pipeline (string columns): the sweep crashed with IndexError."""
+    """docs/models.md's churn pipeline (string columns): the sweep crashed with IndexError."""
     model, path, _ = write_churn(tmp_path)
     handle = load_model(path)
     assert handle.features is not None and handle.matrix_dtype is None
@@ -187,7 +187,7 @@ def test_sweep_times_a_typed_dataframe_model_on_varied_rows_from_its_schema(
 def test_tune_command_recommends_settings_for_the_readme_churn_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The README's command, run in-process (the next test runs it as a process)."""
+    """The README's tune command, run in-process (the next test runs it as a process)."""
     _, path, _ = write_churn(tmp_path)
     main(["--model", str(path), "--plot", str(tmp_path / "tune.png")])
 

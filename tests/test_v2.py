@@ -518,9 +518,9 @@ def test_v2_and_predict_requests_are_merged_into_the_same_predict_calls(
 
 
 def test_v2_readme_example_validates_against_the_openapi_document(client: FlaskClient) -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "api.md").read_text()
     match = re.search(r"curl -s [^\n]*/v2/models/[^\n]*/infer [^\n]*-d '([^']*)'", readme)
-    assert match, "README has no curl example for /v2/models/.../infer"
+    assert match, "docs/api.md has no curl example for /v2/models/.../infer"
     document = client.get("/openapi.json").get_json()
     schema = {"$ref": "#/components/schemas/V2InferRequest", **document}
     jsonschema.validate(json.loads(match.group(1)), schema)
