@@ -21,7 +21,7 @@ from serving.settings import DEMO_MODEL_PATH, Settings
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 #: The README and every guide under docs/ (the dated measurement log aside).
-DOCS = [README, *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "measurements.md")]
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 #: ``curl ... http://host:port/PATH ... -d 'BODY'`` in the docs, one command per match.
 CURL = re.compile(r"curl [^\n]*?https?://[^/\s]+(/[^\s'\"]*)[^\n]*?-d '([^']*)'")
 
