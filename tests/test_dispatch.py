@@ -245,3 +245,19 @@ def test_the_access_log_names_the_model_asked_for_not_the_default_on_a_404(
         ("gone", None),
         ("echo", "7"),
     ]
+
+
+def test_a_path_outside_wsgis_latin_1_is_answered_not_raised(app: Flask) -> None:
+    """A WSGI server puts latin-1 in PATH_INFO; another caller's wider characters are
+    replaced, as in werkzeug's decoding, and answered (a 404 here), not raised."""
+    from werkzeug.test import EnvironBuilder
+
+    environ = EnvironBuilder(path="/predict/x", method="POST", json={"instances": [ROW]})
+    wsgi = environ.get_environ()
+    wsgi["PATH_INFO"] = "/predict/\u4e2d"
+    statuses: list[str] = []
+
+    body = b"".join(app.wsgi_app(wsgi, lambda status, headers: statuses.append(status)))
+
+    assert statuses == ["404 NOT FOUND"]
+    assert b"model_not_found" in body

@@ -139,7 +139,7 @@ class Dispatcher:
             return self._flask(environ, start_response)
         method = environ.get("REQUEST_METHOD", "GET")
         if not path.isascii():  # as werkzeug reads PATH_INFO (WSGI's latin-1 of UTF-8)
-            path = path.encode("latin-1").decode(errors="replace")
+            path = path.encode("latin-1", "replace").decode(errors="replace")
         try:
             endpoint, args = self._match(path, method)  # args shared: read, never changed
         except MethodNotAllowed as exc:
