@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     DirectoryPath,
@@ -56,6 +57,19 @@ NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 VERSION_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 
+def _not_only_dots(value: str) -> str:
+    """A name or version that is no path step: a client's URL library removes ``.`` and
+    ``..`` (RFC 3986 section 5.2.4), so ``/predict/..`` would reach ``/``."""
+    if not value.strip("."):
+        raise ValueError(f"{value!r} is made of only dots, a path step in a URL, not a name")
+    return value
+
+
+#: A name or version as ``NAME_PATTERN`` or ``VERSION_PATTERN`` (the field's) allows,
+#: and not only dots.
+Named = Annotated[str, AfterValidator(_not_only_dots)]
+
+
 #: The bundled demo: StandardScaler + LogisticRegression on scikit-learn's breast-cancer
 #: data (30 features), rebuilt by ``examples/build_demo_model.py``.
 DEMO_MODEL_PATH = Path(__file__).parent / "demo" / "breast_cancer.joblib"
@@ -69,8 +83,8 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
-    name: str = Field(pattern=NAME_PATTERN, description="Name in URLs and metrics.")
-    version: str = Field("1", pattern=VERSION_PATTERN, description="Version served.")
+    name: Named = Field(pattern=NAME_PATTERN, description="Name in URLs and metrics.")
+    version: Named = Field("1", pattern=VERSION_PATTERN, description="Version served.")
     path: FilePath | DirectoryPath = Field(
         description="The model artifact, or a directory holding exactly one (or what the "
         "class of a python model reads)."
@@ -135,8 +149,8 @@ class ModelSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
 
-    name: str = Field(pattern=NAME_PATTERN)
-    version: str = Field(pattern=VERSION_PATTERN)
+    name: Named = Field(pattern=NAME_PATTERN)
+    version: Named = Field(pattern=VERSION_PATTERN)
     #: The artifact to load; for a python model, what its class's ``load`` gets (a file
     #: or a directory); None for a model handed over in memory (``create_app(models=)``).
     path: Path | None = None
@@ -214,13 +228,13 @@ class ModelFields(BaseSettings):
             "of `SERVING_MODEL_PATH`"
         ),
     )
-    model_name: str | None = Field(
+    model_name: Named | None = Field(
         None,
         pattern=NAME_PATTERN,
         description="Name in URLs, responses and metrics (1-128 of `A-Za-z0-9_.-`)",
         json_schema_extra={"shown_default": "file stem"},
     )
-    model_version: str = Field(
+    model_version: Named = Field(
         "1",
         pattern=VERSION_PATTERN,
         description=(
@@ -399,9 +413,9 @@ class ModelFields(BaseSettings):
         if self.model_name is None and self.models is None:
             path = self.model_path or self.model_dir or DEMO_MODEL_PATH
             name = default_model_name(artifact_of(path, self.model_class))
-            if not re.fullmatch(NAME_PATTERN, name):
+            if not re.fullmatch(NAME_PATTERN, name) or not name.strip("."):
                 raise ValueError(
                     f"SERVING_MODEL_NAME: the model's file name {name[:64]!r} is no model "
-                    "name (1-128 of A-Za-z0-9_.-): set SERVING_MODEL_NAME"
+                    "name (1-128 of A-Za-z0-9_.-, not only dots): set SERVING_MODEL_NAME"
                 )
         return self

@@ -261,3 +261,25 @@ def test_a_path_outside_wsgis_latin_1_is_answered_not_raised(app: Flask) -> None
 
     assert statuses == ["404 NOT FOUND"]
     assert b"model_not_found" in body
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["//predict", "///predict/echo", "//v2/models/echo/infer", "//v1/models/echo:predict",
+     "//invocations"],
+)  # fmt: skip
+def test_a_path_with_leading_slashes_is_the_route_as_flask_reads_it(app: Flask, path: str) -> None:
+    """Found by the attack: werkzeug reads ``//predict`` as ``/predict`` (its
+    ``Request.path``); the dispatcher answered it 404 "no route for POST /predict"."""
+    from werkzeug.test import EnvironBuilder
+
+    body = GOOD["/v2/models/{model_name}/infer" if "v2" in path else "/predict"]
+    if "invocations" in path:
+        body = GOOD["/invocations"]
+    wsgi = EnvironBuilder(path="/x", method="POST", json=body).get_environ()
+    wsgi["PATH_INFO"] = path
+    statuses: list[str] = []
+
+    answer = b"".join(app.wsgi_app(wsgi, lambda status, headers: statuses.append(status)))
+
+    assert statuses == ["200 OK"], answer[:300]

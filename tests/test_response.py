@@ -146,7 +146,7 @@ def test_gunicorns_own_answer_is_kept_not_sent_and_sent_as_json() -> None:
         assert answer.status == 0
         write_error(answer, 431, "Request Header Fields Too Large", "too many")
         refused = ValueError("too many headers")
-        server.sendall(json_answer(answer.status, answer.reason, refused))
+        server.sendall(json_answer(answer.status, answer.reason, refused, "req-1"))
         server.shutdown(socket.SHUT_WR)
         received = client.recv(65536)
 
@@ -157,6 +157,7 @@ def test_gunicorns_own_answer_is_kept_not_sent_and_sent_as_json() -> None:
         b"Connection: close",
         b"Content-Type: application/json",
         f"Content-Length: {len(body)}".encode(),
+        b"X-Request-ID: req-1",
     ]
     assert json.loads(body) == {
         "error": {
@@ -165,3 +166,13 @@ def test_gunicorns_own_answer_is_kept_not_sent_and_sent_as_json() -> None:
             "details": [],
         }
     }
+
+
+def test_gunicorns_own_501_says_not_implemented_not_bad_request() -> None:
+    """Found by the attack: Gunicorn gives each of its refusals the reason "Bad Request",
+    a 501 too; the status line carries the status's own phrase."""
+    answer = json_answer(501, "Bad Request", ValueError("Unsupported transfer coding"), "r")
+
+    assert answer.startswith(b"HTTP/1.1 501 Not Implemented\r\n")
+    body = json.loads(answer.partition(b"\r\n\r\n")[2])
+    assert body["error"]["message"].startswith("Not Implemented: ")

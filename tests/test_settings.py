@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from serving.errors import SettingsError
 from serving.settings import (
     DEMO_MODEL_PATH,
+    ModelSpec,
     Settings,
     load_settings,
     settings_table,
@@ -108,13 +109,17 @@ def test_unknown_model_extension_asks_for_a_format(
         ("SERVING_MODEL_NAME", "a/b"),
         ("SERVING_MODEL_VERSION", "1 2"),
         ("SERVING_MODEL_VERSION", "v/2"),
+        ("SERVING_MODEL_NAME", "."),
+        ("SERVING_MODEL_NAME", ".."),
+        ("SERVING_MODEL_VERSION", ".."),
     ],
 )
 def test_a_model_name_or_version_urls_cannot_carry_names_its_variable(
     monkeypatch: pytest.MonkeyPatch, variable: str, value: str
 ) -> None:
-    """Found by the hostile trial: these passed, and start-up failed later with a pydantic
-    traceback and "Worker failed to boot"."""
+    """Found by the hostile trials: these passed, and start-up failed later with a pydantic
+    traceback and "Worker failed to boot"; ``.`` and ``..`` are path steps a client's URL
+    library removes (``/predict/..`` is ``/``)."""
     monkeypatch.setenv(variable, value)
 
     with pytest.raises(SettingsError) as info:
@@ -122,13 +127,14 @@ def test_a_model_name_or_version_urls_cannot_carry_names_its_variable(
 
     message = str(info.value)
     assert message.startswith(f"{variable}: got {value!r}")
-    assert "A-Za-z0-9" in message and "\n" not in message
+    assert ("A-Za-z0-9" in message or "only dots" in message) and "\n" not in message
 
 
+@pytest.mark.parametrize(("file", "stem"), [("churn+v2.joblib", "churn+v2"), ("...joblib", "..")])
 def test_a_model_file_whose_stem_is_no_name_asks_for_one(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, file: str, stem: str
 ) -> None:
-    model = tmp_path / "churn+v2.joblib"
+    model = tmp_path / file
     model.write_bytes(DEMO_MODEL_PATH.read_bytes())
     monkeypatch.setenv("SERVING_MODEL_PATH", str(model))
 
@@ -137,7 +143,7 @@ def test_a_model_file_whose_stem_is_no_name_asks_for_one(
 
     message = str(info.value)
     assert message.startswith("SERVING_MODEL_NAME: ")
-    assert "'churn+v2'" in message and "set SERVING_MODEL_NAME" in message
+    assert repr(stem) in message and "set SERVING_MODEL_NAME" in message
     monkeypatch.setenv("SERVING_MODEL_NAME", "churn")
     assert load_settings().model_settings()[0].name == "churn"
 
@@ -339,3 +345,11 @@ def test_settings_workers_default_to_the_cpus_this_process_may_use(
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
 
     assert Settings().workers == 1
+
+
+@pytest.mark.parametrize("field", ["name", "version"])
+def test_a_models_entry_named_only_with_dots_is_refused(field: str) -> None:
+    entry = {"name": "m", "version": "1", "path": DEMO_MODEL_PATH, field: ".."}
+
+    with pytest.raises(ValidationError, match="only dots"):
+        ModelSpec(**entry)

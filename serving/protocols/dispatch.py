@@ -132,6 +132,8 @@ class Dispatcher:
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         path = environ.get("PATH_INFO", "")
+        if path.startswith("//"):  # werkzeug's Request.path: "/" + PATH_INFO.lstrip("/")
+            path = "/" + path.lstrip("/")
         if not path.startswith(self._prefixes) or not self._binds(
             environ.get("HTTP_HOST"), environ.get("wsgi.url_scheme", "http"),
             environ.get("SERVER_NAME"), environ.get("SERVER_PORT"),

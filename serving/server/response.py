@@ -29,8 +29,10 @@ Imports only the standard library, ``serving.server.connection`` and Gunicorn.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from http import HTTPStatus
 from typing import Any
 
 from gunicorn.http import parser, wsgi  # type: ignore[import-untyped]
@@ -115,17 +117,23 @@ class GunicornAnswer:
 _CODES = {500: "internal_error", 501: "unsupported_transfer_coding"}
 
 
-def json_answer(status: int, reason: str, refused: BaseException) -> bytes:
+def json_answer(status: int, reason: str, refused: BaseException, request_id: str) -> bytes:
     """A whole HTTP/1.1 answer that closes its connection, with the service's JSON error
-    body: ``code`` the reason in snake case (``uri_too_long``), ``message`` the reason and
-    what Gunicorn ``refused`` (at most 256 characters); for a 500 (an exception of the
-    server's, not the request's), only the reason."""
+    body and ``X-Request-ID``: ``code`` the reason in snake case (``uri_too_long``),
+    ``message`` the reason and what Gunicorn ``refused`` (at most 256 characters); for a
+    500 (an exception of the server's, not the request's), only the reason. Gunicorn's
+    ``reason`` is kept, except the "Bad Request" it gives a 500 or 501: that status's own
+    phrase instead."""
+    if reason == "Bad Request" and status != 400:
+        with contextlib.suppress(ValueError):
+            reason = HTTPStatus(status).phrase
     code = _CODES.get(status) or re.sub(r"\W+", "_", reason.lower()).strip("_") or "http_error"
     message = reason if status == 500 else f"{reason}: {refused}"
     error = {"code": code, "message": message[:256], "details": []}
     body = json.dumps({"error": error}).encode()
     head = (
         f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"X-Request-ID: {request_id}\r\n\r\n"
     )
     return head.encode("latin-1") + body

@@ -238,10 +238,15 @@ class ServingWorker(HeadReadingWorker):
         started = time.perf_counter()
         super().handle_error(req, answer, addr, exc)
         if answer.status:
+            from serving.context import new_request_id
+
+            request_id = new_request_id()
             with contextlib.suppress(OSError):
-                util.write_nonblock(client, json_answer(answer.status, answer.reason, exc))
+                util.write_nonblock(
+                    client, json_answer(answer.status, answer.reason, exc, request_id)
+                )
             method = getattr(req, "method", None) or "other"
-            _count_gunicorn_answer(method, answer.status, time.perf_counter() - started)
+            _count_gunicorn_answer(method, answer.status, time.perf_counter() - started, request_id)
 
     # 6. Stopping ---------------------------------------------------------------------
 
@@ -287,16 +292,15 @@ class ServingWorker(HeadReadingWorker):
             super().notify()
 
 
-def _count_gunicorn_answer(method: str, status: int, duration_s: float) -> None:
+def _count_gunicorn_answer(method: str, status: int, duration_s: float, request_id: str) -> None:
     """Count an answer Gunicorn wrote itself in the request metrics and the access log."""
-    from serving.context import new_request_id
     from serving.observe import access_log
     from serving.observe.metrics import default_metrics
 
     default_metrics().observe_request(method, "(gunicorn)", status, duration_s)
     access_log.record(
         {
-            "request_id": new_request_id(),
+            "request_id": request_id,
             "method": method[:16],
             "route": "(gunicorn)",
             "status": status,

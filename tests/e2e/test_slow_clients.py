@@ -404,7 +404,10 @@ def test_an_answer_gunicorn_writes_itself_is_json_in_the_services_error_shape(
     lines = head.split(b"\r\n")
 
     assert lines[0].split(b" ")[1] == str(status).encode(), answer[:200]
+    assert status == 400 or b"Bad Request" not in lines[0]  # Gunicorn's reason for a 501
     assert b"Content-Type: application/json" in lines
+    request_id = next(line for line in lines if line.startswith(b"X-Request-ID: "))
+    server.wait_for_log(f'"request_id":"{request_id[14:].decode()}"', 1)
     assert b"Connection: close" in lines
     error = json.loads(body)["error"]
     assert error["code"] == code
