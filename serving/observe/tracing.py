@@ -2,7 +2,8 @@
 
 On when ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set
 (and ``OTEL_SDK_DISABLED`` is not ``true``); everything else (``OTEL_SERVICE_NAME``,
-``OTEL_TRACES_SAMPLER``, headers, ``OTEL_BSP_*``) is read by the OpenTelemetry SDK itself.
+``OTEL_TRACES_SAMPLER``, headers, ``OTEL_BSP_*``) is read by the OpenTelemetry SDK itself
+(the master checks ``OTEL_BSP_*`` with the SDK before forking, ``tracing_guards``).
 Spans go out over OTLP/HTTP (protobuf) through the SDK's ``BatchSpanProcessor``, whose
 thread does not survive fork: ``setup()`` runs in each Gunicorn worker (``post_fork``),
 and again lazily in any process that has not run it.
@@ -50,7 +51,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from serving.context import Timing
-from serving.observe import process
+from serving.observe import process, tracing_guards
 
 __all__ = [
     "active",
@@ -114,6 +115,7 @@ def setup() -> None:
         provider = TracerProvider(shutdown_on_exit=False)
         provider.add_span_processor(processor)
         atexit.register(_shutdown, processor)
+        tracing_guards.quiet_header_warnings()
         sdk_log = logging.getLogger("opentelemetry.sdk._shared_internal")
         sdk_log.filters.insert(0, _CountQueueFull(dropped))  # before the SDK's dedup filter
         trace.set_tracer_provider(provider)

@@ -32,7 +32,7 @@ from typing import Any
 from serving.auth import load_api_keys
 from serving.batching.arrivals import process_arrivals
 from serving.errors import SettingsError
-from serving.observe import access_log
+from serving.observe import access_log, tracing, tracing_guards
 from serving.observe.payload_sinks import check_sink
 from serving.server import sharing
 from serving.server.children import forget_server_in_children, stop_children
@@ -79,6 +79,8 @@ def settings_or_exit() -> Settings:
         settings = load_settings()
         load_api_keys(settings)  # an unreadable keys file stops start-up here, not per worker
         check_sink(settings)  # so does a payload log file that cannot be written
+        if tracing.enabled() and (problem := tracing_guards.environment_problem()):
+            raise SettingsError(*problem)  # the SDK's OTEL_BSP_* (it crashed each worker)
     except SettingsError as exc:
         print(f"serving: invalid setting {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -189,7 +191,6 @@ def _prepare_worker(server: Any, worker: Any, settings: Settings) -> logging.Log
         gate = Always() if settings.cpu_affinity == "auto" else None  # adaptive: QuietGate
         pin_while_quiet(server, worker, settings.blas_threads, gate)
     forget_server_in_children(getattr(worker, "sockets", ()))  # a model that forks
-    from serving.observe import tracing
     from serving.observe.metrics import default_metrics
 
     tracing.setup()  # OpenTelemetry's exporter thread does not survive fork: one per worker

@@ -165,3 +165,51 @@ def test_tracing_hung_collector_drops_counted_spans_and_stops_in_time(
         hung.close()
     output = server.output()
     assert output.count("Queue full, dropping") <= 2 * 2  # each worker: once in 20 s
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("OTEL_BSP_MAX_QUEUE_SIZE", "0"), ("OTEL_BSP_EXPORT_TIMEOUT", "soon")]
+)
+def test_tracing_a_bad_sdk_variable_stops_the_start_with_one_line_naming_it(
+    tmp_path: Path, variable: str, value: str
+) -> None:
+    """Found by the attack: ``OTEL_BSP_MAX_QUEUE_SIZE=0`` crashed every worker with the
+    SDK's traceback, and a value that is no integer logged one per worker."""
+    server = GunicornServer(tmp_path)
+    server.env.update(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", **{variable: value})
+    server.start()
+    try:
+        status = server.wait_exit(timeout_s=60)
+        lines = server.output().strip().splitlines()
+    finally:
+        server.kill()
+
+    assert status == 2
+    assert len(lines) == 1, server.output()
+    assert lines[0].startswith(f"serving: invalid setting {variable}: got {value!r}")
+
+
+def test_tracing_hostile_trace_headers_log_at_most_a_line_a_minute(
+    tmp_path: Path, receiver: OtlpSink
+) -> None:
+    """Found by the attack: the SDK logs a warning for each ``tracestate`` it cannot
+    parse, quoting it; one client could flood the log. The request is still answered."""
+    server = GunicornServer(tmp_path)
+    server.env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url)
+    server.start()
+    try:
+        server.wait_ready(workers=2)
+        headers = {
+            "traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01",
+            "tracestate": "UPPER" + "x" * 300 + "=1",  # no w3c key: upper case
+        }
+        answers = [server.predict([[0.0] * 30], headers=headers) for _ in range(40)]
+        server.wait_for_log('"status":200', 40)
+        log = server.output()
+    finally:
+        server.kill()
+
+    assert [answer.status_code for answer in answers] == [200] * 40
+    sdk_lines = [line for line in log.splitlines() if "w3c identifiers" in line]
+    assert 1 <= len(sdk_lines) <= 2  # once per worker
+    assert all(len(line) < 400 for line in sdk_lines)
