@@ -54,6 +54,10 @@ def on_reload(server):
     hooks.on_reload(server, settings)
 
 
+def pre_exec(server):
+    hooks.pre_exec(server)
+
+
 def pre_fork(server, worker):
     hooks.pre_fork(server, worker)
 

@@ -57,6 +57,7 @@ __all__ = [
     "on_starting",
     "post_fork",
     "post_worker_init",
+    "pre_exec",
     "pre_fork",
     "prepare_metrics_dir",
     "settings_or_exit",
@@ -115,12 +116,13 @@ def on_starting(server: Any) -> None:
         boot.booted.value = 1
         server.log.info("every worker is ready; from now on a worker loads before accepting")
 
+    # Another server may listen on the sockets: systemd's or an inherited fd://, or the
+    # other generation of a SIGUSR2 upgrade (this master's, or one it starts: pre_exec).
+    inherited = any(str(address).startswith("fd://") for address in server.cfg.bind)
+    boot.shared.value = int(bool(server.master_pid or server.systemd or inherited))
+
     def stopping() -> None:
-        # Only where nothing else listens on the sockets: not during a SIGUSR2 upgrade
-        # (the other generation shares them), nor on systemd's or an inherited fd://.
-        shared = server.reexec_pid or server.master_pid or server.systemd
-        inherited = any(str(address).startswith("fd://") for address in server.cfg.bind)
-        if not shared and not inherited:
+        if not server.reexec_pid and not boot.shared.value:
             boot.stopping.value = 1
 
     roll_over(server, boot.board, booted, boot.gate, stopping)
@@ -148,6 +150,14 @@ def when_ready(server: Any, settings: Settings) -> None:
             file=sys.stderr,
         )
         raise SystemExit(3)
+
+
+def pre_exec(server: Any) -> None:
+    """The new master of a ``SIGUSR2`` upgrade, before it execs: from now on this
+    generation's workers share the listening sockets with the next one (an orphaned worker
+    then leaves them unfiltered)."""
+    if _boot is not None:
+        _boot.shared.value = 1
 
 
 def on_reload(server: Any, settings: Settings) -> None:
@@ -248,6 +258,7 @@ def _guard_connections(worker: Any, settings: Settings) -> None:
         ),
         process_arrivals(),
         server_stopping=lambda: _boot is not None and bool(_boot.stopping.value),
+        socket_shared=lambda: _boot is None or bool(_boot.shared.value),
     )
 
 

@@ -94,6 +94,7 @@ class ServingWorker(HeadReadingWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._server_stopping: Callable[[], bool] = lambda: False
+        self._socket_shared: Callable[[], bool] = lambda: True
         self._orphaned = False  # its master is gone: it is the last to hold the socket
         self._heartbeat = Heartbeat(float(self.cfg.timeout))
 
@@ -111,12 +112,15 @@ class ServingWorker(HeadReadingWorker):
         limits: ConnectionLimits,
         arrivals: Arrivals,
         server_stopping: Callable[[], bool] = lambda: False,
+        socket_shared: Callable[[], bool] = lambda: True,
     ) -> None:
         """Before ``init_process``: the limits this worker's connections get, the count
-        of requests on their way to a batcher it keeps, and whether the whole server is
+        of requests on their way to a batcher it keeps, whether the whole server is
         stopping (the master's ``SIGTERM``/``SIGINT``, not a reload or recycle of this
-        worker alone: then the other workers keep the listening socket open)."""
+        worker alone: then the other workers keep the listening socket open) and whether
+        another server may listen on the same socket (an upgrade's other generation)."""
         self.limits, self.arrivals, self._server_stopping = limits, arrivals, server_stopping
+        self._socket_shared = socket_shared
 
     def recycle_by_hand(self) -> int | None:
         """Turn off Gunicorn's own exit after ``max_requests`` (each worker on its own, so
@@ -264,10 +268,12 @@ class ServingWorker(HeadReadingWorker):
         completes any more (``refuse_new_connections``: a client's SYN goes unanswered
         until the socket is closed, then it is refused), then the backlog is accepted
         and answered (``Connection: close``), then the socket closed. An orphaned worker
-        (its master killed) answers the backlog too, but filters nothing: after a
-        ``SIGUSR2`` upgrade the new generation listens on the same socket."""
+        (its master killed) does the same, but filters only when no other server may
+        listen on the socket (during a ``SIGUSR2`` upgrade the other generation does):
+        unfiltered, a client reconnecting between its last accept and its close was
+        reset (1 run in 3 beside a CPU hog)."""
         last = self._server_stopping()
-        if last:  # not when orphaned: a SIGUSR2 upgrade's new master may share the socket
+        if last or (self._orphaned and not self._socket_shared()):
             refuse_new_connections(listener)
         if last or self._orphaned:
             with contextlib.suppress(OSError):

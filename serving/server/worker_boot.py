@@ -67,7 +67,10 @@ class Boot:
     (``serving.server.rollover``): a worker forked after that loads before accepting.
     ``stopping`` is set by the master as it stops the whole server (not a reload), so the
     last workers to close the listening socket first take what is in its backlog
-    (``ServingWorker._stop_listening``).
+    (``ServingWorker._stop_listening``). ``shared`` is 1 while another server may listen
+    on the same socket (inherited from systemd or a file descriptor, this master started
+    by a ``SIGUSR2`` upgrade, or an upgrade it started: set by its ``pre_exec``), so
+    workers orphaned by a killed master filter new connections only when it is 0.
     """
 
     board: Board
@@ -76,6 +79,8 @@ class Boot:
     booted: Any  # multiprocessing.Value("b"): 1 once the first boot is over
     #: multiprocessing.Value("b"): 1 once the master is stopping the whole server.
     stopping: Any = None
+    #: multiprocessing.Value("b"): 1 while another server may listen on the socket.
+    shared: Any = None
 
     @classmethod
     def create(cls, num_workers: int) -> Boot:
@@ -89,6 +94,7 @@ class Boot:
         return cls(
             board,
             gate,
+            multiprocessing.Value("b", 0),
             multiprocessing.Value("b", 0),
             multiprocessing.Value("b", 0),
             multiprocessing.Value("b", 0),
