@@ -44,10 +44,15 @@ def test_on_starting_removes_only_prometheus_files(
         stop=None,
         num_workers=2,
         worker_class=ServingWorker,
+        systemd=False,
+        cfg=SimpleNamespace(bind=["127.0.0.1:8000"]),
     )
     hooks.on_starting(server)
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["IMPORTANT.txt"]
+    assert hooks._boot is not None and hooks._boot.shared.value == 0  # nothing else listens
+    hooks.pre_exec(server)  # a SIGUSR2 upgrade's new master, before its exec
+    assert hooks._boot.shared.value == 1
 
 
 def test_on_starting_after_usr2_keeps_the_old_generations_files(
@@ -64,10 +69,13 @@ def test_on_starting_after_usr2_keeps_the_old_generations_files(
         stop=None,
         num_workers=2,
         worker_class=ServingWorker,
+        systemd=False,
+        cfg=SimpleNamespace(bind=["127.0.0.1:8000"]),
     )
     hooks.on_starting(server)
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["counter_123.db"]
+    assert hooks._boot is not None and hooks._boot.shared.value == 1  # the old one listens
 
 
 def test_on_starting_refuses_a_worker_class_other_than_ours(
