@@ -57,10 +57,14 @@ NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 VERSION_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 
+def _only_dots(value: str) -> bool:
+    """Whether ``value`` is a path step, not a name: a client's URL library removes ``.``
+    and ``..`` (RFC 3986 section 5.2.4), so ``/predict/..`` would reach ``/``."""
+    return not value.strip(".")
+
+
 def _not_only_dots(value: str) -> str:
-    """A name or version that is no path step: a client's URL library removes ``.`` and
-    ``..`` (RFC 3986 section 5.2.4), so ``/predict/..`` would reach ``/``."""
-    if not value.strip("."):
+    if _only_dots(value):
         raise ValueError(f"{value!r} is made of only dots, a path step in a URL, not a name")
     return value
 
@@ -413,7 +417,7 @@ class ModelFields(BaseSettings):
         if self.model_name is None and self.models is None:
             path = self.model_path or self.model_dir or DEMO_MODEL_PATH
             name = default_model_name(artifact_of(path, self.model_class))
-            if not re.fullmatch(NAME_PATTERN, name) or not name.strip("."):
+            if not re.fullmatch(NAME_PATTERN, name) or _only_dots(name):
                 raise ValueError(
                     f"SERVING_MODEL_NAME: the model's file name {name[:64]!r} is no model "
                     "name (1-128 of A-Za-z0-9_.-, not only dots): set SERVING_MODEL_NAME"
