@@ -3,7 +3,7 @@
 On when ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set
 (and ``OTEL_SDK_DISABLED`` is not ``true``); everything else (``OTEL_SERVICE_NAME``,
 ``OTEL_TRACES_SAMPLER``, headers, ``OTEL_BSP_*``) is read by the OpenTelemetry SDK itself
-(the master checks ``OTEL_BSP_*`` with the SDK before forking, ``tracing_guards``).
+(the master checks them with the SDK before forking, ``tracing_guards``).
 Spans go out over OTLP/HTTP (protobuf) through the SDK's ``BatchSpanProcessor``, whose
 thread does not survive fork: ``setup()`` runs in each Gunicorn worker (``post_fork``),
 and again lazily in any process that has not run it.
@@ -70,7 +70,6 @@ SHUTDOWN_S: Final = 2.0
 #: The SDK's warning for each span its full queue drops (logger
 #: ``opentelemetry.sdk._shared_internal``), which ``_CountQueueFull`` counts.
 _QUEUE_FULL_MSG: Final = "Queue full, dropping %s."
-_TIMEOUT_VARIABLES: Final = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 
 _lock = threading.Lock()
 _tracer: Any = None
@@ -106,7 +105,7 @@ def setup() -> None:
         from serving.observe.metrics import default_metrics
 
         dropped = default_metrics().tracing_spans_dropped
-        timeout_s = None if any(os.environ.get(v) for v in _TIMEOUT_VARIABLES) else (
+        timeout_s = None if any(os.environ.get(v) for v in tracing_guards.TIMEOUT_VARIABLES) else (
             EXPORT_TIMEOUT_S
         )  # fmt: skip
         exporter = _counting(OTLPSpanExporter(timeout=timeout_s), dropped)

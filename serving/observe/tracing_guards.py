@@ -1,10 +1,13 @@
 """What keeps the OpenTelemetry SDK's own faults out of the request path and the log.
 
-- ``environment_problem()``: the SDK reads its ``OTEL_BSP_*`` variables itself, in each
-  worker, when tracing starts. A value that is no integer gets a logged traceback there
-  and the default; a value out of range (``OTEL_BSP_MAX_QUEUE_SIZE=0``) raises, and every
-  worker crashed at start. The master asks the SDK once, before forking, and start-up
-  stops with one line naming the variable.
+- ``environment_problem()``: the SDK reads its ``OTEL_*`` variables itself, in each
+  worker, when tracing starts. A span limit that is no integer (``OTEL_SPAN_*_LIMIT``,
+  ``OTEL_ATTRIBUTE_*_LIMIT``) raised at its import, a negative one in ``SpanLimits()``,
+  a batch processor value out of range (``OTEL_BSP_MAX_QUEUE_SIZE=0``) in its
+  constructor: every worker crashed at start. A ``OTEL_BSP_*`` value that is no integer
+  logged a traceback per worker, and an export timeout that is not a positive number
+  (``OTEL_EXPORTER_OTLP_TIMEOUT=-5``) made every export fail. The master asks the SDK
+  once, before forking, and start-up stops with one line naming the variable.
 - ``quiet_header_warnings()``: the API warns for each ``tracestate`` it cannot parse,
   quoting it whole, at every request that sends one: a client could flood the log. Those
   loggers then say at most one line per ``QUIET_S`` seconds, cut to ``LINE_CHARS``.
@@ -15,12 +18,20 @@ Boundary: no flask, werkzeug or gunicorn; the SDK is imported only when asked.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
 import threading
 import time
 from typing import Final
 
-__all__ = ["LINE_CHARS", "QUIET_S", "environment_problem", "quiet_header_warnings"]
+__all__ = [
+    "LINE_CHARS",
+    "QUIET_S",
+    "TIMEOUT_VARIABLES",
+    "environment_problem",
+    "quiet_header_warnings",
+]
 
 #: Least time between two lines of a logger that warns per bad trace header, in seconds.
 QUIET_S: Final = 60.0
@@ -31,6 +42,10 @@ _HEADER_LOGGERS: Final = (
     "opentelemetry.trace.span",
     "opentelemetry.trace.propagation.tracecontext",
 )
+#: The exporter's timeout variables, in the order it reads them (seconds).
+TIMEOUT_VARIABLES: Final = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+#: A variable's name in one of the SDK's messages.
+_OTEL_NAME: Final = re.compile(r"\bOTEL_[A-Z_]+\b")
 #: Each parameter of the SDK's batch processor, as its errors name it, and its variable.
 _VARIABLES: Final = {
     "max_queue_size": "OTEL_BSP_MAX_QUEUE_SIZE",
@@ -53,11 +68,18 @@ class _Collect(logging.Filter):
 
 
 def environment_problem() -> tuple[str, str] | None:
-    """``(variable, "got 'value': problem")`` for the first ``OTEL_BSP_*`` variable the
-    SDK refuses, or cannot read as an integer, asked of the SDK itself by building (and
-    at once shutting down) its ``BatchSpanProcessor``; None when all are good."""
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+    """``(variable, "got 'value': problem")`` for the first ``OTEL_*`` variable the SDK
+    refuses or cannot read, asked of the SDK itself (importing it, building its
+    ``SpanLimits`` and its ``BatchSpanProcessor``, at once shut down), then the export
+    timeouts, which the exporter takes whatever their sign; None when all are good."""
+    try:
+        from opentelemetry.sdk.trace import SpanLimits
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
+        SpanLimits()
+    except ValueError as exc:  # "OTEL_SPAN_LINK_COUNT_LIMIT must be a non-negative ..."
+        variable = next(iter(_OTEL_NAME.findall(str(exc))), "OTEL_*")
+        return variable, f"got {os.environ.get(variable)!r}: {exc}"
     collect = _Collect()
     sdk_log = logging.getLogger("opentelemetry.sdk.trace.export")
     sdk_log.addFilter(collect)
@@ -66,7 +88,8 @@ def environment_problem() -> tuple[str, str] | None:
     except ValueError as exc:
         message = str(exc)
         named = [(message.find(p), v) for p, v in _VARIABLES.items() if p in message]
-        variable = min(named)[1] if named else "OTEL_BSP_*"
+        named.sort(key=lambda at: (at[1] not in os.environ, at[0]))  # a set one first
+        variable = named[0][1] if named else "OTEL_BSP_*"
         return variable, f"got {os.environ.get(variable)!r}: {message}"
     finally:
         sdk_log.removeFilter(collect)
@@ -74,6 +97,22 @@ def environment_problem() -> tuple[str, str] | None:
         variable = next((str(a) for a in record.args or () if str(a) in _VARIABLES.values()), "")
         if variable and record.levelno >= logging.ERROR:
             return variable, f"got {os.environ.get(variable)!r}: not an integer"
+    return _timeout_problem()
+
+
+def _timeout_problem() -> tuple[str, str] | None:
+    """The export timeout the exporter reads (the traces variable, else the general one):
+    a positive number of seconds, or None when neither is set."""
+    variable = next((v for v in TIMEOUT_VARIABLES if os.environ.get(v)), None)
+    if variable is None:
+        return None
+    value = os.environ[variable]
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        return variable, f"got {value!r}: not a positive number of seconds"
     return None
 
 

@@ -168,13 +168,21 @@ def test_tracing_hung_collector_drops_counted_spans_and_stops_in_time(
 
 
 @pytest.mark.parametrize(
-    ("variable", "value"), [("OTEL_BSP_MAX_QUEUE_SIZE", "0"), ("OTEL_BSP_EXPORT_TIMEOUT", "soon")]
+    ("variable", "value"),
+    [
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
+        ("OTEL_BSP_EXPORT_TIMEOUT", "soon"),
+        ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "abc"),  # raised at the SDK's import
+        ("OTEL_SPAN_EVENT_COUNT_LIMIT", "-5"),  # raised in each worker's SpanLimits()
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "-5"),  # started, then every export failed
+    ],
 )
 def test_tracing_a_bad_sdk_variable_stops_the_start_with_one_line_naming_it(
     tmp_path: Path, variable: str, value: str
 ) -> None:
-    """Found by the attack: ``OTEL_BSP_MAX_QUEUE_SIZE=0`` crashed every worker with the
-    SDK's traceback, and a value that is no integer logged one per worker."""
+    """Found by the attacks: ``OTEL_BSP_MAX_QUEUE_SIZE=0`` and a bad span limit crashed
+    every worker (or the master) with the SDK's traceback, a value that is no integer
+    logged one per worker, and a negative export timeout failed every export."""
     server = GunicornServer(tmp_path)
     server.env.update(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", **{variable: value})
     server.start()
