@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import (
     AfterValidator,
@@ -40,6 +40,7 @@ from serving.model.providers import parse_providers
 __all__ = [
     "DEMO_MODEL_PATH",
     "NAME_PATTERN",
+    "TF_VERBS",
     "VERSION_PATTERN",
     "ModelFields",
     "ModelFormat",
@@ -60,7 +61,7 @@ VERSION_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 def _only_dots(value: str) -> bool:
     """Whether ``value`` is a path step, not a name: a client's URL library removes ``.``
     and ``..`` (RFC 3986 section 5.2.4), so ``/predict/..`` would reach ``/``."""
-    return not value.strip(".")
+    return bool(value) and not value.strip(".")
 
 
 def _not_only_dots(value: str) -> str:
@@ -69,9 +70,24 @@ def _not_only_dots(value: str) -> str:
     return value
 
 
-#: A name or version as ``NAME_PATTERN`` or ``VERSION_PATTERN`` (the field's) allows,
-#: and not only dots.
+#: TF Serving's methods, which its URLs put after a ``:``.
+TF_VERBS: Final = frozenset({"predict", "classify", "regress"})
+
+
+def _no_tf_verb(value: str) -> str:
+    """A version is not ``<x>:predict`` (or ``:classify``, ``:regress``): TF Serving's
+    ``/versions/<x>:predict`` and ``GET /versions/<x>:predict`` would be one URL."""
+    _, colon, verb = value.rpartition(":")
+    if colon and verb in TF_VERBS:
+        raise ValueError(f"{value!r} ends in ':{verb}', a TF Serving method in a URL")
+    return value
+
+
+#: A name as ``NAME_PATTERN`` (the field's) allows, and not only dots.
 Named = Annotated[str, AfterValidator(_not_only_dots)]
+#: A version as ``VERSION_PATTERN`` (the field's) allows: not only dots, nor ending in a
+#: TF Serving method.
+Versioned = Annotated[str, AfterValidator(_not_only_dots), AfterValidator(_no_tf_verb)]
 
 
 #: The bundled demo: StandardScaler + LogisticRegression on scikit-learn's breast-cancer
@@ -88,7 +104,7 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
     name: Named = Field(pattern=NAME_PATTERN, description="Name in URLs and metrics.")
-    version: Named = Field("1", pattern=VERSION_PATTERN, description="Version served.")
+    version: Versioned = Field("1", pattern=VERSION_PATTERN, description="Version served.")
     path: FilePath | DirectoryPath = Field(
         description="The model artifact, or a directory holding exactly one (or what the "
         "class of a python model reads)."
@@ -154,7 +170,7 @@ class ModelSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
 
     name: Named = Field(pattern=NAME_PATTERN)
-    version: Named = Field(pattern=VERSION_PATTERN)
+    version: Versioned = Field(pattern=VERSION_PATTERN)
     #: The artifact to load; for a python model, what its class's ``load`` gets (a file
     #: or a directory); None for a model handed over in memory (``create_app(models=)``).
     path: Path | None = None
@@ -238,11 +254,12 @@ class ModelFields(BaseSettings):
         description="Name in URLs, responses and metrics (1-128 of `A-Za-z0-9_.-`)",
         json_schema_extra={"shown_default": "file stem"},
     )
-    model_version: Named = Field(
+    model_version: Versioned = Field(
         "1",
         pattern=VERSION_PATTERN,
         description=(
-            "Version reported (1-128 of `A-Za-z0-9_.:-`); a request pinning another gets 409"
+            "Version reported (1-128 of `A-Za-z0-9_.:-`, not ending in `:predict`, `:classify` or "
+            "`:regress`); a request pinning another gets 409"
         ),
     )
     max_models: int = Field(

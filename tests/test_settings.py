@@ -112,6 +112,9 @@ def test_unknown_model_extension_asks_for_a_format(
         ("SERVING_MODEL_NAME", "."),
         ("SERVING_MODEL_NAME", ".."),
         ("SERVING_MODEL_VERSION", ".."),
+        ("SERVING_MODEL_NAME", ""),
+        ("SERVING_MODEL_VERSION", "a:predict"),
+        ("SERVING_MODEL_VERSION", "2024:regress"),
     ],
 )
 def test_a_model_name_or_version_urls_cannot_carry_names_its_variable(
@@ -119,7 +122,8 @@ def test_a_model_name_or_version_urls_cannot_carry_names_its_variable(
 ) -> None:
     """Found by the hostile trials: these passed, and start-up failed later with a pydantic
     traceback and "Worker failed to boot"; ``.`` and ``..`` are path steps a client's URL
-    library removes (``/predict/..`` is ``/``)."""
+    library removes (``/predict/..`` is ``/``); a version ``a:predict`` made TF Serving's
+    ``/versions/a:predict`` both that version's status and version ``a``'s predict."""
     monkeypatch.setenv(variable, value)
 
     with pytest.raises(SettingsError) as info:
@@ -127,7 +131,9 @@ def test_a_model_name_or_version_urls_cannot_carry_names_its_variable(
 
     message = str(info.value)
     assert message.startswith(f"{variable}: got {value!r}")
-    assert ("A-Za-z0-9" in message or "only dots" in message) and "\n" not in message
+    says = "only dots" if value and not value.strip(".") else "A-Za-z0-9"
+    says = "a TF Serving method" if ":" in value else says
+    assert says in message and "\n" not in message
 
 
 @pytest.mark.parametrize(("file", "stem"), [("churn+v2.joblib", "churn+v2"), ("...joblib", "..")])
@@ -353,3 +359,11 @@ def test_a_models_entry_named_only_with_dots_is_refused(field: str) -> None:
 
     with pytest.raises(ValidationError, match="only dots"):
         ModelSpec(**entry)
+
+
+def test_a_models_entry_whose_version_ends_in_a_tf_serving_method_is_refused() -> None:
+    entry = {"name": "m", "version": "a:classify", "path": DEMO_MODEL_PATH}
+
+    with pytest.raises(ValidationError, match="a TF Serving method"):
+        ModelSpec(**entry)
+    assert ModelSpec(**entry | {"version": "2024:06"}).version == "2024:06"
