@@ -235,6 +235,7 @@ def infer_calls(plane: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, 
         ]}}),
         ("post", "/v1/models/echo:predict", {"json": {"instances": [[1, 2, 3]]}}),
         ("post", "/v1/models/echo/versions/7:predict", {"json": {"inputs": [[1, 2, 3]]}}),
+        ("post", "/v1/models/echo:classify", {"json": {"examples": [{"input-0": [1, 2, 3]}]}}),
         ("post", "/invocations", {"json": {"dataframe_split": {"data": [[1, 2, 3]]}}}),
         ("post", "/invocations", {"data": "a,b,c\n1,2,3\n", "content_type": "text/csv"}),
     ],
@@ -286,6 +287,11 @@ def test_every_post_route_is_a_prediction_route_checked_above(app: Flask) -> Non
         "/v1/models/<tf_model:model_name>:predict",
         "/v1/models/<tf_model:model_name>/versions/<model_version>:predict",
         "/v1/models/<tf_model:model_name>/labels/<tf_model:label>:predict",
+        *(
+            f"/v1/models/<tf_model:model_name>{at}:{method}"
+            for at in ("", "/versions/<model_version>", "/labels/<tf_model:label>")
+            for method in ("classify", "regress")
+        ),
         "/invocations",
     }
 

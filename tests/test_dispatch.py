@@ -31,19 +31,41 @@ GOOD = {
     "/v1/models/{model_name}:predict": {"instances": [ROW]},
     "/v1/models/{model_name}/versions/{model_version}:predict": {"inputs": [ROW]},
     "/v1/models/{model_name}/labels/{label}:predict": {"instances": [ROW]},
+    **{
+        path + method: {"examples": [{"input-0": ROW}]}
+        for path in (
+            "/v1/models/{model_name}",
+            "/v1/models/{model_name}/versions/{model_version}",
+            "/v1/models/{model_name}/labels/{label}",
+        )
+        for method in (":classify", ":regress")
+    },
     "/invocations": {"dataframe_split": {"data": [ROW]}},
     "/v2/repository/index": {"ready": True},
 }
 ARGS = {"model_name": "echo", "model_version": "7", "label": "stable", "asset": "swagger-ui.css"}
+#: ``:regress`` asks a regression model: ``number``, predicting the first feature.
+REGRESS_ARGS = ARGS | {"model_name": "number"}
+
+
+def _args(path: str) -> dict[str, str]:
+    return REGRESS_ARGS if path.endswith(":regress") else ARGS
 
 
 @pytest.fixture
 def labelled(settings: Settings, model_handle: ModelHandle, metrics: ServingMetrics) -> Any:
-    """An app serving the fixture model with the version label ``stable``."""
-    entry = {"name": "echo", "version": "7", "path": DEMO_MODEL_PATH, "labels": {"stable": "7"}}
+    """An app serving the fixture model and a regression model ``number``, each with the
+    version label ``stable``."""
+    number = ModelHandle.from_callable(
+        lambda rows: {"predictions": rows[:, 0]}, name="number", version="7", n_features=3
+    )
+    entries = [
+        ModelSpec(name=name, version="7", path=DEMO_MODEL_PATH, labels={"stable": "7"})
+        for name in ("echo", "number")
+    ]
     app = create_app(
-        settings.model_copy(update={"models": [ModelSpec(**entry)]}),
-        models=[model_handle],
+        settings.model_copy(update={"models": entries}),
+        models=[model_handle, number],
         metrics=metrics,
     )
     yield app
@@ -83,7 +105,7 @@ def test_every_operation_answers_a_good_request_as_it_documents(labelled: Flask)
     spec = _document(labelled)
     client = labelled.test_client()
     for path, method, operation in _operations(spec):
-        url = path.format(**ARGS)
+        url = path.format(**_args(path))
         body = GOOD.get(path) if method == "post" else None
         response = client.open(url, method=method.upper(), json=body)
         _check_answer(spec, operation, response)
@@ -100,7 +122,7 @@ def test_every_prediction_operation_refuses_a_bad_body_as_it_documents(labelled:
     for path, method, operation in _operations(spec):
         if method != "post":
             continue
-        response = client.post(path.format(**ARGS), json={"instances": "nope", "inputs": 5})
+        response = client.post(path.format(**_args(path)), json={"instances": "nope", "inputs": 5})
         _check_answer(spec, operation, response)
         assert 400 <= response.status_code < 500, (path, response.status_code)
 

@@ -20,10 +20,13 @@ from serving.model.loaders import ModelHandle
 from serving.observe.metrics import ServingMetrics
 from serving.protocols.schemas import parse_body
 from serving.protocols.tfserving.schemas import (
+    TFClassifyResponse,
     TFErrorResponse,
+    TFExamplesRequest,
     TFMetadataResponse,
     TFPredictRequest,
     TFPredictResponse,
+    TFRegressResponse,
     TFStatusResponse,
 )
 from serving.settings import Settings
@@ -244,6 +247,83 @@ def test_tfserving_named_instances_and_columns_are_reordered_to_the_models_featu
     )
 
 
+def test_tfserving_classify_answers_each_class_label_with_its_probability(
+    named_app: Flask, frame_classifier: Frame
+) -> None:
+    """TF Serving's ``:classify``: examples keyed by feature name (the context shared by
+    all), ``[label, score]`` per class in the model's class order, labels as strings."""
+    model, X = frame_classifier
+    rows = X.iloc[:6]
+    examples = rows.drop(columns=["mean area"]).to_dict("records")
+    client = named_app.test_client()
+    url = "/v1/models/cancer/versions/2:classify"
+
+    answer = ok(client.post(url, json={"examples": rows.to_dict("records")}))
+    with_context = ok(
+        client.post(url, json={"context": {"mean area": 500.0}, "examples": examples})
+    )
+
+    result = TFClassifyResponse.model_validate(answer).result
+    expected = model.predict_proba(rows)
+    assert [[label for label, _ in example] for example in result] == [["0", "1"]] * 6
+    np.testing.assert_allclose([[p for _, p in e] for e in result], expected, rtol=1e-12)
+    in_context = model.predict_proba(rows.assign(**{"mean area": 500.0}))
+    shared = [[p for _, p in e] for e in with_context["result"]]
+    np.testing.assert_allclose(shared, in_context, rtol=1e-12)
+
+
+def test_tfserving_regress_answers_a_regression_models_number_per_example(
+    settings: Settings, metrics: ServingMetrics, frame_classifier: Frame
+) -> None:
+    from sklearn.linear_model import Ridge
+
+    from serving.model.loaders import estimator_handle
+
+    _, X = frame_classifier
+    target = X["mean area"] * 0.01 + X["mean radius"]
+    model = Ridge().fit(X, target)
+    handle = estimator_handle(model, name="area", version="1", format="pickle")
+    app = create_app(settings, models=[handle], metrics=metrics)
+    client = app.test_client()
+    try:
+        answer = ok(
+            client.post("/v1/models/area:regress", json={"examples": X.iloc[:5].to_dict("records")})
+        )
+        classify = client.post("/v1/models/area:classify", json={"examples": [X.iloc[0].to_dict()]})
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    result = TFRegressResponse.model_validate(answer).result
+    np.testing.assert_allclose(result, model.predict(X.iloc[:5]), rtol=1e-12)
+    assert "needs a classifier with predict_proba" in tf_error(classify, 422, "invalid_input")
+
+
+def test_tfserving_examples_refuse_a_classifier_for_regress_and_a_feature_also_in_context(
+    named_app: Flask, frame_classifier: Frame
+) -> None:
+    _, X = frame_classifier
+    record = X.iloc[0].to_dict()
+    client = named_app.test_client()
+
+    regress = client.post("/v1/models/cancer:regress", json={"examples": [record]})
+    twice = client.post(
+        "/v1/models/cancer:classify", json={"context": {"mean area": 1.0}, "examples": [record]}
+    )
+    empty = client.post("/v1/models/cancer:classify", json={"examples": []})
+    signature = client.post(
+        "/v1/models/cancer:classify", json={"signature_name": "other", "examples": [record]}
+    )
+    unknown = client.post("/v1/models/nope:classify", json={"examples": [record]})
+
+    assert "a classifier's labels: :regress needs a regression model" in tf_error(
+        regress, 422, "invalid_input"
+    )
+    assert "examples[0].mean area: is also in context" in tf_error(twice, 422, "invalid_input")
+    assert "examples" in tf_error(empty, 422, "invalid_input")
+    assert "signature 'other' not found" in tf_error(signature, 422, "invalid_input")
+    tf_error(unknown, 404, "model_not_found")
+
+
 def test_tfserving_missing_or_unknown_feature_is_422_naming_it(
     named_app: Flask, frame_classifier: Frame
 ) -> None:
@@ -282,10 +362,14 @@ def test_tfserving_readme_examples_are_valid_requests() -> None:
     readme = (ROOT / "docs" / "api.md").read_text()
     bodies = re.findall(r"curl -s \S+/v1/models/\S+:predict .*?-d '(.+?)'", readme)
 
-    assert bodies
+    examples = re.findall(r"curl -s \S+/v1/models/\S+:classify .*?-d '(.+?)'", readme)
+
+    assert bodies and examples
     for body in bodies:
         request = parse_body(TFPredictRequest, body.encode())
         assert request.instances is not None or json.loads(body)["inputs"]
+    for body in examples:
+        assert parse_body(TFExamplesRequest, body.encode()).examples
 
 
 def test_tfserving_float32_outputs_print_as_on_predict(

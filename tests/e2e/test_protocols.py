@@ -19,7 +19,7 @@ Start = Callable[..., GunicornServer]
 Pickled = Callable[[Any, str], Path]
 
 
-def test_tfserving_routes_answer_the_demo_models_predictions(
+def test_tfserving_routes_answer_the_demo_models_predictions_and_classes(
     gunicorn: Start, breast_cancer: tuple[np.ndarray, np.ndarray]
 ) -> None:
     X, _ = breast_cancer
@@ -31,6 +31,8 @@ def test_tfserving_routes_answer_the_demo_models_predictions(
     predict = server.predict(rows)
     row_format = requests.post(f"{url}:predict", json={"instances": rows}, timeout=30)
     columnar = requests.post(f"{url}/versions/1:predict", json={"inputs": rows}, timeout=30)
+    examples = [{"input-0": row} for row in rows]
+    classify = requests.post(f"{url}:classify", json={"examples": examples}, timeout=30)
     status = requests.get(url, timeout=10)
     metadata = requests.get(f"{url}/metadata", timeout=10)
     unknown = requests.post(
@@ -44,6 +46,10 @@ def test_tfserving_routes_answer_the_demo_models_predictions(
     assert [instance["predictions"] for instance in instances] == expected
     assert [instance["probabilities"] for instance in instances] == predict.json()["probabilities"]
     assert columnar.json()["outputs"]["predictions"] == expected
+    assert classify.status_code == 200, classify.text
+    scores = [[score for _, score in example] for example in classify.json()["result"]]
+    assert scores == joblib.load(DEMO_MODEL_PATH).predict_proba(X[:40]).tolist()
+    assert {label for example in classify.json()["result"] for label, _ in example} == {"0", "1"}
     assert status.json()["model_version_status"][0]["state"] == "AVAILABLE"
     signature = metadata.json()["metadata"]["signature_def"]["signature_def"]["serving_default"]
     assert signature["inputs"]["input-0"]["tensor_shape"]["dim"][1]["size"] == "30"

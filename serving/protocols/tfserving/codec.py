@@ -1,11 +1,13 @@
-"""TF Serving bodies <-> the data plane: row format (``instances``) and columnar format
-(``inputs``) -> ``serving.inputs.instances``, model outputs -> TF Serving's response values.
+"""TF Serving bodies <-> the data plane: row format (``instances``), columnar format
+(``inputs``) and examples (``:classify``, ``:regress``) -> ``serving.inputs.instances``,
+model outputs -> TF Serving's response values.
 
 Formats as TF Serving's REST API defines them. Rows are lists of values in the model's
 order (``Frame``), numbers for one-feature models (``Frame`` of one-wide rows), or
 objects (``Records``); columnar is the one input tensor (``Frame``) or an object of
-columns (``Columns``). Objects are keyed by feature name or by input name (a list of the
-input's ``width`` values); ``serving.inputs.conform`` tells which from the model.
+columns (``Columns``); examples are objects (``Records``) with the ``context`` added to
+each. Objects are keyed by feature name or by input name (a list of the input's
+``width`` values); ``serving.inputs.conform`` tells which from the model.
 """
 
 from __future__ import annotations
@@ -18,9 +20,16 @@ import numpy.typing as npt
 from serving.errors import InvalidInput
 from serving.inputs.instances import Columns, Frame, Instances, Records
 from serving.model.handle import Outputs
-from serving.protocols.tfserving.schemas import TFPredictRequest
+from serving.protocols.tfserving.schemas import TFExamplesRequest, TFPredictRequest
 
-__all__ = ["columnar_outputs", "decode", "row_predictions"]
+__all__ = [
+    "classify_result",
+    "columnar_outputs",
+    "decode",
+    "decode_examples",
+    "regress_result",
+    "row_predictions",
+]
 
 
 def _rows(values: list[Any], field: str) -> Instances:
@@ -58,6 +67,59 @@ def decode(body: TFPredictRequest) -> Instances:
     if n == 0:
         raise InvalidInput.at("inputs", "no instances", "too_short")
     return Columns(inputs, n)
+
+
+def decode_examples(body: TFExamplesRequest) -> Records:
+    """The examples of a validated ``:classify``/``:regress`` body, each with the
+    ``context`` features added.
+
+    :raises InvalidInput: (422) for a feature named in both an example and the context.
+    """
+    context = body.context
+    if not context:
+        return Records(body.examples, "examples")
+    rows = []
+    for i, example in enumerate(body.examples):
+        for name in example.keys() & context.keys():
+            msg = "is also in context; a feature is in the context or in each example"
+            raise InvalidInput.at(f"examples[{i}].{name}", msg, "duplicate_feature")
+        rows.append(context | example)
+    return Records(rows, "examples")
+
+
+def classify_result(outputs: Outputs, classes: tuple[Any, ...] | None) -> list[Any]:
+    """TF Serving's ``:classify`` ``result``: per example, ``[label, score]`` for each class
+    (labels as strings, in the model's class order), from ``probabilities``.
+
+    :raises InvalidInput: (422) for a model without class probabilities.
+    """
+    probabilities = outputs.get("probabilities")
+    if probabilities is None or not classes:
+        msg = (
+            "the model gives no class probabilities: :classify needs a classifier with "
+            "predict_proba (use :predict)"
+        )
+        raise InvalidInput.at("signature_name", msg, "method_not_supported")
+    labels = [str(label) for label in classes]
+    return [list(zip(labels, row, strict=True)) for row in _tolist(probabilities)]
+
+
+def regress_result(outputs: Outputs, classes: tuple[Any, ...] | None) -> list[Any]:
+    """TF Serving's ``:regress`` ``result``: the one predicted number per example.
+
+    :raises InvalidInput: (422) for a classifier, or predictions that are not one number
+        per example.
+    """
+    predictions = np.asarray(outputs["predictions"])
+    if predictions.ndim == 2 and predictions.shape[1] == 1:
+        predictions = predictions[:, 0]
+    if classes or predictions.ndim != 1 or predictions.dtype.kind not in "fiub":
+        what = "a classifier's labels" if classes else "not one number per example"
+        msg = f"the model's predictions are {what}: :regress needs a regression model"
+        raise InvalidInput.at("signature_name", msg, "method_not_supported")
+    if predictions.dtype.kind != "f":
+        predictions = predictions.astype(np.float64)
+    return _tolist(predictions)
 
 
 def row_predictions(outputs: Outputs) -> list[Any]:

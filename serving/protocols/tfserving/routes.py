@@ -1,5 +1,6 @@
-"""TF Serving's REST API: ``POST /v1/models/{name}[/versions/{version}]:predict``, model
-status and model metadata, so TensorFlow Serving clients can call this server unchanged.
+"""TF Serving's REST API: ``POST /v1/models/{name}[/versions/{version}]:predict`` (and
+``:classify``, ``:regress``), model status and model metadata, so TensorFlow Serving
+clients can call this server unchanged.
 Each also answers under ``/v1/models/{name}/labels/{label}``, a version label of the model's
 ``SERVING_MODELS`` entries (``"labels": {"stable": "1"}``, TF Serving's ``version_labels``);
 an unknown label is a 404 ``label_not_found``.
@@ -10,7 +11,7 @@ other protocols. Errors are TF Serving's ``{"error": message}`` plus our stable
 ``code``, with the service's statuses (404 unknown model, 409 version not served, 422
 invalid input). ``signature_name`` may only name the one signature, ``serving_default``.
 Model names cannot contain ``:`` or ``/`` (``SERVING_MODELS`` refuses them), so
-``<name>:predict`` always splits at the last ``:``.
+``<name>:predict`` always splits at the last ``:``; versions cannot end in a method.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from flask import Blueprint, Response
 from werkzeug.routing import BaseConverter
 
 from serving.context import Call
-from serving.dataplane import DataPlane
+from serving.dataplane import DataPlane, Inference
 from serving.errors import InvalidInput, LabelNotFound, ServingError
 from serving.model.handle import TensorSpec
 from serving.openapi import Operation, errors
@@ -39,12 +40,22 @@ from serving.protocols.base import (
 )
 from serving.protocols.bodies import read_json_body
 from serving.protocols.schemas import parse_body
-from serving.protocols.tfserving.codec import columnar_outputs, decode, row_predictions
+from serving.protocols.tfserving.codec import (
+    classify_result,
+    columnar_outputs,
+    decode,
+    decode_examples,
+    regress_result,
+    row_predictions,
+)
 from serving.protocols.tfserving.schemas import (
+    TFClassifyResponse,
     TFErrorResponse,
+    TFExamplesRequest,
     TFMetadataResponse,
     TFPredictRequest,
     TFPredictResponse,
+    TFRegressResponse,
     TFStatusResponse,
 )
 from serving.runtime import ModelRuntime, State
@@ -102,6 +113,28 @@ OPERATIONS = [
     ),
     *(
         Operation(
+            "post",
+            path,
+            "TF Serving classify: each example's class labels with their probabilities",
+            {200: TFClassifyResponse} | _PREDICT_ERRORS,
+            request=TFExamplesRequest,
+            tag="tfserving",
+        )
+        for path in _both(":classify")
+    ),
+    *(
+        Operation(
+            "post",
+            path,
+            "TF Serving regress: each example's predicted number (regression models)",
+            {200: TFRegressResponse} | _PREDICT_ERRORS,
+            request=TFExamplesRequest,
+            tag="tfserving",
+        )
+        for path in _both(":regress")
+    ),
+    *(
+        Operation(
             "get",
             path,
             "TF Serving model status: the state of each version served",
@@ -151,13 +184,66 @@ def predict(
     except ServingError:
         model_before_body(plane, model_name, model_version)
         raise
-    if body.signature_name not in (None, "", SIGNATURE):
-        msg = f"signature {body.signature_name!r} not found; the model has {SIGNATURE!r}"
-        raise InvalidInput.at("signature_name", msg, "signature")
+    _check_signature(body.signature_name)
     answer = plane.infer(call, model_name, model_version, decode(body))
     if body.instances is not None:
         return json_answer({"predictions": row_predictions(answer.outputs)})
     return json_answer({"outputs": columnar_outputs(answer.outputs)})
+
+
+def _check_signature(name: str | None) -> None:
+    """:raises InvalidInput: (422) for a signature other than the one served."""
+    if name not in (None, "", SIGNATURE):
+        msg = f"signature {name!r} not found; the model has {SIGNATURE!r}"
+        raise InvalidInput.at("signature_name", msg, "signature")
+
+
+def _examples(
+    plane: DataPlane,
+    call: Call,
+    environ: Mapping[str, Any],
+    model_name: str,
+    *,
+    model_version: str | None,
+    label: str | None,
+) -> Inference:
+    """The answer to a ``:classify`` or ``:regress`` body's examples."""
+    model_version = _version(plane, model_name, model_version, label)
+    try:
+        body = parse_body(TFExamplesRequest, read_json_body(environ, plane.settings))
+    except ServingError:
+        model_before_body(plane, model_name, model_version)
+        raise
+    _check_signature(body.signature_name)
+    return plane.infer(call, model_name, model_version, decode_examples(body))
+
+
+def classify(
+    plane: DataPlane,
+    call: Call,
+    environ: Mapping[str, Any],
+    *,
+    model_name: str,
+    model_version: str | None = None,
+    label: str | None = None,
+) -> Answer:
+    """``{"result": [[[label, probability], ...], ...]}``, one list per example."""
+    answer = _examples(plane, call, environ, model_name, model_version=model_version, label=label)
+    return json_answer({"result": classify_result(answer.outputs, answer.handle.classes)})
+
+
+def regress(
+    plane: DataPlane,
+    call: Call,
+    environ: Mapping[str, Any],
+    *,
+    model_name: str,
+    model_version: str | None = None,
+    label: str | None = None,
+) -> Answer:
+    """``{"result": [number, ...]}``, one per example."""
+    answer = _examples(plane, call, environ, model_name, model_version=model_version, label=label)
+    return json_answer({"result": regress_result(answer.outputs, answer.handle.classes)})
 
 
 _STATES: dict[State, tuple[str, str]] = {
@@ -248,6 +334,8 @@ PROTOCOL = ProtocolSpec(
         Route(_MODEL + ":predict", predict),
         Route(_VERSION + ":predict", predict),
         Route(_LABEL + ":predict", predict),
+        *(Route(path + ":classify", classify) for path in (_MODEL, _VERSION, _LABEL)),
+        *(Route(path + ":regress", regress) for path in (_MODEL, _VERSION, _LABEL)),
     ),
     converters={"tf_model": ModelNameConverter},
 )

@@ -3,8 +3,8 @@ defines them, validated as ``/predict`` is (no unknown fields; values are JSON s
 checked against the model's schema, strings for ``DT_STRING`` features; validation stops
 at the first error).
 
-Source: https://www.tensorflow.org/tfx/serving/api_rest (predict, model status, model
-metadata). ``b64`` binary values and ``:classify``/``:regress`` are not served.
+Source: https://www.tensorflow.org/tfx/serving/api_rest (predict, classify and regress,
+model status, model metadata). ``b64`` binary values are not served.
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from serving.protocols.schemas import Rows, Strict, Value
 
 __all__ = [
+    "TFClassifyResponse",
     "TFErrorResponse",
+    "TFExamplesRequest",
     "TFMetadataResponse",
     "TFPredictRequest",
     "TFPredictResponse",
+    "TFRegressResponse",
     "TFStatusResponse",
 ]
 
@@ -73,6 +76,37 @@ class TFPredictResponse(BaseModel):
 
     predictions: list[Any] | None = None
     outputs: list[Any] | dict[str, list[Any]] | None = None
+
+
+class TFExamplesRequest(Strict):
+    """``POST /v1/models/{name}[/versions/{version}]:classify`` (or ``:regress``): TF
+    Serving's examples, each an object keyed by feature name (or input name), and an
+    optional ``context`` of features every example shares (a name in both is refused, as
+    TF Serving's "features that appear here MUST NOT appear in examples")."""
+
+    signature_name: str | None = Field(
+        None, description="Only serving_default (the model's one signature) is served."
+    )
+    context: dict[str, NamedValue] | None = Field(
+        None, description="Features shared by every example, keyed by feature name."
+    )
+    examples: Annotated[NamedObjects, Field(min_length=1)] = Field(
+        description="One object per example, keyed by feature name (or by input name: a "
+        "list of the input's values)."
+    )
+
+
+class TFClassifyResponse(BaseModel):
+    """``:classify``: per example, each class label (a string, as TF Serving's) with its
+    probability, in the model's class order."""
+
+    result: list[list[tuple[str, float]]]
+
+
+class TFRegressResponse(BaseModel):
+    """``:regress``: per example, the regression model's one predicted number."""
+
+    result: list[float]
 
 
 class TFStatus(BaseModel):
