@@ -90,6 +90,9 @@ Named = Annotated[str, AfterValidator(_not_only_dots)]
 Versioned = Annotated[str, AfterValidator(_not_only_dots), AfterValidator(_no_tf_verb)]
 
 
+#: JSON's literal names: as ``SERVING_MODELS``, no list of models (not a file name).
+_JSON_WORDS: Final = ("null", "true", "false")
+
 #: The bundled demo: StandardScaler + LogisticRegression on scikit-learn's breast-cancer
 #: data (30 features), rebuilt by ``examples/build_demo_model.py``.
 DEMO_MODEL_PATH = Path(__file__).parent / "demo" / "breast_cancer.joblib"
@@ -126,6 +129,18 @@ class ModelSpec(BaseModel):
         description="TF Serving version_labels of this model name: label -> a version "
         'listed for it, e.g. {"stable": "1", "canary": "2"}.',
     )
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _path_exists(cls, value: object) -> object:
+        """An empty path is not the current directory, and a missing one is named (the
+        union of a file and a directory would say only "does not point to a file")."""
+        if isinstance(value, str | Path):
+            if not str(value).strip():
+                raise ValueError("is empty: name the model file or directory")
+            if not Path(value).exists():
+                raise ValueError(f"{str(value)[:200]!r} does not exist (a file or a directory)")
+        return value
 
     @model_validator(mode="after")
     def _check_format(self) -> ModelSpec:
@@ -340,9 +355,11 @@ class ModelFields(BaseSettings):
     def _read_models(cls, value: object) -> object:
         if not isinstance(value, str):
             return value
+        # a JSON document, not a file name ("null" is no list of models)
+        if value.strip() in _JSON_WORDS:
+            raise ValueError(f"{value.strip()} is no list of models: unset it for one model")
         try:
-            inline = value.lstrip().startswith(("[", "{"))
-            if inline:
+            if value.lstrip().startswith(("[", "{")):
                 return json.loads(value)
             real, _ = trusted_path(Path(value))  # it names the pickles to run
             return json.loads(real.read_text())

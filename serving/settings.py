@@ -372,7 +372,9 @@ def load_settings() -> Settings:
         accepts = f" ({info.description})" if info is not None and info.description else ""
         value = os.environ.get(f"SERVING_{field.upper()}")
         got = f"got {value!r}: " if value is not None and len(loc) < 2 else ""
-        inner = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:])
+        # fields and indexes only: not pydantic's names of a union's branches
+        steps = [p for p in loc[1:] if isinstance(p, int) or str(p).isidentifier()]
+        inner = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in steps)
         where = f"{inner.lstrip('.')}: " if inner else ""
         message = f"{where}{got}{err['msg']}{accepts if not inner else ''}"
         raise SettingsError(f"SERVING_{field.upper()}", message) from None

@@ -367,3 +367,29 @@ def test_a_models_entry_whose_version_ends_in_a_tf_serving_method_is_refused() -
     with pytest.raises(ValidationError, match="a TF Serving method"):
         ModelSpec(**entry)
     assert ModelSpec(**entry | {"version": "2024:06"}).version == "2024:06"
+
+
+@pytest.mark.parametrize(
+    ("models", "says"),
+    [
+        (
+            '[{"name": "a", "path": "/nope/m.joblib"}]',
+            "[0].path: Value error, '/nope/m.joblib' does not exist",
+        ),
+        ('[{"name": "a", "path": ""}]', "[0].path: Value error, is empty"),
+        ("null", "got 'null': Value error, null is no list of models"),
+    ],
+)
+def test_a_models_list_names_the_path_that_is_missing_or_empty_and_refuses_null(
+    monkeypatch: pytest.MonkeyPatch, models: str, says: str
+) -> None:
+    """Found by the attack: a missing path printed pydantic's union internals
+    (``function-after[validate_file(), lax-or-strict[...``) without the path, an empty one
+    meant the current directory, and ``null`` was looked for as a file."""
+    monkeypatch.setenv("SERVING_MODELS", models)
+
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+
+    assert str(info.value).startswith(f"SERVING_MODELS: {says}")
+    assert "function-after" not in str(info.value)
