@@ -7,6 +7,7 @@
      │    └── MalformedJSON                      400 malformed_json
      ├── UnreadableBody                          400 unreadable_body
      ├── UnsupportedMediaType                    415 unsupported_media_type
+     │    └── UnsupportedContentEncoding         415 unsupported_content_encoding
      ├── UnsupportedTransferCoding               501 unsupported_transfer_coding
      ├── Unauthorized                            401 unauthorized
      ├── PayloadTooLarge                         413 payload_too_large
@@ -47,6 +48,7 @@ __all__ = [
     "SettingsError",
     "Unauthorized",
     "UnreadableBody",
+    "UnsupportedContentEncoding",
     "UnsupportedMediaType",
     "UnsupportedTransferCoding",
     "VersionConflict",
@@ -125,6 +127,20 @@ class UnsupportedMediaType(ServingError):
         self.content_type, self.accepted = content_type, accepted
         got = content_type or "no Content-Type"
         super().__init__(f"request body must be {accepted}, got {got}")
+
+
+class UnsupportedContentEncoding(UnsupportedMediaType):
+    """The body was sent compressed (a ``Content-Encoding`` other than ``identity``): none
+    is decoded, and read as it is it would be refused for the wrong reason (RFC 9110,
+    15.5.16: 415, answered with ``Accept-Encoding: identity``)."""
+
+    code = "unsupported_content_encoding"
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        ServingError.__init__(
+            self, f"Content-Encoding {encoding[:32]!r} is not supported: send the body uncompressed"
+        )
 
 
 class UnsupportedTransferCoding(ServingError):

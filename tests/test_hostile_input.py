@@ -431,12 +431,13 @@ def test_every_route_refuses_a_compressed_body_naming_its_content_encoding(
     )
 
     assert plain.status_code == 200, plain.get_data()[:300]
-    assert labelled.status_code == 400, labelled.get_data()[:300]
+    assert labelled.status_code == 415, labelled.get_data()[:300]  # RFC 9110, 15.5.16
+    assert labelled.headers["Accept-Encoding"] == "identity"
     answer = labelled.get_json()
     message = answer.get("message") or answer["error"]
     message = message["message"] if isinstance(message, dict) else message
     assert f"Content-Encoding {encoding!r} is not supported" in message, message
-    assert "unreadable_body" in labelled.get_data(as_text=True)
+    assert "unsupported_content_encoding" in labelled.get_data(as_text=True)
 
 
 @pytest.mark.parametrize(
@@ -464,13 +465,14 @@ def test_too_many_instances_for_a_model_not_served_here_is_404_or_409(
     assert response.status_code == status, response.get_data()[:300]
 
 
-@pytest.mark.parametrize(("path", "content_type", "body"), GOOD_BODIES[:4])
+@pytest.mark.parametrize(("path", "content_type", "body"), GOOD_BODIES[:5])
 @pytest.mark.parametrize("charset", ["utf-16", "UTF-32LE", '"latin-1"'])
-def test_a_json_body_in_another_charset_is_415_naming_utf8(
+def test_a_json_or_csv_body_in_another_charset_is_415_naming_utf8(
     hostile: FlaskClient, path: str, content_type: str, body: bytes, charset: str
 ) -> None:
     # JSON is UTF-8 (RFC 8259, section 8.1): a UTF-16 body was read as UTF-8 and refused
-    # as "not valid JSON: expected value at line 1 column 1".
+    # as "not valid JSON: expected value at line 1 column 1"; a CSV one was taken, then
+    # refused with a 422 "not UTF-8".
     encoding = charset.strip('"')
     declared = f"{content_type}; charset={charset}"
     other = hostile.post(path, data=body.decode().encode(encoding), content_type=declared)

@@ -445,14 +445,14 @@ def test_v2_infer_string_labels_are_bytes_in_json_and_binary(make_client: MakeCl
     assert client.get("/v2/models/labels").get_json()["outputs"][0]["datatype"] == "BYTES"
 
 
-def test_v2_infer_limits_are_413_and_compressed_bodies_400(client: FlaskClient) -> None:
+def test_v2_infer_limits_are_413_and_compressed_bodies_415(client: FlaskClient) -> None:
     many = client.post(INFER, json={"inputs": [tensor([0.0] * 51, [17, 3])]})
     big = client.post(INFER, json={"inputs": [tensor([0.123456789] * 600, [200, 3])]})
     gzip = client.post(INFER, data=b"x", headers={"Content-Encoding": "gzip"})
 
     assert (many.status_code, error_of(many).code) == (413, "payload_too_large")
     assert (big.status_code, error_of(big).code) == (413, "payload_too_large")
-    assert (gzip.status_code, error_of(gzip).code) == (400, "unreadable_body")
+    assert (gzip.status_code, error_of(gzip).code) == (415, "unsupported_content_encoding")
     assert "Content-Encoding 'gzip' is not supported" in error_of(gzip).error
 
 

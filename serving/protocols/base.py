@@ -25,7 +25,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import BaseConverter
 
 from serving.dataplane import DataPlane
-from serving.errors import InvalidInput, ServingError
+from serving.errors import InvalidInput, ServingError, UnsupportedContentEncoding
 from serving.openapi import Operation
 
 __all__ = [
@@ -198,6 +198,8 @@ def error_answer(exc: ServingError, style: ErrorStyle, request_id: str | None) -
         return Answer(data, status, headers=(("Retry-After", "1"),))
     if status == 401:
         return Answer(data, status, headers=(("WWW-Authenticate", 'Bearer realm="serving"'),))
+    if isinstance(exc, UnsupportedContentEncoding):  # what would be accepted: RFC 9110
+        return Answer(data, status, headers=(("Accept-Encoding", "identity"),))
     return Answer(data, status)
 
 

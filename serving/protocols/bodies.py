@@ -15,12 +15,13 @@ from serving.errors import (
     PayloadTooLarge,
     RequestTimeout,
     UnreadableBody,
+    UnsupportedContentEncoding,
     UnsupportedMediaType,
     UnsupportedTransferCoding,
 )
 from serving.settings import Settings
 
-__all__ = ["is_json", "media_type", "read_body", "read_json_body"]
+__all__ = ["is_json", "media_type", "read_body", "read_json_body", "read_utf8_body"]
 
 _BODY_SETTING = "SERVING_MAX_BODY_BYTES"
 
@@ -36,11 +37,23 @@ def read_json_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
     :raises RequestTimeout: (408) as ``read_body``.
     """
     content_type = environ.get("CONTENT_TYPE", "")
-    mimetype, parameters = _media_type(content_type)
-    if not is_json(mimetype):
+    if not is_json(_media_type(content_type)[0]):
         raise UnsupportedMediaType(content_type or None)
+    return read_utf8_body(environ, settings, "application/json")
+
+
+def read_utf8_body(environ: Mapping[str, Any], settings: Settings, media: str) -> bytes:
+    """The raw body of a request whose media type (``media``) was checked, as
+    ``read_body``, once its Content-Type declares no charset other than UTF-8 (or its
+    subset US-ASCII).
+
+    :raises UnsupportedMediaType: (415) for another charset (``text/csv; charset=latin-1``
+        was taken, then refused as "not UTF-8" with a 422).
+    """
+    content_type = environ.get("CONTENT_TYPE", "")
+    parameters = _media_type(content_type)[1]
     if parameters and _charset(parameters) not in (None, "utf-8", "utf8", "us-ascii"):
-        raise UnsupportedMediaType(content_type, "application/json in UTF-8")
+        raise UnsupportedMediaType(content_type, f"{media} in UTF-8")
     return read_body(environ, settings)
 
 
@@ -84,10 +97,11 @@ def read_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
     tensors); the JSON routes call ``read_json_body``.
 
     :raises PayloadTooLarge: (413) over the limit, declared or while reading.
-    :raises UnreadableBody: (400) for a compressed body (a Content-Encoding other than
-        ``identity``: none is decoded, and a compressed body read as it is would be refused
-        for the wrong reason, or a plain one mislabelled answered), or when the server
-        cannot read it (bad chunk encoding, the client went away mid-body).
+    :raises UnsupportedContentEncoding: (415) for a compressed body (a Content-Encoding
+        other than ``identity``: none is decoded, and a compressed body read as it is
+        would be refused for the wrong reason, or a plain one mislabelled answered).
+    :raises UnreadableBody: (400) when the server cannot read it (bad chunk encoding, the
+        client went away mid-body).
     :raises RequestTimeout: (408) when the body did not arrive in time: under Gunicorn a
         read waits at most ``SERVING_REQUEST_TIMEOUT_MS`` after the headers
         (``serving.server.worker.ServingWorker.handle_request``).
@@ -95,9 +109,7 @@ def read_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
     max_body_bytes = settings.max_body_bytes
     encoding = environ.get("HTTP_CONTENT_ENCODING", "")
     if encoding and encoding.strip().lower() != "identity":
-        raise UnreadableBody(
-            f"Content-Encoding {encoding[:32]!r} is not supported: send the body uncompressed"
-        )
+        raise UnsupportedContentEncoding(encoding)
     coding = environ.get("HTTP_TRANSFER_ENCODING", "")
     if coding and any(part.strip().lower() != "chunked" for part in coding.split(",")):
         raise UnsupportedTransferCoding(coding[:64])

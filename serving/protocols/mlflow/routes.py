@@ -34,7 +34,7 @@ from serving.protocols.base import (
     json_response,
     jsonable,
 )
-from serving.protocols.bodies import is_json, media_type, read_body, read_json_body
+from serving.protocols.bodies import is_json, media_type, read_json_body, read_utf8_body
 from serving.protocols.mlflow.codec import decode, decode_csv
 from serving.protocols.mlflow.schemas import (
     MlflowErrorResponse,
@@ -127,14 +127,16 @@ def ping() -> Response:
 def invocations(plane: DataPlane, call: Call, environ: Mapping[str, Any]) -> Answer:
     """Score a DataFrame with the default model.
 
-    :raises UnsupportedMediaType: (415) unless ``application/json`` or ``text/csv``.
+    :raises UnsupportedMediaType: (415) unless ``application/json`` or ``text/csv``, in
+        UTF-8.
     :raises InvalidInput: (422) for a body MLflow would refuse, a missing or unknown column
         name, or a value that is not a finite number.
     """
     mimetype = media_type(environ)
     if mimetype == "text/csv":
         instances: Instances = decode_csv(
-            read_body(environ, plane.settings), plane.settings.max_instances_per_request
+            read_utf8_body(environ, plane.settings, mimetype),
+            plane.settings.max_instances_per_request,
         )
     elif is_json(mimetype):
         body = read_json_body(environ, plane.settings)
