@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import pytest
@@ -152,7 +153,10 @@ def test_gunicorns_own_answer_is_kept_not_sent_and_sent_as_json() -> None:
 
     assert answer.status == 431
     head, _, body = received.partition(b"\r\n\r\n")
-    assert head.split(b"\r\n") == [
+    lines = head.split(b"\r\n")
+    date = lines.pop(1).decode()
+    assert date.startswith("Date: ") and parsedate_to_datetime(date[6:]).tzinfo is not None
+    assert lines == [
         b"HTTP/1.1 431 Request Header Fields Too Large",
         b"Connection: close",
         b"Content-Type: application/json",

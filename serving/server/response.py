@@ -35,6 +35,7 @@ import re
 from http import HTTPStatus
 from typing import Any
 
+from gunicorn import util  # type: ignore[import-untyped]
 from gunicorn.http import parser, wsgi  # type: ignore[import-untyped]
 
 from serving.server.connection import Reader
@@ -118,12 +119,12 @@ _CODES = {500: "internal_error", 501: "unsupported_transfer_coding"}
 
 
 def json_answer(status: int, reason: str, refused: BaseException, request_id: str) -> bytes:
-    """A whole HTTP/1.1 answer that closes its connection, with the service's JSON error
-    body and ``X-Request-ID``: ``code`` the reason in snake case (``uri_too_long``),
-    ``message`` the reason and what Gunicorn ``refused`` (at most 256 characters); for a
-    500 (an exception of the server's, not the request's), only the reason. Gunicorn's
-    ``reason`` is kept, except the "Bad Request" it gives a 500 or 501: that status's own
-    phrase instead."""
+    """A whole HTTP/1.1 answer that closes its connection, with ``Date`` (RFC 9110, 6.6.1),
+    the service's JSON error body and ``X-Request-ID``: ``code`` the reason in snake case
+    (``uri_too_long``), ``message`` the reason and what Gunicorn ``refused`` (at most 256
+    characters); for a 500 (an exception of the server's, not the request's), only the
+    reason. Gunicorn's ``reason`` is kept, except the "Bad Request" it gives a 500 or 501:
+    that status's own phrase instead."""
     if reason == "Bad Request" and status != 400:
         with contextlib.suppress(ValueError):
             reason = HTTPStatus(status).phrase
@@ -132,7 +133,7 @@ def json_answer(status: int, reason: str, refused: BaseException, request_id: st
     error = {"code": code, "message": message[:256], "details": []}
     body = json.dumps({"error": error}).encode()
     head = (
-        f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
+        f"HTTP/1.1 {status} {reason}\r\nDate: {util.http_date()}\r\nConnection: close\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         f"X-Request-ID: {request_id}\r\n\r\n"
     )
