@@ -68,6 +68,39 @@ def test_the_readme_predict_example_is_answered_by_the_demo_model(settings: Sett
         app.extensions["serving"].get_models().stop(timeout_s=10)
 
 
+def test_the_readme_own_model_example_is_answered_as_the_churn_pipeline_in_process(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The README's "Serve your own model" curl and docs/api.md's V2 one, sent to
+    ``examples/churn.py``'s model served as its file names it (``churn``), answer as the
+    pipeline does on a DataFrame of the same rows."""
+    import pandas as pd
+
+    from tests.tabular import write_churn
+
+    model, joblib_path, _ = write_churn(tmp_path)
+    served = load_model(joblib_path, version="1")
+    app = create_app(settings, models=[served], metrics=ServingMetrics(CollectorRegistry()))
+    try:
+        path, body = next((p, b) for p, b in readme_requests() if p == "/predict/churn")
+        response = app.test_client().post(path, json=body)
+        v2_path, v2_body = next((p, b) for p, b in readme_requests() if "churn/infer" in p)
+        v2 = app.test_client().post(v2_path, json=v2_body)
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    assert served.name == "churn"
+    assert response.status_code == v2.status_code == 200, (response.get_json(), v2.get_json())
+    rows = pd.DataFrame(body["instances"]).astype({"seats": float, "usage_hours": float})
+    assert response.get_json()["predictions"] == model.predict(rows).tolist()
+    assert response.get_json()["probabilities"] == model.predict_proba(rows).tolist()
+    columns = {t["name"]: t["data"] for t in v2_body["inputs"]}
+    v2_rows = pd.DataFrame(columns).astype({"seats": float, "usage_hours": float})
+    labels, probabilities = (output["data"] for output in v2.get_json()["outputs"])
+    assert labels == model.predict(v2_rows).tolist()
+    assert probabilities == model.predict_proba(v2_rows).ravel().tolist()
+
+
 def test_readme_layout_names_every_module_and_folder_and_only_those() -> None:
     """The Layout drawing (docs/architecture.md) is the map of ``serving/``: a module
     added, moved or removed shows there, as the folders' import rules do in
