@@ -32,62 +32,41 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from serving.model.artifacts import UnsafePath, find_artifact, format_from_path, trusted_path
+from serving.model.artifacts import (
+    UnsafePath,
+    artifact_of,
+    check_format,
+    find_artifact,
+    trusted_path,
+)
 from serving.model.artifacts import model_name as default_model_name
 from serving.model.custom import CLASS_PATTERN
+from serving.model.names import (
+    NAME_PATTERN,
+    VERSION_PATTERN,
+    check_listing,
+    no_tf_verb,
+    not_only_dots,
+    only_dots,
+)
 from serving.model.providers import parse_providers
 
 __all__ = [
     "DEMO_MODEL_PATH",
-    "NAME_PATTERN",
-    "TF_VERBS",
-    "VERSION_PATTERN",
     "ModelFields",
     "ModelFormat",
     "ModelSettings",
     "ModelSpec",
-    "artifact_of",
-    "check_format",
 ]
 
 
 ModelFormat = Literal["pickle", "joblib", "skops", "onnx", "python"]
 
-#: A model's name and version, as URLs, metric labels and file names carry them.
-NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
-VERSION_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
-
-
-def _only_dots(value: str) -> bool:
-    """Whether ``value`` is a path step, not a name: a client's URL library removes ``.``
-    and ``..`` (RFC 3986 section 5.2.4), so ``/predict/..`` would reach ``/``."""
-    return bool(value) and not value.strip(".")
-
-
-def _not_only_dots(value: str) -> str:
-    if _only_dots(value):
-        raise ValueError(f"{value!r} is made of only dots, a path step in a URL, not a name")
-    return value
-
-
-#: TF Serving's methods, which its URLs put after a ``:``.
-TF_VERBS: Final = frozenset({"predict", "classify", "regress"})
-
-
-def _no_tf_verb(value: str) -> str:
-    """A version is not ``<x>:predict`` (or ``:classify``, ``:regress``): TF Serving's
-    ``/versions/<x>:predict`` and ``GET /versions/<x>:predict`` would be one URL."""
-    _, colon, verb = value.rpartition(":")
-    if colon and verb in TF_VERBS:
-        raise ValueError(f"{value!r} ends in ':{verb}', a TF Serving method in a URL")
-    return value
-
-
 #: A name as ``NAME_PATTERN`` (the field's) allows, and not only dots.
-Named = Annotated[str, AfterValidator(_not_only_dots)]
+Named = Annotated[str, AfterValidator(not_only_dots)]
 #: A version as ``VERSION_PATTERN`` (the field's) allows: not only dots, nor ending in a
 #: TF Serving method.
-Versioned = Annotated[str, AfterValidator(_not_only_dots), AfterValidator(_no_tf_verb)]
+Versioned = Annotated[str, AfterValidator(not_only_dots), AfterValidator(no_tf_verb)]
 
 
 #: JSON's literal names: as ``SERVING_MODELS``, no list of models (not a file name).
@@ -148,28 +127,6 @@ class ModelSpec(BaseModel):
         return self
 
 
-def check_format(
-    path: Path | None, fmt: str | None, class_path: str | None, sha256: str | None = None
-) -> None:
-    """Refuse a model whose format cannot be known or contradicts its class.
-
-    :raises ValueError: naming the problem: no class for format python, a class with another
-        format, no single artifact in a directory, an unknown extension, or a SHA-256 for a
-        directory a class reads (a digest pins one file).
-    """
-    if sha256 is not None and class_path is not None and path is not None and path.is_dir():
-        raise ValueError("a SHA-256 pins one file; a class reading a directory has none")
-    if class_path is not None and fmt not in (None, "python"):
-        raise ValueError(f"a model class is set, so the format is python, not {fmt}")
-    if fmt == "python" and class_path is None:
-        raise ValueError("format python needs SERVING_MODEL_CLASS (or class in SERVING_MODELS)")
-    if path is None or fmt == "python" or class_path is not None:
-        return
-    artifact = find_artifact(path) if path.is_dir() else path  # ValueError naming the files
-    if fmt is None:
-        format_from_path(artifact)  # raises ValueError naming the extension
-
-
 class ModelSettings(BaseModel):
     """One model version's own settings: what it is, how it is loaded and batched.
 
@@ -213,17 +170,6 @@ class ModelSettings(BaseModel):
     cuda_device: int | None = None
     allow_world_writable: bool = False
     share: Literal["auto", "off"] = "auto"
-
-
-def artifact_of(path: Path, model_class: str | None) -> Path:
-    """The artifact a configured ``path`` serves: itself, or for a directory the one
-    artifact in it, unless a python model's class reads the directory itself.
-
-    :raises ValueError: naming what a directory holds when it is not exactly one artifact.
-    """
-    if path.is_dir() and model_class is None:
-        return find_artifact(path)
-    return path
 
 
 class ModelFields(BaseSettings):
@@ -373,28 +319,9 @@ class ModelFields(BaseSettings):
     def _check_models(
         cls, models: list[ModelSpec] | None, info: ValidationInfo
     ) -> list[ModelSpec] | None:
-        if models is None:
-            return None
-        limit = info.data.get("max_models", 8)
-        if not models:
-            raise ValueError("is an empty list")
-        if len(models) > limit:
-            raise ValueError(f"lists {len(models)} models, more than SERVING_MAX_MODELS={limit}")
-        seen = set()
-        for spec in models:
-            if (spec.name, spec.version) in seen:
-                raise ValueError(f"lists model {spec.name!r} version {spec.version!r} twice")
-            seen.add((spec.name, spec.version))
-        labels: dict[tuple[str, str], str] = {}
-        for spec in models:
-            for label, version in spec.labels.items():
-                if (spec.name, version) not in seen:
-                    raise ValueError(
-                        f"model {spec.name!r}: label {label!r} names version {version!r}, "
-                        "which is not listed"
-                    )
-                if labels.setdefault((spec.name, label), version) != version:
-                    raise ValueError(f"model {spec.name!r}: label {label!r} names two versions")
+        if models is not None:
+            entries = [(spec.name, spec.version, spec.labels) for spec in models]
+            check_listing(entries, info.data.get("max_models", 8))
         return models
 
     @field_validator("onnx_providers")
@@ -451,7 +378,7 @@ class ModelFields(BaseSettings):
         if self.model_name is None and self.models is None:
             path = self.model_path or self.model_dir or DEMO_MODEL_PATH
             name = default_model_name(artifact_of(path, self.model_class))
-            if not re.fullmatch(NAME_PATTERN, name) or _only_dots(name):
+            if not re.fullmatch(NAME_PATTERN, name) or only_dots(name):
                 raise ValueError(
                     f"SERVING_MODEL_NAME: the model's file name {name[:64]!r} is no model "
                     "name (1-128 of A-Za-z0-9_.-, not only dots): set SERVING_MODEL_NAME"

@@ -26,14 +26,13 @@ from pydantic_core import PydanticUndefined
 from pydantic_settings import SettingsConfigDict
 
 from serving.errors import SettingsError
-from serving.model.artifacts import format_from_path
+from serving.model.artifacts import artifact_of, format_from_path
 from serving.model_settings import (
     DEMO_MODEL_PATH,
     ModelFields,
     ModelFormat,
     ModelSettings,
     ModelSpec,
-    artifact_of,
 )
 from serving.observe.settings import ObserveFields
 

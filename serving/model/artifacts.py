@@ -20,7 +20,9 @@ from serving.model.schema import schema_file
 __all__ = [
     "EXTENSIONS",
     "UnsafePath",
+    "artifact_of",
     "check_artifact",
+    "check_format",
     "check_model_path",
     "find_artifact",
     "format_from_path",
@@ -248,3 +250,36 @@ def model_name(path: Path) -> str:
     if (path.parent / "MLmodel").is_file() and path.parent.name:
         return path.parent.name
     return path.stem
+
+
+def check_format(
+    path: Path | None, fmt: str | None, class_path: str | None, sha256: str | None = None
+) -> None:
+    """Refuse a model whose format cannot be known or contradicts its class.
+
+    :raises ValueError: naming the problem: no class for format python, a class with another
+        format, no single artifact in a directory, an unknown extension, or a SHA-256 for a
+        directory a class reads (a digest pins one file).
+    """
+    if sha256 is not None and class_path is not None and path is not None and path.is_dir():
+        raise ValueError("a SHA-256 pins one file; a class reading a directory has none")
+    if class_path is not None and fmt not in (None, "python"):
+        raise ValueError(f"a model class is set, so the format is python, not {fmt}")
+    if fmt == "python" and class_path is None:
+        raise ValueError("format python needs SERVING_MODEL_CLASS (or class in SERVING_MODELS)")
+    if path is None or fmt == "python" or class_path is not None:
+        return
+    artifact = find_artifact(path) if path.is_dir() else path  # ValueError naming the files
+    if fmt is None:
+        format_from_path(artifact)  # raises ValueError naming the extension
+
+
+def artifact_of(path: Path, model_class: str | None) -> Path:
+    """The artifact a configured ``path`` serves: itself, or for a directory the one
+    artifact in it, unless a python model's class reads the directory itself.
+
+    :raises ValueError: naming what a directory holds when it is not exactly one artifact.
+    """
+    if path.is_dir() and model_class is None:
+        return find_artifact(path)
+    return path
