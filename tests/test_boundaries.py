@@ -49,6 +49,8 @@ RULES = {
     "demo": Rule(()),
     # Checking instances against a model: per value, no settings, metrics or web.
     "inputs": Rule(CORE, serving=("serving.errors", "serving.model", "serving.inputs")),
+    # Measuring a model in-process for its batching settings: a command, no web.
+    "tune": Rule(WEB),
 }
 # Top level: the data plane and everything it calls import no web framework; the app
 # wires Flask. The request checks run per instance and take no settings or metrics.
