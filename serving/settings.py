@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import (
@@ -332,21 +331,6 @@ class Settings(ObserveFields, ModelFields):
 
 #: The batching fields a ``SERVING_MODELS`` entry may set for itself.
 _BATCHING = ("max_batch_size", "max_batch_latency_ms", "batch_policy", "max_queue_depth")
-
-#: Variables Kubernetes injects for a Service named "serving" (SERVING_SERVICE_HOST, SERVING_PORT,
-#: SERVING_PORT_8000_TCP_ADDR, ...): not ours, not typos.
-_INJECTED = re.compile(r"^SERVING_(SERVICE_[A-Z_]+|PORT(_\d+_[A-Z]+(_[A-Z]+)?)?)$")
-
-
-def unknown_variables(environ: Mapping[str, str]) -> list[str]:
-    """``SERVING_*`` names in ``environ`` that are no setting (likely typos), sorted."""
-    known = {f"SERVING_{name.upper()}" for name in Settings.model_fields}
-    return sorted(
-        name
-        for name in environ
-        if name.startswith("SERVING_") and name not in known and not _INJECTED.match(name)
-    )
-
 
 #: A model validator's message naming its variable (pydantic prefixes "Value error, ").
 _NAMED = re.compile(r"^(?:Value error, )?(?P<variable>SERVING_[A-Z_]+): (?P<problem>.*)$", re.S)

@@ -11,13 +11,13 @@ import pytest
 from pydantic import ValidationError
 
 from serving.errors import SettingsError
+from serving.server.hooks import unknown_variables
 from serving.settings import (
     DEMO_MODEL_PATH,
     ModelSpec,
     Settings,
     load_settings,
     settings_table,
-    unknown_variables,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

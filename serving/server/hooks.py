@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ from serving.server.worker_boot import (
     load_while_accepting,
     stop_on_signal_until_serving,
 )
-from serving.settings import Settings, load_settings, unknown_variables
+from serving.settings import Settings, load_settings
 
 __all__ = [
     "child_exit",
@@ -70,6 +71,21 @@ _boot: Boot | None = None
 # Reloads (SIGHUP) the master has done; a worker's copy, taken at its fork, is its
 # generation (on the board: /healthz shows a fleet serving two at once).
 _generation = 0
+
+
+#: Variables Kubernetes injects for a Service named "serving" (SERVING_SERVICE_HOST, SERVING_PORT,
+#: SERVING_PORT_8000_TCP_ADDR, ...): not ours, not typos.
+_INJECTED = re.compile(r"^SERVING_(SERVICE_[A-Z_]+|PORT(_\d+_[A-Z]+(_[A-Z]+)?)?)$")
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """``SERVING_*`` names in ``environ`` that are no setting (likely typos), sorted."""
+    known = {f"SERVING_{name.upper()}" for name in Settings.model_fields}
+    return sorted(
+        name
+        for name in environ
+        if name.startswith("SERVING_") and name not in known and not _INJECTED.match(name)
+    )
 
 
 def settings_or_exit() -> Settings:
