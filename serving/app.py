@@ -6,6 +6,7 @@ request metrics."""
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -86,6 +87,13 @@ class _Flask(Flask):
         return sync
 
 
+def _running_settings() -> Settings | None:
+    """Under a Gunicorn started with gunicorn.conf.py (its hooks module loaded in the
+    master, inherited at fork), the settings its master checked; else None."""
+    hooks = sys.modules.get("serving.server.hooks")
+    return hooks.running_settings() if hooks is not None else None
+
+
 def create_app(
     settings: Settings | None = None,
     model_handle: ModelHandle | None = None,
@@ -112,7 +120,7 @@ def create_app(
         app = create_app(settings, models=[ModelHandle.from_callable(f, n_features=3)])
         app.extensions["serving"].models.stop()     # the DataPlane; stops the batchers
     """
-    settings = settings or load_settings()
+    settings = settings or _running_settings() or load_settings()
     metrics = metrics or default_metrics()
     if model_handle is not None:
         models = [model_handle]

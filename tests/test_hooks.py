@@ -22,9 +22,39 @@ from tests.conftest import sleeping_processes
 
 @pytest.fixture(autouse=True)
 def _restore_hook_globals(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``on_starting`` installs the master's board: undo it after each test."""
+    """``on_starting`` installs the master's board, ``settings_or_exit`` keeps the
+    settings it read: undo both after each test."""
     monkeypatch.setattr(hooks, "_boot", hooks._boot)
+    monkeypatch.setattr(hooks, "_settings", None)
     monkeypatch.setattr("serving.server.board._installed", None)
+
+
+def test_settings_or_exit_exits_at_start_and_keeps_the_running_settings_on_a_reload(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At start a bad setting is one line and exit status 2; once the master runs, a
+    reload that finds one (after ``reload_problem`` looked) keeps what it runs with."""
+    model = tmp_path / "m.joblib"
+    model.write_bytes(Path("serving/demo/breast_cancer.joblib").read_bytes())
+    monkeypatch.setenv("SERVING_MODEL_PATH", str(model))
+    monkeypatch.setenv("SERVING_API_KEYS", "")
+    monkeypatch.setenv("SERVING_MAX_BATCH_SZE", "8")  # a typo: warned of once
+    monkeypatch.setenv("SERVING_MAX_BATCH_SIZE", "nope")
+    with pytest.raises(SystemExit) as exited:
+        hooks.settings_or_exit()
+    monkeypatch.setenv("SERVING_MAX_BATCH_SIZE", "8")
+    running = hooks.settings_or_exit()
+    model.unlink()
+    problem = hooks.reload_problem()
+    after = hooks.settings_or_exit()
+
+    assert exited.value.code == 2
+    assert problem is not None and problem.startswith("invalid setting SERVING_MODEL_PATH: ")
+    assert after is running and hooks.running_settings() is running
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("serving: invalid setting SERVING_MAX_BATCH_SIZE: ")
+    assert sum("SERVING_MAX_BATCH_SZE" in line for line in lines) == 1
+    assert lines[-1].startswith("serving: invalid setting SERVING_MODEL_PATH: ")
 
 
 def test_on_starting_removes_only_prometheus_files(

@@ -168,3 +168,36 @@ def test_a_worker_retrying_a_failed_load_keeps_the_rollout_failed(
 
     assert summary["rollout"] == "failed"
     assert summary["errors"] == [{"pid": retrying, "error": "model 'm': cannot load"}]
+
+
+def test_a_reload_with_invalid_settings_is_refused_and_the_board_says_why(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    """A reload whose ``check`` finds a problem forks nothing and stops nobody (Gunicorn's
+    reload, which would re-read the settings and exit the master, is not called); the
+    board shows it until a reload goes ahead."""
+    board = Board(tmp_path)
+    for pid in workers:
+        board.write(pid, "ready")
+    server = Arbiter(workers, meanwhile=lambda: None)
+    reloads: list[int] = []
+    server.reload = lambda: reloads.append(1)  # type: ignore[method-assign]
+    logged: list[str] = []
+    server.log = SimpleNamespace(info=lambda *args: None, error=lambda m, *a: logged.append(m % a))
+    problems = ["invalid setting SERVING_MODEL_PATH: gone", None]
+    roll_over(server, board, on_booted=lambda: None, check=lambda: problems.pop(0))
+
+    server.reload()
+    refused = board.read().summary()
+    server.reload()
+    accepted = board.read().summary()
+
+    assert reloads == [1]  # the second only
+    assert server.signals == []
+    assert logged == [
+        "reload refused: invalid setting SERVING_MODEL_PATH: gone; the running workers serve on"
+    ]
+    assert refused["rollout"] == "failed"
+    assert refused["errors"][0]["error"] == "invalid setting SERVING_MODEL_PATH: gone"
+    assert refused["ready"] == 2
+    assert "rollout" not in accepted and "errors" not in accepted

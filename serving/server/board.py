@@ -49,6 +49,8 @@ WorkerState = Literal["starting", "warming", "failed", "ready", "leaving", "stop
 _COUNTED = ("starting", "ready")
 #: The states of a worker on its way out: it accepts nothing new.
 GOING = ("leaving", "stopping")
+#: The master's note of a reload it refused (not a pid: skipped as a worker's file).
+_RELOAD = "reload"
 
 
 def alive(pid: int) -> bool:
@@ -73,6 +75,8 @@ class Fleet:
     stages: dict[int, str] = field(default_factory=dict)
     #: Each worker's generation (reloads before its fork), where its file says.
     generations: dict[int, int] = field(default_factory=dict)
+    #: The last reload the master refused, ``(its pid, why)``, until the next reload.
+    refused: tuple[int, str] | None = None
 
     @property
     def ready_count(self) -> int:
@@ -95,9 +99,10 @@ class Fleet:
         any (for ``/healthz``). With a
         failed worker (or one retrying after a failure), ``"rollout": "failed"``: a worker
         forked after the first boot (a reload, respawn or recycle) cannot load the model,
-        and the others serve on. With workers of more than one generation (a reload not
-        yet over), ``"rollout": "in_progress"`` unless failed, and ``generations``: how
-        many workers of each serve (``ready``) or load."""
+        and the others serve on; so too after a reload the master refused (an invalid
+        setting), its error first, under the master's pid. With workers of more than one
+        generation (a reload not yet over), ``"rollout": "in_progress"`` unless failed,
+        and ``generations``: how many workers of each serve (``ready``) or load."""
         body: dict[str, Any] = {"ready": self.ready_count, "total": self.total}
         loading = self.count("warming") + self.count("starting")
         if loading:
@@ -112,9 +117,12 @@ class Fleet:
         retrying = [p for p in self.errors if self.states.get(p) in ("failed", "warming")]
         if self.count("failed"):
             body["failed"] = self.count("failed")
-        if retrying:
+        errors = [{"pid": pid, "error": self.errors[pid]} for pid in sorted(retrying)]
+        if self.refused is not None:
+            errors.insert(0, {"pid": self.refused[0], "error": self.refused[1]})
+        if errors:
             body["rollout"] = "failed"
-            body["errors"] = [{"pid": pid, "error": self.errors[pid]} for pid in sorted(retrying)]
+            body["errors"] = errors
         generations = self._generations()
         if len(generations) > 1:
             body.setdefault("rollout", "in_progress")
@@ -180,6 +188,17 @@ class Board:
     def remove(self, pid: int) -> None:
         (self.path / str(pid)).unlink(missing_ok=True)
 
+    def note_reload(self, problem: str | None) -> None:
+        """Master, at each reload: why it refused it (``"invalid setting ..."``), shown in
+        ``/healthz`` until the next reload, or None (the note removed)."""
+        note = self.path / _RELOAD
+        if problem is None:
+            note.unlink(missing_ok=True)
+            return
+        temporary = self.path / f".{_RELOAD}.tmp"
+        temporary.write_text(json.dumps({"pid": os.getpid(), "error": problem}))
+        os.replace(temporary, note)
+
     def read(self) -> Fleet:
         """The state of every live worker with a file (a file whose process is gone, or that
         cannot be parsed, is skipped)."""
@@ -205,7 +224,15 @@ class Board:
                 stages[int(entry.name)] = data["stage"]
             if isinstance(data.get("generation"), int):
                 generations[int(entry.name)] = data["generation"]
-        return Fleet(states, errors, stages, generations)
+        return Fleet(states, errors, stages, generations, self._refused())
+
+    def _refused(self) -> tuple[int, str] | None:
+        """The master's note of the last reload it refused: ``(pid, error)``, or None."""
+        try:
+            note = json.loads((self.path / _RELOAD).read_text())
+            return int(note["pid"]), str(note["error"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def destroy(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

@@ -54,6 +54,7 @@ from serving.settings import Settings, load_settings
 __all__ = [
     "child_exit",
     "on_exit",
+    "checked_settings",
     "on_reload",
     "on_starting",
     "post_fork",
@@ -61,6 +62,8 @@ __all__ = [
     "pre_exec",
     "pre_fork",
     "prepare_metrics_dir",
+    "reload_problem",
+    "running_settings",
     "settings_or_exit",
     "when_ready",
     "worker_exit",
@@ -68,6 +71,9 @@ __all__ = [
 
 # Made by the master in on_starting, before the first fork; every worker inherits it.
 _boot: Boot | None = None
+# The settings this master runs with, once read (a reload that finds them invalid keeps
+# these).
+_settings: Settings | None = None
 # Reloads (SIGHUP) the master has done; a worker's copy, taken at its fork, is its
 # generation (on the board: /healthz shows a fleet serving two at once).
 _generation = 0
@@ -88,22 +94,61 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     )
 
 
+def checked_settings() -> Settings:
+    """``load_settings()``, with what the workers would otherwise find each on its own: an
+    API keys file that cannot be read, a payload log file sink that cannot be written,
+    an ``OTEL_*`` value the SDK refuses.
+
+    :raises SettingsError: naming the variable.
+    """
+    settings = load_settings()
+    load_api_keys(settings)  # an unreadable keys file stops start-up here, not per worker
+    check_sink(settings)  # so does a payload log file that cannot be written
+    if tracing.enabled() and (problem := tracing_guards.environment_problem()):
+        raise SettingsError(*problem)  # the SDK's OTEL_* (it crashed each worker)
+    return settings
+
+
 def settings_or_exit() -> Settings:
-    """``load_settings()``, or one line on stderr naming the bad variable and exit status 2
-    (also for an API keys file that cannot be read and a payload log file sink that cannot
-    be written)."""
+    """``checked_settings()``, or one line on stderr naming the bad variable and exit
+    status 2. On a reload (Gunicorn re-reads gunicorn.conf.py at ``SIGHUP``) a setting
+    that became invalid since ``reload_problem()`` looked does not stop the running
+    server: the line, then the settings it runs with."""
+    global _settings
     try:
-        settings = load_settings()
-        load_api_keys(settings)  # an unreadable keys file stops start-up here, not per worker
-        check_sink(settings)  # so does a payload log file that cannot be written
-        if tracing.enabled() and (problem := tracing_guards.environment_problem()):
-            raise SettingsError(*problem)  # the SDK's OTEL_BSP_* (it crashed each worker)
+        settings = checked_settings()
     except SettingsError as exc:
         print(f"serving: invalid setting {exc}", file=sys.stderr)
+        if _settings is not None:
+            return _settings
         raise SystemExit(2) from None
-    for name in unknown_variables(os.environ):
-        print(f"serving: warning: {name} is not a setting (ignored); see README", file=sys.stderr)
+    if _settings is None:
+        for name in unknown_variables(os.environ):
+            print(
+                f"serving: warning: {name} is not a setting (ignored); see README", file=sys.stderr
+            )
+    _settings = settings
     return settings
+
+
+def running_settings() -> Settings | None:
+    """The settings this server's master checked last (a worker has its copy, from its
+    fork), or None before: the app of a worker takes these rather than read the
+    environment and its files again, which may have changed since (a worker forked after
+    a model file was removed exited on it, and its replacement too, at each respawn)."""
+    return _settings
+
+
+def reload_problem() -> str | None:
+    """Master, on ``SIGHUP`` before anything is re-read: the invalid setting that a reload
+    would stop on (``"SERVING_MODEL_PATH: ..."``: a model file removed before its copy, a
+    half-written ``SERVING_MODELS`` file), or None. The rollover then refuses the reload
+    and the running workers serve on (``serving.server.rollover``)."""
+    try:
+        checked_settings()
+    except SettingsError as exc:
+        return f"invalid setting {exc}"
+    return None
 
 
 def on_starting(server: Any) -> None:
@@ -141,7 +186,7 @@ def on_starting(server: Any) -> None:
         if not server.reexec_pid and not boot.shared.value:
             boot.stopping.value = 1
 
-    roll_over(server, boot.board, booted, boot.gate, stopping)
+    roll_over(server, boot.board, booted, gate=boot.gate, on_stop=stopping, check=reload_problem)
 
 
 def _log_to_gunicorn(server: Any) -> logging.Logger:
@@ -243,7 +288,8 @@ def _get_model(server: Any, worker: Any, settings: Settings, service_log: Any) -
         if board is not None:
             board.write(pid, "ready")
         return cache
-    cache = ModelCache.of(settings.model_settings(), default_metrics(), slot, sharing.inherited)
+    models = sharing.models_of(settings)
+    cache = ModelCache.of(models, default_metrics(), slot, sharing.inherited)
     install_cache(cache)
     load_while_accepting(cache, board, halt_on_failure(server, worker, _boot, service_log))
     return cache

@@ -5,6 +5,9 @@ changes it so that
   drops (Gunicorn itself stops all old workers at once, and new ones load for seconds);
   old workers that serve nothing (failed to load) are stopped at once, and the master
   handles the next signal as soon as the new workers are forked;
+* a reload whose settings have become invalid (``check``) is refused before Gunicorn
+  re-reads its configuration, whose settings check would exit the master (and with it
+  every worker); the board says why (``/healthz``: ``"rollout": "failed"``);
 * after the first boot, no worker exit halts the server (Gunicorn halts on exit status 3 or
   4 whenever it comes: a model calling ``os._exit(3)`` would stop every worker);
 * a worker leaving for ``SERVING_MAX_REQUESTS`` (``serving.server.recycling``) is replaced
@@ -42,15 +45,19 @@ def roll_over(
     server: Any,
     board: Board,
     on_booted: Callable[[], None],
+    *,
     gate: RecycleGate | None = None,
     on_stop: Callable[[], None] = lambda: None,
+    check: Callable[[], str | None] = lambda: None,
 ) -> None:
     """Make the Gunicorn arbiter ``server`` roll workers over one by one and stop halting
     once the first boot is over (see the module docstring and ``_RollOver``);
     ``on_booted()`` is called once, in the master, when every first-boot worker is ready.
     ``gate`` learns the number of workers wanted each time the master looks;
-    ``on_stop()`` is called as the master stops the whole server, before its workers."""
-    _RollOver(server, board, on_booted, gate, on_stop).install()
+    ``on_stop()`` is called as the master stops the whole server, before its workers;
+    ``check()``, at each reload before anything is re-read, says why the reload would
+    fail (an invalid setting), or None."""
+    _RollOver(server, board, on_booted, gate=gate, on_stop=on_stop, check=check).install()
 
 
 class _RollOver:
@@ -77,11 +84,13 @@ class _RollOver:
         server: Any,
         board: Board,
         on_booted: Callable[[], None],
+        *,
         gate: RecycleGate | None = None,
         on_stop: Callable[[], None] = lambda: None,
+        check: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.server, self.board, self.on_booted, self.gate = server, board, on_booted, gate
-        self.on_stop = on_stop
+        self.on_stop, self.check = on_stop, check
         self.retiring: set[int] = set()
         #: Workers forked before the last reload: none counts towards the new generation.
         self.older: set[int] = set()
@@ -126,6 +135,11 @@ class _RollOver:
         self.spawned = self.reloading  # reload() manages its workers once, after forking
 
     def reload(self) -> None:
+        problem = self.check()
+        self.board.note_reload(problem)
+        if problem is not None:
+            self.server.log.error("reload refused: %s; the running workers serve on", problem)
+            return
         self.older |= set(self.server.WORKERS)
         self.reloading, self.spawned = True, False
         try:

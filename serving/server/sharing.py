@@ -60,6 +60,7 @@ __all__ = [
     "describe",
     "inherited",
     "load_in_master",
+    "models_of",
 ]
 
 #: How a load in the master ended: nothing to share, loaded, failed (logged), past
@@ -100,11 +101,29 @@ def _key(model: ModelSettings) -> Key:
     return (model.name, model.version, str(model.path), model.format, model.sha256)
 
 
+#: The settings object ``models_of`` last built the model list of, and that list.
+_built: tuple[Settings, tuple[ModelSettings, ...]] | None = None
+
+
+def models_of(settings: Settings) -> tuple[ModelSettings, ...]:
+    """``settings.model_settings()``, built once per settings object (in the master,
+    before fork, by ``choose``): a worker forked later (a respawn, after a model file was
+    removed and the reload refused) takes the list its master built, and the model the
+    master loaded, instead of finding the file gone.
+
+    :raises ValueError: as ``Settings.model_settings``.
+    """
+    global _built
+    if _built is None or _built[0] is not settings:
+        _built = (settings, settings.model_settings())
+    return _built[1]
+
+
 def choose(settings: Settings) -> list[Choice]:
     """Per model of ``settings``, whether the master
     loads it for every worker: formats in ``SHARED_FORMATS`` under ``share_model=auto``."""
     choices = []
-    for model in settings.model_settings():
+    for model in models_of(settings):
         fmt = model.format
         if model.share == "off":
             choices.append(Choice(model, False, "SERVING_SHARE_MODEL=off"))

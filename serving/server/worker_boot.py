@@ -217,7 +217,7 @@ def _load_once(
 
     metrics = default_metrics()
     try:
-        cache = ModelCache.of(settings.model_settings(), metrics, slot, sharing.inherited)
+        cache = ModelCache.of(sharing.models_of(settings), metrics, slot, sharing.inherited)
     except ValueError as exc:  # the paths were checked when the settings were read: vanished
         reason = "; ".join(e["msg"] for e in getattr(exc, "errors", lambda: [])())
         name, version, path = _first_model(settings)

@@ -241,6 +241,82 @@ def test_a_failed_reload_keeps_the_old_workers_and_the_next_reload_acts_at_once(
     assert v2_ready[0] < old_stopped[0] and v2_ready[1] < old_stopped[1], server.output()
 
 
+def test_a_reload_whose_settings_are_invalid_is_refused_and_the_workers_serve_on(
+    gunicorn: Start, pickled: Pickled, tmp_path: Path
+) -> None:
+    """Found by the attack: a SIGHUP re-reads gunicorn.conf.py, whose settings check
+    exited the master when a setting had become invalid (the model file removed before a
+    copy, a SERVING_MODELS file half-written): every worker followed it ("Parent
+    changed"), and the port refused connections from then on. The reload is refused
+    instead, in one line, /healthz says so, a worker forked meanwhile serves what the
+    others serve, and the next good reload acts."""
+    current = tmp_path / "current.pkl"
+    pickled(RowOffset(offset=0.0), "v1.pkl").rename(current)
+    server = gunicorn(model_path=current, request_timeout_ms=DEADLINE_S * 1000)
+    server.wait_ready()
+    server.wait_for_log("every worker is ready", 1)
+    first = set(server.worker_pids())
+    assert server.proc is not None
+    outcomes: list[tuple[Any, float]] = []
+
+    with ThreadPoolExecutor(1) as pool:
+        stop = threading.Event()
+        traffic = pool.submit(timed_traffic, server, stop, 4)
+        try:
+            current.unlink()
+            server.proc.send_signal(signal.SIGHUP)
+            server.wait_for_log("reload refused", 1, timeout_s=30)
+            health = requests.get(f"{server.url}/healthz", timeout=5)
+            workers = health.json()["workers"]
+            assert health.status_code == 200, health.text
+            assert workers["rollout"] == "failed", workers
+            assert "SERVING_MODEL_PATH" in workers["errors"][0]["error"], workers
+            time.sleep(1.0)  # the workers would have seen their master go by now
+            assert server.proc.poll() is None, server.output()
+            assert set(server.worker_pids()) == first, server.output()
+        finally:
+            stop.set()
+        outcomes += traffic.result(120)
+
+    # A worker forked now (its predecessor killed; its clients' connections go with it)
+    # serves with the settings its master checked and the model it loaded: it read them
+    # again, found the file gone and exited with status 3, at every respawn.
+    killed = min(first)
+    os.kill(killed, signal.SIGKILL)
+    until(
+        lambda: killed not in server.worker_pids()
+        and requests.get(f"{server.url}/healthz", timeout=5).json()["workers"]["ready"] == 2,
+        30, interval_s=0.1, what=lambda: f"a replacement ready:\n{server.output()}",
+    )  # fmt: skip
+
+    with ThreadPoolExecutor(1) as pool:
+        stop = threading.Event()
+        traffic = pool.submit(timed_traffic, server, stop, 4)
+        try:
+            pickled(RowOffset(offset=1000.0), "v2.pkl").rename(current)
+            server.proc.send_signal(signal.SIGHUP)
+            until(
+                lambda: server.predict([[1.0]]).json()["predictions"] == [1001.0], 60,
+                interval_s=0.1, what=lambda: f"v2 served:\n{server.output()}",
+            )  # fmt: skip
+            until(
+                lambda: "rollout" not in requests.get(f"{server.url}/healthz", timeout=5)
+                .json()["workers"], 60, interval_s=0.2,
+                what=lambda: f"the rollout over:\n{server.output()}",
+            )  # fmt: skip
+        finally:
+            stop.set()
+        outcomes += traffic.result(120)
+
+    failures = [outcome for outcome, _ in outcomes if outcome != 200]
+    assert failures == [], failures[:5]
+    assert len(outcomes) > 50
+    lines = [line for line in server.output().splitlines() if "reload refused" in line]
+    assert len(lines) == 1, server.output()
+    assert "SERVING_MODEL_PATH" in lines[0] and "serve on" in lines[0], lines[0]
+    assert "exited with code 3" not in server.output(), server.output()
+
+
 def test_max_requests_bounds_what_each_worker_serves_across_a_reload(
     gunicorn: Start, pickled: Pickled
 ) -> None:
