@@ -114,7 +114,9 @@ class Fleet:
             ]
             if stages:
                 body["stages"] = stages
-        retrying = [p for p in self.errors if self.states.get(p) in ("failed", "warming")]
+        retrying = [
+            p for p in self.errors if self.states.get(p) in ("failed", "warming", "starting")
+        ]  # fmt: skip
         if self.count("failed"):
             body["failed"] = self.count("failed")
         errors = [{"pid": pid, "error": self.errors[pid]} for pid in sorted(retrying)]

@@ -274,8 +274,9 @@ def _prepare_worker(server: Any, worker: Any, settings: Settings) -> logging.Log
 
 def _get_model(server: Any, worker: Any, settings: Settings, service_log: Any) -> Any:
     """Worker: install this process's ``ModelCache``, loaded before accepting when others
-    serve already, else loading in the background (a failure halts the server). Returns
-    the cache."""
+    serve already (unless none serves when a load fails: then it accepts, answering 503,
+    and retries in the background), else loading in the background (a failure halts the
+    server). Returns the cache."""
     from serving.cache import ModelCache, install_cache
     from serving.observe.metrics import default_metrics
 
@@ -283,9 +284,16 @@ def _get_model(server: Any, worker: Any, settings: Settings, service_log: Any) -
     board = _boot.board if _boot is not None else None
     if _boot is not None and _boot.others_serve():
         server.log.info("worker %s: loading before accepting (others are serving)", pid)
-        cache = load_before_accepting(server, worker, settings, slot, board)
+        cache, retry = load_before_accepting(server, worker, settings, slot, board)
         install_cache(cache)
-        if board is not None:
+        if retry is not None:  # nobody serves: accept meanwhile, answering 503
+
+            def loaded(new: Any) -> None:
+                install_cache(new)
+                new.start_watchdog(_recycle_on_problem(server, worker))
+
+            retry(loaded)
+        elif board is not None:
             board.write(pid, "ready")
         return cache
     models = sharing.models_of(settings)

@@ -6,8 +6,9 @@ worker is ready) and a failed load halts the server (``halt_on_failure``: exit s
 ``WORKER_BOOT_ERROR``, one line saying why). A worker forked once others serve (a respawn,
 a ``max_requests`` recycle, a ``SIGHUP`` reload) loads before it accepts a connection and
 retries a failed load after ``RETRY_FIRST_S`` seconds, doubling up to ``RETRY_MAX_S``
-(``load_before_accepting``), while the others serve on. Either way it publishes its state
-on the board (``serving.server.board``).
+(``load_before_accepting``), while the others serve on; when none serves any more, it
+accepts meanwhile (503 ``not_ready``, ``/livez`` 200) and retries in the background.
+Either way it publishes its state on the board (``serving.server.board``).
 
 ``Boot`` is what the master creates before the first fork and every worker inherits: the
 board, the recycle gate and two flags in shared memory. Imports neither prometheus-client
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.server import sharing
-from serving.server.board import Board, install_board
+from serving.server.board import Board, WorkerState, install_board
 from serving.server.metrics_dir import remove_at_exit
 from serving.server.recycling import RecycleGate
 from serving.settings import DEMO_MODEL_PATH, Settings
@@ -40,6 +41,7 @@ __all__ = [
     "RETRY_MAX_S",
     "WORKER_BOOT_ERROR",
     "Boot",
+    "Retry",
     "halt_on_failure",
     "load_before_accepting",
     "load_while_accepting",
@@ -165,14 +167,25 @@ def load_while_accepting(
     cache.start_loading(on_failure, on_ready)
 
 
+#: What ``load_before_accepting`` hands back when no worker serves: start retrying in the
+#: background, calling ``on_loaded(cache)`` with the loaded cache.
+Retry = Callable[[Callable[[Any], None]], None]
+
+
 def load_before_accepting(
     server: Any, worker: Any, settings: Settings, slot: int, board: Board | None
-) -> Any:
+) -> tuple[Any, Retry | None]:
     """Worker, after the first boot: load every model before accepting a connection. A
     failed load is logged (model path and cause), counted in
     ``serving_model_load_failures_total``, shown in ``/healthz`` (``failed``) and retried
     after ``RETRY_FIRST_S`` doubling up to ``RETRY_MAX_S`` seconds; the server goes on with
-    the other workers. Returns the loaded ``ModelCache``."""
+    the other workers. Returns the loaded ``ModelCache`` and None.
+
+    When no worker serves (the others died since), a worker waiting to retry would hold
+    the listening socket while nobody accepts: every client waited for its own timeout,
+    ``/livez`` included. It then returns a cache of models not loaded (they answer 503
+    ``not_ready``) and a ``Retry`` to start: the worker accepts meanwhile, ``starting`` on
+    the board with its last error, and retries in the background."""
     pid = os.getpid()
     delay_s = RETRY_FIRST_S
     last_error: str | None = None  # kept while retrying: the rollout still failed
@@ -181,8 +194,19 @@ def load_before_accepting(
             board.write(pid, "warming", last_error)
         cache, error = _load_once(worker, settings, slot, board, last_error)
         if error is None:
-            return cache
+            return cache, None
         last_error = str(error)
+        if cache is not None and board is not None and board.read().ready_count == 0:
+            server.log.error(
+                "worker %s: %s; no worker serves: accepting meanwhile (503 not_ready), "
+                "retrying in %g s", pid, error, delay_s,
+            )  # fmt: skip
+            board.write(pid, "starting", last_error)
+            retry = functools.partial(
+                _retry_while_accepting, server, worker, settings,
+                slot=slot, board=board, delay_s=delay_s, last_error=last_error,
+            )  # fmt: skip
+            return _unloaded(settings, slot), retry
         server.log.error(
             "worker %s: %s; retrying in %g s (the other workers go on serving)",
             pid,
@@ -193,6 +217,49 @@ def load_before_accepting(
             board.write(pid, "failed", str(error))
         _wait_alive(worker, delay_s)
         delay_s = min(delay_s * 2, RETRY_MAX_S)
+
+
+def _unloaded(settings: Settings, slot: int) -> Any:
+    """A ``ModelCache`` of the models, none loaded: each answers 503 ``not_ready``
+    ("loading"), ``/livez`` 200 (a failed one says only a restart helps)."""
+    from serving.cache import ModelCache
+    from serving.observe.metrics import default_metrics
+
+    return ModelCache.of(sharing.models_of(settings), default_metrics(), slot, sharing.inherited)
+
+
+def _retry_while_accepting(
+    server: Any,
+    worker: Any,
+    settings: Settings,
+    on_loaded: Callable[[Any], None],
+    *,
+    slot: int,
+    board: Board,
+    delay_s: float,
+    last_error: str,
+) -> None:
+    """In a daemon thread, while the worker accepts: retry the load as
+    ``load_before_accepting`` does (``starting`` on the board, its last error kept); once
+    it loads, ``on_loaded(cache)`` and ``ready``."""
+    pid = os.getpid()
+
+    def retry() -> None:
+        delay, error_text = delay_s, last_error
+        while True:
+            time.sleep(delay)
+            board.write(pid, "starting", error_text)
+            cache, error = _load_once(worker, settings, slot, board, error_text, state="starting")
+            if error is None:
+                on_loaded(cache)
+                board.write(pid, "ready")
+                server.log.info("worker %s: loaded on a retry; serving", pid)
+                return
+            delay, error_text = min(delay * 2, RETRY_MAX_S), str(error)
+            server.log.error("worker %s: %s; retrying in %g s", pid, error, delay)
+            board.write(pid, "starting", error_text)
+
+    threading.Thread(target=retry, name="serving-load-retry", daemon=True).start()
 
 
 def _first_model(settings: Settings) -> tuple[str, str, Path]:
@@ -206,11 +273,17 @@ def _first_model(settings: Settings) -> tuple[str, str, Path]:
 
 
 def _load_once(
-    worker: Any, settings: Settings, slot: int, board: Board | None, last_error: str | None
+    worker: Any,
+    settings: Settings,
+    slot: int,
+    board: Board | None,
+    last_error: str | None,
+    *,
+    state: WorkerState = "warming",
 ) -> tuple[Any, BaseException | None]:
     """One attempt: a ``ModelCache`` loaded in the background while this thread keeps the
-    worker alive for the arbiter; ``(cache, None)``, or ``(None or the cache, the first
-    error)`` with the failure counted."""
+    worker alive for the arbiter, its stages on the board under ``state``; ``(cache,
+    None)``, or ``(None or the cache, the first error)`` with the failure counted."""
     from serving.cache import ModelCache
     from serving.errors import ModelLoadError
     from serving.observe.metrics import default_metrics
@@ -224,7 +297,7 @@ def _load_once(
         metrics.model_load_failed(name, version)
         return None, ModelLoadError(path, reason or str(exc))
     if board is not None:
-        cache.report_stages(functools.partial(board.write, os.getpid(), "warming", last_error))
+        cache.report_stages(functools.partial(board.write, os.getpid(), state, last_error))
     done = threading.Event()
     failures: list[BaseException] = []
     cache.start_loading(failures.append, done.set)

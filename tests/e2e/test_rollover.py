@@ -317,6 +317,65 @@ def test_a_reload_whose_settings_are_invalid_is_refused_and_the_workers_serve_on
     assert "exited with code 3" not in server.output(), server.output()
 
 
+def test_when_no_worker_serves_the_failed_ones_accept_and_answer_503_until_a_load_works(
+    gunicorn: Start, pickled: Pickled, tmp_path: Path
+) -> None:
+    """Found by the attack: after a reload onto a broken file, the old workers killed, the
+    new ones (failed, retrying before accepting) held the listening socket: the kernel
+    completed every handshake and nothing answered, /livez and /healthz included, until
+    each client's own timeout. With no worker serving, a failed one accepts meanwhile:
+    /livez 200, /healthz and predictions 503 not_ready at once, and it serves once its
+    retry loads a good file."""
+    current = tmp_path / "current.pkl"
+    pickled(RowOffset(offset=0.0), "v1.pkl").rename(current)
+    server = gunicorn(model_path=current, request_timeout_ms=DEADLINE_S * 1000)
+    server.wait_ready()
+    server.wait_for_log("every worker is ready", 1)
+    first = set(server.worker_pids())
+    assert server.proc is not None
+    broken = tmp_path / "broken.pkl"
+    broken.write_bytes(b"not a pickle")
+    broken.rename(current)
+    server.proc.send_signal(signal.SIGHUP)
+    server.wait_for_log("cannot load model", 2, timeout_s=60)
+    for pid in first:
+        os.kill(pid, signal.SIGKILL)
+    until(lambda: not first & set(server.worker_pids()), 30, interval_s=0.1)
+
+    def predict() -> requests.Response:
+        return requests.post(f"{server.url}/predict", json={"instances": [[1.0]]}, timeout=2)
+
+    def answers() -> tuple[int, int, int]:
+        live = requests.get(f"{server.url}/livez", timeout=2).status_code
+        health = requests.get(f"{server.url}/healthz", timeout=2).status_code
+        return live, health, predict().status_code
+
+    def answered() -> bool:
+        try:
+            return answers() == (200, 503, 503)
+        except requests.RequestException:
+            return False
+
+    until(
+        answered, 30, interval_s=0.2, what=lambda: f"503s at once ({answers()}):\n{server.output()}"
+    )
+    body = predict().json()
+    assert body["error"]["code"] == "not_ready", body
+    health = requests.get(f"{server.url}/healthz", timeout=2).json()["workers"]
+    assert "cannot load model" in health["errors"][0]["error"], health
+
+    pickled(RowOffset(offset=1000.0), "v2.pkl").rename(current)
+    until(
+        lambda: predict().status_code == 200, 90, interval_s=0.5,
+        what=lambda: f"v2 served after a retry:\n{server.output()}",
+    )  # fmt: skip
+    assert server.predict([[1.0]]).json()["predictions"] == [1001.0]
+    until(
+        lambda: requests.get(f"{server.url}/healthz", timeout=2).status_code == 200, 90,
+        interval_s=0.5, what=lambda: f"every worker ready:\n{server.output()}",
+    )  # fmt: skip
+
+
 def test_max_requests_bounds_what_each_worker_serves_across_a_reload(
     gunicorn: Start, pickled: Pickled
 ) -> None:
