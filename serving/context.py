@@ -16,8 +16,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["REQUEST_STAGES", "Call", "Timing", "new_request_id", "stage_seconds"]
+__all__ = [
+    "BODY_OVER_LIMIT",
+    "REQUEST_STAGES",
+    "Call",
+    "Timing",
+    "new_request_id",
+    "stage_seconds",
+]
 
+#: WSGI environ key our Gunicorn worker sets (True) on a request whose chunked body, as
+#: its main loop read it, declared more data than ``SERVING_MAX_BODY_BYTES``: the body
+#: read answers 413 at once instead of waiting for data it would refuse.
+BODY_OVER_LIMIT = "serving.body_over_limit"
 #: The stages of a request as Triton's statistics extension names them, in its order.
 REQUEST_STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
 

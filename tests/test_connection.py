@@ -13,9 +13,12 @@ from gunicorn.config import Config  # type: ignore[import-untyped]
 from serving.batching.arrivals import Arrivals
 from serving.server.connection import (
     HEAD_READ_BYTES,
+    INCOMPLETE,
+    ChunkedBody,
     Reader,
     ServingConn,
     body_end,
+    chunked_start,
     head_complete,
 )
 from tests.waiting import until
@@ -163,3 +166,65 @@ def test_body_end_reads_only_a_body_with_one_content_length_within_the_limit(
     head: bytes, end: int | None
 ) -> None:
     assert body_end(head, most_bytes=1000) == end
+
+
+CHUNKED_HEAD = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("head", "start"),
+    [
+        (CHUNKED_HEAD, len(CHUNKED_HEAD)),
+        (b"POST / HTTP/1.1\r\ntransfer-encoding:  Chunked \r\n\r\n5\r\n", 49),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", None),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n", None),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n", None),
+        (
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            None,
+        ),
+        (b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n", None),
+    ],
+)
+def test_chunked_start_reads_only_a_body_framed_by_chunked_alone(
+    head: bytes, start: int | None
+) -> None:
+    assert chunked_start(head) == start
+
+
+def test_chunked_body_ends_after_its_last_chunk_and_trailers_as_bytes_come() -> None:
+    body = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nX-Sum: 1\r\n\r\n"
+    request = CHUNKED_HEAD + body + b"GET /next HTTP/1.1\r\n"  # pipelined: not the body's
+    scan = ChunkedBody(len(CHUNKED_HEAD), most_bytes=100)
+
+    ends = [scan.end(request[:n]) for n in range(len(CHUNKED_HEAD), len(request) + 1)]
+
+    complete = len(CHUNKED_HEAD) + len(body)
+    assert ends[: len(body)] == [INCOMPLETE] * len(body)
+    assert set(ends[len(body) :]) == {complete}
+    assert scan.data_bytes == 11
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"zz\r\nhello\r\n",  # not a size
+        b"5\r\nhelloXX",  # no CRLF after the data
+        b"65\r\n",  # 101 bytes of data: over the limit
+        b"5\r\nhello\r\n" * 20 + b"1\r\n",  # the sum over the limit
+        b"1" * 2000,  # a size line longer than the main loop reads
+        b"\r\n",  # an empty size
+    ],
+)
+def test_chunked_body_a_thread_reads_on_when_malformed_or_over_the_limit(body: bytes) -> None:
+    scan = ChunkedBody(len(CHUNKED_HEAD), most_bytes=100)
+
+    assert scan.end(CHUNKED_HEAD + body) is None
+
+
+def test_chunked_body_without_trailers_ends_after_the_last_chunks_crlf() -> None:
+    request = CHUNKED_HEAD + b"0\r\n\r\n"
+    scan = ChunkedBody(len(CHUNKED_HEAD), most_bytes=100)
+
+    assert scan.end(request[:-2]) == INCOMPLETE
+    assert scan.end(request) == len(request)

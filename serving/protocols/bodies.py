@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from serving.context import BODY_OVER_LIMIT
 from serving.errors import (
     PayloadTooLarge,
     RequestTimeout,
@@ -117,6 +118,8 @@ def read_body(environ: Mapping[str, Any], settings: Settings) -> bytes:
     length = int(declared) if declared.isdigit() else None
     if length is not None and length > max_body_bytes:
         raise PayloadTooLarge("request body", length, max_body_bytes, _BODY_SETTING, "bytes")
+    if environ.get(BODY_OVER_LIMIT):  # its chunks declared more (our worker saw them)
+        raise PayloadTooLarge("chunked request body", None, max_body_bytes, _BODY_SETTING, "bytes")
     if length is None and not environ.get("wsgi.input_terminated"):
         return b""  # neither a length nor a chunked body: WSGI says there is none
     # Read straight from wsgi.input (werkzeug's stream wrappers cost ~14 us a request).

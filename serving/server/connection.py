@@ -34,7 +34,16 @@ from gunicorn.workers import gthread  # type: ignore[import-untyped]
 from serving.batching.arrivals import Arrivals
 from serving.server.lingering import Lingerer
 
-__all__ = ["HEAD_READ_BYTES", "Reader", "ServingConn", "body_end", "head_complete"]
+__all__ = [
+    "HEAD_READ_BYTES",
+    "INCOMPLETE",
+    "ChunkedBody",
+    "Reader",
+    "ServingConn",
+    "body_end",
+    "chunked_start",
+    "head_complete",
+]
 
 #: Most bytes of a request head the main loop reads before handing the connection to a
 #: thread anyway (the parser then reads the rest, by the same deadline, or refuses it:
@@ -77,6 +86,90 @@ def body_end(head: bytes, most_bytes: int) -> int | None:
     if len(lengths) != 1 or not 0 < int(lengths[0]) <= most_bytes:
         return None
     return end + 4 + int(lengths[0])
+
+
+_TRANSFER_ENCODING = re.compile(rb"\r\ntransfer-encoding[ \t]*:([^\r\n]*)", re.I)
+_LENGTH_OR_EXPECT = re.compile(rb"\r\n(?:content-length|expect)[ \t]*:", re.I)
+#: Longest chunk size line (the size and its extensions) and trailer section the main
+#: loop reads of a chunked body; a longer one goes to a thread, whose parser judges it.
+CHUNK_LINE_BYTES = 1024
+TRAILER_BYTES = 8 * 1024
+#: ``ChunkedBody.end``: the body is not complete yet.
+INCOMPLETE = -1
+
+
+def chunked_start(head: bytes) -> int | None:
+    """Where a chunked body begins in ``head`` (a complete head, perhaps with some of its
+    body), when the main loop may read it: one ``Transfer-Encoding`` of exactly
+    ``chunked``, neither ``Content-Length`` nor ``Expect``; None where a thread should
+    take the connection as it is (Gunicorn's parser refuses or reads the others)."""
+    end = head.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    headers = head[: end + 2]
+    codings = _TRANSFER_ENCODING.findall(headers)
+    if len(codings) != 1 or codings[0].strip().lower() != b"chunked":
+        return None
+    if _LENGTH_OR_EXPECT.search(headers):
+        return None
+    return end + 4
+
+
+class ChunkedBody:
+    """Where a chunked body (RFC 9112, 7.1) read into a buffer ends, found as its bytes
+    come, each byte looked at once: chunk size lines, their data and CRLF, the last
+    chunk and its trailers. Only decides where to read; Gunicorn's parser still parses
+    the whole request on the thread.
+
+    Usage::
+
+        body = ChunkedBody(chunked_start(buffer), most_bytes=2 * 1024 * 1024)
+        body.end(buffer)        # INCOMPLETE, the index past the body, or None
+    """
+
+    __slots__ = ("at", "data_bytes", "most_bytes", "over_limit")
+
+    def __init__(self, at: int, most_bytes: int) -> None:
+        self.at, self.most_bytes = at, most_bytes
+        #: The chunk data so far, in bytes.
+        self.data_bytes = 0
+        #: Whether a chunk declared more data than ``most_bytes`` in all.
+        self.over_limit = False
+
+    def end(self, buffer: bytes) -> int | None:
+        """The index just past the body in ``buffer`` (all of it read so far, from the
+        start of the request), ``INCOMPLETE`` while more is to come, or None when a
+        thread should read on: a malformed size line (the parser answers 400) or more
+        than ``most_bytes`` of data (the body read answers 413)."""
+        while True:
+            line_end = buffer.find(b"\r\n", self.at, self.at + CHUNK_LINE_BYTES)
+            if line_end < 0:
+                return INCOMPLETE if len(buffer) - self.at < CHUNK_LINE_BYTES else None
+            size_text = buffer[self.at : line_end].split(b";", 1)[0].strip()
+            if not size_text or len(size_text) > 8 or size_text.strip(b"0123456789abcdefABCDEF"):
+                return None
+            size = int(size_text, 16)
+            if size == 0:
+                return self._trailers_end(buffer, line_end + 2)
+            if self.data_bytes + size > self.most_bytes:
+                self.over_limit = True
+                return None
+            chunk_end = line_end + 2 + size
+            if len(buffer) < chunk_end + 2:
+                return INCOMPLETE
+            if buffer[chunk_end : chunk_end + 2] != b"\r\n":
+                return None
+            self.data_bytes += size
+            self.at = chunk_end + 2
+
+    def _trailers_end(self, buffer: bytes, start: int) -> int | None:
+        """Past the trailer section that begins at ``start`` (none: just CRLF)."""
+        if buffer.startswith(b"\r\n", start):
+            return start + 2
+        end = buffer.find(b"\r\n\r\n", start, start + TRAILER_BYTES)
+        if end >= 0:
+            return end + 4
+        return INCOMPLETE if len(buffer) - start < TRAILER_BYTES else None
 
 
 class Reader:
@@ -156,6 +249,13 @@ class ServingConn(gthread.TConn):  # type: ignore[misc]
         #: the body is due (then a thread takes it anyway, to answer 408).
         self.body_end: int | None = None
         self.body_deadline: float | None = None
+        #: A chunked body the main loop reads, and the bytes of the worker's budget this
+        #: connection's buffer holds (its whole length, or what came so far of a chunked
+        #: body).
+        self.chunked: ChunkedBody | None = None
+        self.reserved = 0
+        #: Its chunked body declared more than the limit (``serving.context.BODY_OVER_LIMIT``).
+        self.body_over_limit = False
 
     def init(self) -> None:
         """On the thread, before the parser reads: the parser on a ``Reader`` (once), the

@@ -10,10 +10,12 @@ accept (or after the first byte of a kept-alive connection's next request), or t
 nothing for Gunicorn's ``keepalive`` after an answer.
 
 A body with one ``Content-Length`` (at most ``body_buffer_bytes``, and
-``BODY_BUFFER_BUDGET`` for all of a worker's) is read on the main loop too, by the body
-deadline: a trickling body holds no thread either; one late, or cut short by the client,
-goes to a thread, which answers it (408, 400). A chunked body, or one sent after
-``Expect: 100-continue``, is read on the thread.
+``BODY_BUFFER_BUDGET`` for all of a worker's), or chunked (its chunks followed as they
+come, ``serving.server.connection.ChunkedBody``, within the same limits), is read on the
+main loop too, by the body deadline: a trickling body holds no thread either; one late,
+or cut short by the client, goes to a thread, which answers it (408, 400), and so does
+one malformed or over the limit (400, 413). One sent after ``Expect: 100-continue`` is
+read on the thread.
 
 A stopping worker keeps idle connections ``STOP_LINGER_S`` at most, for a request a
 client may already be sending. Out of file descriptors, it pauses accepting for
@@ -37,7 +39,15 @@ from typing import Any
 from gunicorn.workers import gthread  # type: ignore[import-untyped]
 
 from serving.batching.arrivals import Arrivals
-from serving.server.connection import HEAD_READ_BYTES, ServingConn, body_end, head_complete
+from serving.server.connection import (
+    HEAD_READ_BYTES,
+    INCOMPLETE,
+    ChunkedBody,
+    ServingConn,
+    body_end,
+    chunked_start,
+    head_complete,
+)
 from serving.server.lingering import Lingerer
 
 __all__ = ["ConnectionLimits", "HeadReadingWorker"]
@@ -54,6 +64,9 @@ ACCEPT_PAUSE_S = 0.5
 BODY_BUFFER_BUDGET = 64 * 1024 * 1024
 #: Most bytes of a body read from a socket at once on the main loop.
 BODY_READ_BYTES = 1024 * 1024
+#: Most bytes of chunked framing (size lines, CRLFs, trailers) the main loop reads beside
+#: a chunked body's data; a body framed in more goes to a thread.
+CHUNK_FRAMING_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -176,22 +189,56 @@ class HeadReadingWorker(gthread.ThreadWorker):  # type: ignore[misc]
     def _complete(self, conn: ServingConn, searched: int = 0) -> bool:
         """Whether ``conn``'s request is read as far as the main loop reads it: its head,
         and its body too when it has a ``Content-Length`` within the limit and the budget
-        (``body_end``), so that a client trickling its body holds no thread either. A body
-        still to come gets the body deadline (``SERVING_REQUEST_TIMEOUT_MS``)."""
+        (``body_end``), or is chunked (``chunked_start``: read while its chunks stay
+        within the limit and the budget), so that a client trickling its body holds no
+        thread either. A body still to come gets the body deadline
+        (``SERVING_REQUEST_TIMEOUT_MS``)."""
         assert self.limits is not None
+        if conn.chunked is not None:
+            return self._chunked_complete(conn)
         if conn.body_end is not None:
             return len(conn.head) >= conn.body_end
         if not head_complete(conn.head, searched):
             return False
-        end = body_end(conn.head, self.limits.body_buffer_bytes)
-        if end is None or len(conn.head) >= end:
-            return True
-        if self._body_bytes + end > BODY_BUFFER_BUDGET:
-            return True  # read on the thread
+        return self._start_body(conn)
+
+    def _start_body(self, conn: ServingConn) -> bool:
+        """With ``conn``'s head complete: whether the thread takes it now, or (False) the
+        main loop reads its body first, by the body deadline."""
+        assert self.limits is not None
+        most = self.limits.body_buffer_bytes
+        end = body_end(conn.head, most)
+        start = chunked_start(conn.head) if end is None and most else None
+        if start is not None:
+            conn.chunked = ChunkedBody(start, most)
+            # the most it reads: the data allowed, with its framing (a size line a chunk)
+            conn.body_end = start + most + CHUNK_FRAMING_BYTES
+            conn.body_deadline = conn.deadline = time.monotonic() + self.limits.body_timeout_s
+            done = self._chunked_complete(conn)
+            if done:  # all here already: nothing read on (a pipelined one's state stays)
+                self._release(conn)
+            return done
+        if end is None or len(conn.head) >= end or self._body_bytes + end > BODY_BUFFER_BUDGET:
+            return True  # no body, all of it here, or over the budget: read on the thread
         self._body_bytes += end
+        conn.reserved = end
         conn.body_end = end
         conn.body_deadline = conn.deadline = time.monotonic() + self.limits.body_timeout_s
         return False
+
+    def _chunked_complete(self, conn: ServingConn) -> bool:
+        """Whether the main loop is done with ``conn``'s chunked body: it ended, cannot be
+        read here (malformed, over the limit: the thread answers 400, 413), or would pass
+        the budget or the bytes it may read (the thread reads on)."""
+        assert conn.chunked is not None and conn.body_end is not None
+        grown = len(conn.head) - conn.reserved
+        if self._body_bytes + grown > BODY_BUFFER_BUDGET:
+            return True
+        self._body_bytes += grown
+        conn.reserved = len(conn.head)
+        if conn.chunked.end(conn.head) != INCOMPLETE:
+            return True
+        return len(conn.head) >= conn.body_end
 
     def _watch(self, conn: ServingConn) -> None:
         self.heads.add(conn)
@@ -200,10 +247,17 @@ class HeadReadingWorker(gthread.ThreadWorker):  # type: ignore[misc]
     def _readable(self, conn: ServingConn, _sock: Any) -> None:
         self._read_head(conn)
 
-    def _forget(self, conn: ServingConn, registered: bool) -> None:
+    def _release(self, conn: ServingConn) -> None:
+        """The main loop is done with ``conn``'s body: its budget back (its
+        ``body_deadline`` stays, for the thread)."""
         if conn.body_end is not None:
-            self._body_bytes -= conn.body_end
-            conn.body_end = None  # its body_deadline stays, for the thread
+            self._body_bytes -= conn.reserved
+            conn.reserved = 0
+            conn.body_over_limit = conn.chunked is not None and conn.chunked.over_limit
+            conn.body_end = conn.chunked = None
+
+    def _forget(self, conn: ServingConn, registered: bool) -> None:
+        self._release(conn)
         if registered:
             self.heads.discard(conn)
             with contextlib.suppress(KeyError, ValueError, OSError):

@@ -62,6 +62,7 @@ from gunicorn import util  # type: ignore[import-untyped]
 from gunicorn.http import wsgi  # type: ignore[import-untyped]
 
 from serving.batching.arrivals import Arrivals
+from serving.context import BODY_OVER_LIMIT
 from serving.server.arrivals import ready_in_poller
 from serving.server.connection import ServingConn
 from serving.server.heads import ConnectionLimits, HeadReadingWorker
@@ -178,6 +179,8 @@ class ServingWorker(HeadReadingWorker):
                 response_class=ServingResponse, response_args=(reader,),
             )  # fmt: skip
             environ["wsgi.multithread"] = True
+            if conn.body_over_limit:  # its chunks declared more: 413 without waiting
+                environ[BODY_OVER_LIMIT], conn.body_over_limit = True, False
             self._count_request(resp)
             self._run_app(req, resp, environ)
             if resp.should_close():

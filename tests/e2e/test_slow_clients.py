@@ -470,25 +470,31 @@ def test_a_head_longer_than_the_main_loop_reads_is_closed_at_the_header_timeout(
     assert live.status_code == 200
 
 
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b'Content-Length: 100\r\n\r\n{"instance',
+        b'Transfer-Encoding: chunked\r\n\r\nA\r\n{"instance',
+    ],
+    ids=["content-length", "chunked"],
+)
 def test_bodies_that_stop_arriving_hold_no_thread_until_their_408(
-    gunicorn: Start, pickled: Pickled
+    gunicorn: Start, pickled: Pickled, framing: bytes
 ) -> None:
-    """Found by the attack: a head and 10 bytes of a 100-byte body, then nothing, held a
+    """Found by the attacks: a head and 10 bytes of a 100-byte body, then nothing, held a
     thread until SERVING_REQUEST_TIMEOUT_MS (30 s by default): 4 such clients and /livez
-    went unanswered on a worker of 4 threads. The main loop now reads a body with a
-    Content-Length too: probes and predictions are answered while the stuck bodies wait,
+    went unanswered on a worker of 4 threads; chunked, the same (after the Content-Length
+    fix, 200 such chunked clients took /healthz to 17 s). The main loop now reads bodies
+    of either framing: probes and predictions are answered while the stuck bodies wait,
     and each of those still gets its 408 at its deadline."""
     model = pickled(RowOffset(offset=0.0), "m.pkl")
     server = gunicorn(model_path=model, workers=1, threads=4, request_timeout_ms=8000)
     server.wait_ready(workers=1)
-    head = (
-        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 100\r\n\r\n"
-    )
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     stuck = []
     for _ in range(8):  # twice the worker's threads
         client = socket.create_connection(("127.0.0.1", server.port), timeout=20)
-        client.sendall(head + b'{"instance')  # and never the other 90 bytes
+        client.sendall(head + framing)  # and never the rest
         stuck.append(client)
     try:
         until(lambda: server.accepted_connections() >= 8, 5, what="the stuck bodies held")
@@ -502,3 +508,62 @@ def test_bodies_that_stop_arriving_hold_no_thread_until_their_408(
     assert live.status_code == 200
     assert predicted.status_code == 200 and predicted.json()["predictions"] == [3.5]
     assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers
+
+
+def test_pipelined_chunked_requests_are_each_answered_in_order(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Two chunked predictions and a probe sent at once on one connection: each is
+    answered, in order (the main loop reads the next one's body after the last)."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, workers=1)
+    server.wait_ready(workers=1)
+
+    def chunked(value: float) -> bytes:
+        body = json.dumps({"instances": [[value]]}).encode()
+        chunks = b"".join(
+            b"%x\r\n%s\r\n" % (len(body[i : i + 7]), body[i : i + 7])
+            for i in range(0, len(body), 7)
+        )
+        return (
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+        )
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+        client.sendall(chunked(1.5) + chunked(2.5) + b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = b""
+        while received.count(b"HTTP/1.1 200") < 3 or not received.endswith(b"}"):
+            data = client.recv(65536)
+            assert data, received
+            received += data
+
+    bodies = [part.split(b"\r\n\r\n", 1)[1] for part in received.split(b"HTTP/1.1 ")[1:]]
+    assert [json.loads(b).get("predictions") for b in bodies] == [[1.5], [2.5], None]
+    assert json.loads(bodies[2]) == {"status": "alive"}
+
+
+def test_a_chunk_declaring_more_than_the_body_limit_is_413_at_once(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Found by the attack: a chunk size over SERVING_MAX_BODY_BYTES, its data never
+    sent in full, held a thread until the 408 (30 s by default) for a body the server
+    would refuse anyway. The main loop reads the size: 413 at once, connection closed."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, workers=1, request_timeout_ms=20000)
+    server.wait_ready(workers=1)
+    head = (
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+        started = time.monotonic()
+        client.sendall(head + b"%x\r\n" % (5 * 1024 * 1024) + b"x" * 1000)
+        answer = b""
+        while data := client.recv(65536):  # to the end: the server closes it
+            answer += data
+        waited = time.monotonic() - started
+
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"payload_too_large" in answer and b"SERVING_MAX_BODY_BYTES" in answer
+    assert waited < 10  # not the 20 s deadline
