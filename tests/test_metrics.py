@@ -296,3 +296,27 @@ def test_a_metric_file_that_cannot_be_reserved_is_named_in_the_error(
 
     assert refused.value.errno == errno.ENOSPC
     assert str(path) in str(refused.value)
+
+
+def test_a_scrape_skips_a_metric_file_not_yet_sized(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the attack: a worker creating its file (or failing to, the directory full)
+    leaves it empty for a moment; a scrape then raised struct.error and /metrics answered
+    500. The other workers' samples are still read."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.mmap_dict import MmapedDict
+
+    from serving.observe.metrics import ServingMetrics
+
+    written = MmapedDict(str(tmp_path / "counter_1.db"))  # type: ignore[no-untyped-call]
+    key = '["http_requests_total", "http_requests_total", {"route": "/predict"}, ""]'
+    written.write_value(key, 7.0, 0.0)  # type: ignore[no-untyped-call]
+    written.close()  # type: ignore[no-untyped-call]
+    (tmp_path / "counter_2.db").write_bytes(b"")
+    (tmp_path / "histogram_3.db").write_bytes(b"\x00\x00")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+
+    text = ServingMetrics(CollectorRegistry()).render().decode()
+
+    assert 'http_requests_total{route="/predict"} 7.0' in text
