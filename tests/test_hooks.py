@@ -85,6 +85,35 @@ def test_on_starting_removes_only_prometheus_files(
     assert hooks._boot.shared.value == 1
 
 
+def test_on_starting_with_dev_shm_full_stops_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the attack: a full /dev/shm crashed the master at start with a bare
+    traceback from multiprocessing (its locks and shared values live there)."""
+    import errno
+    import multiprocessing
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(multiprocessing, "Value", full)
+    monkeypatch.setattr(multiprocessing, "Lock", full)
+    server = SimpleNamespace(
+        log=logging.getLogger("test"), master_pid=0, num_workers=2,
+        worker_class=ServingWorker, systemd=False, cfg=SimpleNamespace(bind=["127.0.0.1:8000"]),
+    )  # fmt: skip
+
+    with pytest.raises(SystemExit) as exited:
+        hooks.on_starting(server)
+
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("serving: cannot create what the workers share")
+    assert "/dev/shm" in line and "No space left on device" in line
+
+
 def test_on_starting_after_usr2_keeps_the_old_generations_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,6 +26,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,15 @@ def on_starting(server: Any) -> None:
         )  # fmt: skip
         raise SystemExit(1)
     set_master(server)
-    _boot = boot = Boot.create(server.num_workers)
+    try:
+        _boot = boot = Boot.create(server.num_workers)
+    except OSError as exc:  # /dev/shm full or not writable: a traceback, and no word of it
+        print(
+            "serving: cannot create what the workers share (locks and flags in /dev/shm, "
+            f"a board in {tempfile.gettempdir()}): {exc}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
     path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
     if not server.master_pid:
         for stale in path.glob("*.db"):
