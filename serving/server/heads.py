@@ -18,7 +18,8 @@ one malformed or over the limit (400, 413). One sent after ``Expect: 100-continu
 read on the thread.
 
 A stopping worker keeps idle connections ``STOP_LINGER_S`` at most, for a request a
-client may already be sending. Out of file descriptors, it pauses accepting for
+client may already be sending, and waits as long for a body the main loop is reading
+(then 408). Out of file descriptors, it pauses accepting for
 ``ACCEPT_PAUSE_S`` (as nginx does) instead of ending the worker.
 ``serving.server.worker.ServingWorker`` derives from it.
 
@@ -267,10 +268,14 @@ class HeadReadingWorker(gthread.ThreadWorker):  # type: ignore[misc]
         super().murder_pending()
         now = time.monotonic()
         if not self.alive and not self._stop_capped:
-            self._stop_capped = True  # idle connections: a short linger for a request
+            # idle connections: a short linger for a request; bodies still arriving: as
+            # long, then their 408 (they held the exit for the whole request deadline)
+            self._stop_capped = True
             for conn in self.heads:
-                if not conn.head:
+                if not conn.head or conn.body_end is not None:
                     conn.deadline = min(conn.deadline, now + STOP_LINGER_S)
+                if conn.body_deadline is not None:
+                    conn.body_deadline = min(conn.body_deadline, now + STOP_LINGER_S)
         if now - self._swept_at < SWEEP_INTERVAL_S:
             return
         self._swept_at = now

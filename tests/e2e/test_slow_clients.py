@@ -567,3 +567,38 @@ def test_a_chunk_declaring_more_than_the_body_limit_is_413_at_once(
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert b"payload_too_large" in answer and b"SERVING_MAX_BODY_BYTES" in answer
     assert waited < 10  # not the 20 s deadline
+
+
+def test_a_stopping_worker_gives_bodies_still_arriving_a_short_linger_not_their_deadline(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Found by the attack: 50 connections that sent a head announcing 1,000 bytes and no
+    body made SIGTERM take the whole request deadline (30.6 s), each client answered 408
+    only then. A stopping worker waits for a body as long as for an idle connection's
+    next request (STOP_LINGER_S), then answers 408: the server exits in seconds."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, workers=1, request_timeout_ms=30000)
+    server.wait_ready(workers=1)
+    head = (
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n"
+    )
+    stuck = []
+    try:
+        for _ in range(20):
+            client = socket.create_connection(("127.0.0.1", server.port), timeout=40)
+            client.sendall(head + b'{"inst')
+            stuck.append(client)
+        until(lambda: server.accepted_connections() >= 20, 5, what="the stuck bodies held")
+        started = time.monotonic()
+        status = server.terminate()
+        took = time.monotonic() - started
+        answers = [client.recv(64) for client in stuck]
+    finally:
+        for client in stuck:
+            client.close()
+        server.kill()
+
+    assert status == 0
+    assert took < 15, server.output()  # was the 30 s deadline
+    assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers
