@@ -320,3 +320,44 @@ def test_a_scrape_skips_a_metric_file_not_yet_sized(
     text = ServingMetrics(CollectorRegistry()).render().decode()
 
     assert 'http_requests_total{route="/predict"} 7.0' in text
+
+
+FULL_DIRECTORY = """
+import errno, logging, os
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+from prometheus_client import CollectorRegistry, Counter, values
+from serving.observe.metric_files import MultiProcessValue
+values.ValueClass = MultiProcessValue
+
+def full(fd, offset, length):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+os.posix_fallocate = full  # the directory is full: no file can be made or grown
+counter = Counter("requests", "r", ["k"], registry=CollectorRegistry())
+for key in ("a", "b"):
+    child = counter.labels(key)
+    for _ in range(3):
+        child.inc()
+print(counter.labels("a")._value.get(), counter.labels("b")._value.get())
+"""
+
+
+def test_a_metric_whose_file_cannot_be_made_counts_in_memory_and_says_so_once(
+    tmp_path: Path,
+) -> None:
+    """Found by the attack: with PROMETHEUS_MULTIPROC_DIR full, every new or respawned
+    worker failed its load on creating its metric file ([Errno 28] histogram_N.db;
+    retrying), so a full metrics disk blocked every rollout and respawn, and the first
+    start exited. Metrics are a side channel: the series go unexported, said once."""
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PYTHONPATH": str(Path.cwd())}
+    result = subprocess.run(
+        [sys.executable, "-c", FULL_DIRECTORY], env=env, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["3.0", "3.0"]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "not exported" in lines[0] and "No space left on device" in lines[0]
+    assert str(tmp_path) in lines[0]

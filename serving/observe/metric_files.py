@@ -22,7 +22,8 @@ a request makes about fifteen writes; this one keeps the position and the mappin
 owner, and learns of a fork from an at-fork hook instead of asking for the process id. The
 collector reads its files as the library's (``tests/test_metrics.py``).
 
-Boundary: standard library, prometheus-client and ``serving.observe.process`` only.
+Boundary: standard library, prometheus-client, ``serving.observe.process`` and
+``serving.observe.complaint`` only.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
 from serving.observe import process
+from serving.observe.complaint import Complaint
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +179,22 @@ def inc_each(values: Sequence[MultiProcessValue], amounts: Sequence[float]) -> N
             value._file._m[pos : pos + 16] = _pack(value._value, 0.0)
 
 
+class _Unexported:
+    """Where a value whose file cannot be made or grown writes: 16 bytes of its own, in
+    memory (the value and timestamp, as a file's slot)."""
+
+    __slots__ = ("_m",)
+
+    def __init__(self) -> None:
+        self._m = bytearray(16)
+
+
+#: Said when a value's series cannot be kept in the directory (at most once a minute).
+_UNEXPORTED = Complaint(
+    log, "metric series (kept in memory, not exported)", "no metric (its directory is full)"
+)
+
+
 class MultiProcessValue:
     """A float kept in this process's file of ``PROMETHEUS_MULTIPROC_DIR`` (the
     directory is read at the value's first write to a file), as prometheus-client's
@@ -209,18 +227,25 @@ class MultiProcessValue:
             _values.append(self)
 
     def _open(self) -> None:
-        """Find (or add) this value's key in this process's file. Called under ``_lock``."""
+        """Find (or add) this value's key in this process's file. Called under ``_lock``.
+        When the file cannot be made or grown (the directory full), the value counts in
+        memory instead (``_Unexported``): its series is missing from ``/metrics``, said
+        once a minute, and the worker serves on (its load failed on it, at every start)."""
         typ, metric_name, name, labelnames, labelvalues, help_text, mode = self._params
         prefix = f"{typ}_{mode}" if typ == "gauge" else typ
-        metric_file = _files.get(prefix)
-        if metric_file is None:
-            directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
-            path = os.path.join(directory, f"{prefix}_{_owner[0]}.db")
-            metric_file = _files[prefix] = ReservedMmapedDict(path)
-        self._file = metric_file
         self._key = mmap_key(metric_name, name, labelnames, labelvalues, help_text)
-        self._value, self._timestamp = metric_file.read_value(self._key)  # type: ignore[no-untyped-call]
-        self._pos: int = metric_file._positions[self._key]
+        try:
+            metric_file = _files.get(prefix)
+            if metric_file is None:
+                directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+                path = os.path.join(directory, f"{prefix}_{_owner[0]}.db")
+                metric_file = _files[prefix] = ReservedMmapedDict(path)
+            self._value, self._timestamp = metric_file.read_value(self._key)  # type: ignore[no-untyped-call]
+            self._pos: int = metric_file._positions[self._key]
+            self._file: Any = metric_file
+        except OSError as exc:
+            _UNEXPORTED.drop(str(exc))
+            self._file, self._pos, self._value, self._timestamp = _Unexported(), 0, 0.0, 0.0
 
     def inc(self, amount: float) -> None:
         with _lock:
