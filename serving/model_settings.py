@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     AfterValidator,
@@ -53,10 +53,17 @@ from serving.model.providers import parse_providers
 
 __all__ = [
     "DEMO_MODEL_PATH",
+    "BatchLatencyMs",
+    "BatchPolicy",
+    "BatchSize",
+    "Positive",
+    "QueueDepth",
+    "Threads",
     "ModelFields",
     "ModelFormat",
     "ModelSettings",
     "ModelSpec",
+    "model_default",
 ]
 
 
@@ -71,6 +78,15 @@ Versioned = Annotated[str, AfterValidator(not_only_dots), AfterValidator(no_tf_v
 
 #: JSON's literal names: as ``SERVING_MODELS``, no list of models (not a file name).
 _JSON_WORDS: Final = ("null", "true", "false")
+
+#: A model's batching and loading bounds, for its own settings, its ``SERVING_MODELS``
+#: entry and the server-wide defaults alike.
+BatchSize = Annotated[int, Field(ge=1, le=4096)]
+BatchLatencyMs = Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)]
+BatchPolicy = Literal["adaptive", "window"]
+QueueDepth = Annotated[int, Field(ge=1)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Threads = Annotated[int, Field(ge=1)]
 
 #: The bundled demo: StandardScaler + LogisticRegression on scikit-learn's breast-cancer
 #: data (30 features), rebuilt by ``examples/build_demo_model.py``.
@@ -99,10 +115,10 @@ class ModelSpec(BaseModel):
         description="package.module:ClassName of a python model; implies format python.",
     )
     sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
-    max_batch_size: int | None = Field(None, ge=1, le=4096)
-    max_batch_latency_ms: float | None = Field(None, ge=0, le=10_000, allow_inf_nan=False)
-    batch_policy: Literal["adaptive", "window"] | None = None
-    max_queue_depth: int | None = Field(None, ge=1)
+    max_batch_size: BatchSize | None = None
+    max_batch_latency_ms: BatchLatencyMs | None = None
+    batch_policy: BatchPolicy | None = None
+    max_queue_depth: QueueDepth | None = None
     labels: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")], str] = Field(
         default_factory=dict,
         description="TF Serving version_labels of this model name: label -> a version "
@@ -151,18 +167,19 @@ class ModelSettings(BaseModel):
     model_class: str | None = None
     sha256: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
-    max_batch_size: int = Field(32, ge=1, le=4096)
-    max_batch_latency_ms: float = Field(10.0, ge=0, le=10_000)
-    batch_policy: Literal["adaptive", "window"] = "adaptive"
-    max_queue_depth: int = Field(2048, ge=1)
+    # The defaults of these are the server's too (``Settings``' fields read them here).
+    max_batch_size: BatchSize = 32
+    max_batch_latency_ms: BatchLatencyMs = 10.0
+    batch_policy: BatchPolicy = "adaptive"
+    max_queue_depth: QueueDepth = 2048
     #: Longest its load and warm-up may take, in seconds.
-    load_timeout_s: float = 300
+    load_timeout_s: Positive = 300
     #: Longest a predict call may run before the model counts as stuck, in milliseconds.
-    inference_timeout_ms: float = 30_000
+    inference_timeout_ms: Positive = 60_000
     #: A request's deadline, in milliseconds (Triton's model config shows it as its
     #: queue policy's timeout).
-    request_timeout_ms: float = 30_000
-    blas_threads: int = 1
+    request_timeout_ms: Positive = 30_000
+    blas_threads: Threads = 1
     keep_n_jobs: bool = False
     skops_trusted_types: tuple[str, ...] = ()
     onnx_providers: str = "auto"
@@ -170,6 +187,12 @@ class ModelSettings(BaseModel):
     cuda_device: int | None = None
     allow_world_writable: bool = False
     share: Literal["auto", "off"] = "auto"
+
+
+def model_default(name: str) -> Any:
+    """The default of ``ModelSettings`` field ``name``: the server-wide default of the
+    ``Settings`` field that gives it (one value, in one place)."""
+    return ModelSettings.model_fields[name].default
 
 
 class ModelFields(BaseSettings):

@@ -28,10 +28,17 @@ from serving.errors import SettingsError
 from serving.model.artifacts import artifact_of, format_from_path
 from serving.model_settings import (
     DEMO_MODEL_PATH,
+    BatchLatencyMs,
+    BatchPolicy,
+    BatchSize,
     ModelFields,
     ModelFormat,
     ModelSettings,
     ModelSpec,
+    Positive,
+    QueueDepth,
+    Threads,
+    model_default,
 )
 from serving.observe.settings import ObserveFields
 
@@ -69,22 +76,19 @@ class Settings(ObserveFields, ModelFields):
 
     model_config = SettingsConfigDict(env_prefix="SERVING_", frozen=True, extra="forbid")
 
-    max_batch_size: int = Field(
-        32, ge=1, le=4096, description="Most instances merged into one predict call"
+    max_batch_size: BatchSize = Field(
+        model_default("max_batch_size"), description="Most instances merged into one predict call"
     )
-    max_batch_latency_ms: float = Field(
-        10.0,
-        ge=0,
-        le=10_000,
-        allow_inf_nan=False,
+    max_batch_latency_ms: BatchLatencyMs = Field(
+        model_default("max_batch_latency_ms"),
         description=(
             "`window` policy: longest a batch's first instance waits for more; `adaptive`: "
             "longest a batch waits for requests already on their way to it (at most one "
             "predict call's time), in milliseconds"
         ),
     )
-    batch_policy: Literal["adaptive", "window"] = Field(
-        "adaptive",
+    batch_policy: BatchPolicy = Field(
+        model_default("batch_policy"),
         description=(
             "`adaptive`: when the model is free, what is queued goes at once, with the "
             "requests the worker is decoding (a lone request runs on its own thread, no "
@@ -107,37 +111,30 @@ class Settings(ObserveFields, ModelFields):
             'sent as strings (`"12"`) read by the model\'s schema'
         ),
     )
-    load_timeout_s: float = Field(
-        300,
-        gt=0,
-        allow_inf_nan=False,
+    load_timeout_s: Positive = Field(
+        model_default("load_timeout_s"),
         description=(
             "Longest a worker may take to load and warm up the model, and the master to "
             "load the models it shares; past it the server stops with a line naming the "
             "model (on a reload: the old workers serve on)"
         ),
     )
-    max_queue_depth: int = Field(
-        2048,
-        ge=1,
+    max_queue_depth: QueueDepth = Field(
+        model_default("max_queue_depth"),
         description=(
             "Most instances waiting in a worker's batcher; a request that would pass it "
             "gets 503 `overloaded` at once (a request alone in the queue is always taken)"
         ),
     )
-    request_timeout_ms: float = Field(
-        30_000,
-        gt=0,
-        allow_inf_nan=False,
+    request_timeout_ms: Positive = Field(
+        model_default("request_timeout_ms"),
         description=(
             "Longest a request waits for its predictions (504 `timeout` after; its "
             "instances still queued are dropped, not computed)"
         ),
     )
-    inference_timeout_ms: float = Field(
-        60_000,
-        gt=0,
-        allow_inf_nan=False,
+    inference_timeout_ms: Positive = Field(
+        model_default("inference_timeout_ms"),
         description=(
             "A predict call running longer makes the worker not ready (`/healthz` and "
             "`/livez` 503) and recycles it"
@@ -194,8 +191,9 @@ class Settings(ObserveFields, ModelFields):
             "Up to this many more requests per worker (recycles are one at a time regardless)"
         ),
     )
-    blas_threads: int = Field(
-        1, ge=1, description="BLAS/OpenMP (and ONNX Runtime intra-op) threads per worker"
+    blas_threads: Threads = Field(
+        model_default("blas_threads"),
+        description="BLAS/OpenMP (and ONNX Runtime intra-op) threads per worker",
     )
     share_model: Literal["auto", "off"] = Field(
         "auto",

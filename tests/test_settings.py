@@ -14,6 +14,7 @@ from serving.errors import SettingsError
 from serving.server.hooks import unknown_variables
 from serving.settings import (
     DEMO_MODEL_PATH,
+    ModelSettings,
     ModelSpec,
     Settings,
     load_settings,
@@ -393,3 +394,15 @@ def test_a_models_list_names_the_path_that_is_missing_or_empty_and_refuses_null(
 
     assert str(info.value).startswith(f"SERVING_MODELS: {says}")
     assert "function-after" not in str(info.value)
+
+
+def test_a_models_own_settings_default_to_the_servers_defaults() -> None:
+    """``ModelSettings`` built without the server (``serving.load_model``) takes the
+    defaults the server gives each model: they repeated the literals, and
+    ``inference_timeout_ms`` had drifted (30 s in one, 60 s in the other)."""
+    fields = {"name": "m", "version": "1", "format": "joblib"}
+
+    alone = ModelSettings(**fields)
+    served = Settings().model_defaults(**fields)
+
+    assert alone == served
