@@ -28,6 +28,7 @@ Boundary: standard library, prometheus-client, ``serving.observe.process`` and
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import struct
@@ -35,14 +36,22 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from serving.observe import process
 from serving.observe.complaint import Complaint
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MultiProcessValue", "ReservedMmapedDict", "inc_each", "inc_pair"]
+__all__ = [
+    "MultiProcessValue",
+    "ReservedMmapedDict",
+    "WholeFilesCollector",
+    "inc_each",
+    "inc_pair",
+]
 
 #: The size prometheus-client gives a new file (``mmap_dict._INITIAL_MMAP_SIZE``).
 INITIAL_SIZE_BYTES = 1 << 16
@@ -275,3 +284,28 @@ class MultiProcessValue:
 
     def get_exemplar(self) -> None:
         return None
+
+
+class WholeFilesCollector(MultiProcessCollector):
+    """prometheus-client's multiprocess collector over the ``*.db`` files a scrape can
+    read: a worker creating its file (or failing to, on a full disk) leaves it shorter
+    than its 8-byte header for a moment, and reading it raised ``struct.error``:
+    ``/metrics`` answered 500 (2 scrapes in 85 on a full directory, found by the attack).
+    Such a file holds no sample yet."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+        super().__init__(registry, path=self.directory)  # type: ignore[no-untyped-call]
+
+    def collect(self) -> Any:
+        files = [path for path in glob.glob(os.path.join(self.directory, "*.db")) if _sized(path)]
+        return self.merge(files, accumulate=True)  # type: ignore[no-untyped-call]
+
+
+def _sized(path: str) -> bool:
+    """Whether ``path`` is past its header (8 bytes: the used size and padding); False
+    for one gone (archived) since it was listed."""
+    try:
+        return os.path.getsize(path) >= 8
+    except OSError:
+        return False

@@ -3,7 +3,8 @@
 Under Gunicorn, ``gunicorn.conf.py`` points ``PROMETHEUS_MULTIPROC_DIR`` at a directory
 before any worker imports prometheus-client, wipes it at start and marks dead workers
 (``serving.server.hooks``). Each worker writes its samples there; ``render()`` builds a fresh
-registry with a ``MultiProcessCollector`` per scrape, so any worker answers ``/metrics``
+registry with a ``WholeFilesCollector`` (prometheus-client's ``MultiProcessCollector``
+over the files it can read) per scrape, so any worker answers ``/metrics``
 with the sum over all of them (the recipe of prometheus/client_python's multiprocess
 docs). Without that variable (tests, a single process) the given registry is rendered.
 
@@ -12,14 +13,12 @@ Units are in the names: durations in seconds, batch size in instances.
 
 from __future__ import annotations
 
-import functools
-import glob
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec
+from http import HTTPMethod
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -33,24 +32,29 @@ from prometheus_client import (
     values,
 )
 from prometheus_client.metrics_core import Metric
-from prometheus_client.multiprocess import MultiProcessCollector
 
 from serving.batching.batcher import FlushStats
 from serving.context import REQUEST_STAGES, Timing, stage_seconds
 from serving.model.handle import ModelHandle
-from serving.observe.complaint import Complaint
-from serving.observe.metric_files import MultiProcessValue, ReservedMmapedDict, made_again
+from serving.observe.metric_files import (
+    MultiProcessValue,
+    ReservedMmapedDict,
+    WholeFilesCollector,
+    made_again,
+)
 from serving.observe.writes import (
+    DepthGauge,
     Write,
     WriteEach,
     counter_inc,
     counters_inc,
     gauge_set,
     histogram_observe,
+    never_raises,
     summary_observe,
 )
 
-__all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics", "WholeFilesCollector", "default_metrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "ServingMetrics", "default_metrics"]
 
 # Multiprocess mode's value class, with a write cut to what it must do (about fifteen per
 # request): serving.observe.metric_files.
@@ -68,49 +72,10 @@ DURATION_BUCKETS_S = (
 MODEL_LABELS = ("model", "version")
 #: Powers of two up to the largest max_batch_size worth running (see docs/batching.md).
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-
-
-_METHODS = frozenset(
-    {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"}
-)
-
+#: The HTTP methods counted under their own name (any other is ``other``).
+_METHODS = frozenset(method.value for method in HTTPMethod)
 
 log = logging.getLogger(__name__)
-
-_P = ParamSpec("_P")
-#: Said in the log when metric writes fail, at most once a minute.
-_DROPPED = Complaint(log, "metric writes", "no metric (is PROMETHEUS_MULTIPROC_DIR full?)")
-
-
-def _never_raises(write: Callable[_P, None]) -> Callable[_P, None]:
-    """``write``, a metric write on the request path, dropped (and said, at most once a
-    minute) when it fails: with ``PROMETHEUS_MULTIPROC_DIR`` full a write that needs a
-    new key cannot grow its file (``OSError``, ``serving.observe.metric_files``). The
-    request is answered; its metrics are lost, not it."""
-
-    @functools.wraps(write)
-    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> None:
-        try:
-            write(*args, **kwargs)
-        except OSError as exc:
-            _DROPPED.drop(f"{type(exc).__name__}: {exc}")
-
-    return guarded
-
-
-class _Depth:
-    """A queue depth gauge child that skips writing the value it holds already (a request
-    answered on its caller's thread leaves the depth at 0: no mmap write per call)."""
-
-    __slots__ = ("_child", "_value")
-
-    def __init__(self, child: Any) -> None:
-        self._child, self._value = gauge_set(child), -1
-
-    def set(self, depth: int) -> None:
-        if depth != self._value:
-            self._value = depth
-            self._child(depth)
 
 
 class ServingMetrics:
@@ -126,7 +91,7 @@ class ServingMetrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.registry = registry
         self._children: dict[tuple[str, str, int], tuple[Write, Write]] = {}
-        self._depth_children: dict[tuple[str, str], _Depth] = {}
+        self._depth_children: dict[tuple[str, str], DepthGauge] = {}
         self.requests = Counter(
             "http_requests_total",
             "HTTP requests answered, by route template and status.",
@@ -248,7 +213,7 @@ class ServingMetrics:
             registry=registry,
         )
 
-    @_never_raises
+    @never_raises
     def observe_request(self, method: str, route: str, status: int, duration_s: float) -> None:
         """Count one answered request; ``route`` is the URL rule (``/predict``), never the path.
 
@@ -268,10 +233,10 @@ class ServingMetrics:
         children[0](1)
         children[1](duration_s)
 
-    def _depth(self, model: str, version: str) -> _Depth:
+    def _depth(self, model: str, version: str) -> DepthGauge:
         depth = self._depth_children.get((model, version))
         if depth is None:
-            depth = _Depth(self.queue_depth.labels(model, version))
+            depth = DepthGauge(self.queue_depth.labels(model, version))
             self._depth_children[(model, version)] = depth
         return depth
 
@@ -279,7 +244,7 @@ class ServingMetrics:
         """The ``ThreadedBatcher`` ``on_queue`` observer of one model version: the queue
         depth each time a request is queued (each flush sets it too), so the gauge rises
         while a slow predict call holds the batcher."""
-        return _never_raises(self._depth(model, version).set)
+        return never_raises(self._depth(model, version).set)
 
     def flush_observer(self, model: str, version: str) -> Callable[[FlushStats], None]:
         """The ``ThreadedBatcher`` ``on_flush`` observer of one model version: each predict
@@ -295,7 +260,7 @@ class ServingMetrics:
         self.rejected.labels(model, version)  # exposed at 0 from the start, so rate() works
         depth.set(0)
 
-        @_never_raises
+        @never_raises
         def observe(stats: FlushStats) -> None:
             batch_size(stats.batch_size)
             duration(stats.duration_s)
@@ -336,12 +301,12 @@ class ServingMetrics:
         if requests:
             self._write_stages(children, requests, totals)
 
-    @_never_raises
+    @never_raises
     def model_load_failed(self, model: str, version: str) -> None:
         """Count one failed load of ``model`` at ``version`` (a worker retries it)."""
         self.load_failures.labels(model, version).inc()
 
-    @_never_raises
+    @never_raises
     def count_rejected(self, model: str, version: str) -> None:
         """Count one request refused at once with 503 overloaded (its queue was full)."""
         self.rejected.labels(model, version).inc()
@@ -360,7 +325,7 @@ class ServingMetrics:
             self._stages[(model, version, ok)] = write
         return write
 
-    @_never_raises
+    @never_raises
     def observe_stages(
         self,
         model: str,
@@ -397,7 +362,7 @@ class ServingMetrics:
             WholeFilesCollector(registry)
         return list(registry.collect())
 
-    @_never_raises
+    @never_raises
     def model_loaded(self, handle: ModelHandle) -> None:
         """Set ``serving_model_info`` for a model this worker now serves; ``device`` is
         ``cuda:N`` on a GPU, else ``cpu``."""
@@ -419,31 +384,6 @@ class ServingMetrics:
                         raise
 
         return generate_latest(self.registry)
-
-
-class WholeFilesCollector(MultiProcessCollector):
-    """prometheus-client's multiprocess collector over the ``*.db`` files a scrape can
-    read: a worker creating its file (or failing to, on a full disk) leaves it shorter
-    than its 8-byte header for a moment, and reading it raised ``struct.error``:
-    ``/metrics`` answered 500 (2 scrapes in 85 on a full directory, found by the attack).
-    Such a file holds no sample yet."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
-        super().__init__(registry, path=self.directory)  # type: ignore[no-untyped-call]
-
-    def collect(self) -> Any:
-        files = [path for path in glob.glob(os.path.join(self.directory, "*.db")) if _sized(path)]
-        return self.merge(files, accumulate=True)  # type: ignore[no-untyped-call]
-
-
-def _sized(path: str) -> bool:
-    """Whether ``path`` is past its header (8 bytes: the used size and padding); False
-    for one gone (archived) since it was listed."""
-    try:
-        return os.path.getsize(path) >= 8
-    except OSError:
-        return False
 
 
 _default: ServingMetrics | None = None

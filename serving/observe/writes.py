@@ -15,26 +15,36 @@ Under multiprocess mode, the writes of one observation (a histogram's sum and bu
 summary's count and sum, a predict call's stage counters) take the value class's lock
 once (``serving.observe.metric_files.inc_pair``, ``inc_each``).
 
-Boundary: prometheus-client, the standard library and ``serving.observe.metric_files``.
+Also ``never_raises``, which drops a failed write (said once a minute), and ``DepthGauge``.
+
+Boundary: prometheus-client, the standard library, ``serving.observe.metric_files`` and
+``serving.observe.complaint``.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ParamSpec
 
+from serving.observe.complaint import Complaint
 from serving.observe.metric_files import MultiProcessValue, inc_each, inc_pair
 
 __all__ = [
+    "DepthGauge",
     "Write",
     "WriteEach",
     "counter_inc",
     "counters_inc",
     "gauge_set",
     "histogram_observe",
+    "never_raises",
     "summary_observe",
 ]
+
+log = logging.getLogger(__name__)
 
 Write = Callable[[float], None]
 #: ``write(amounts)``: each of several counters by its amount, in order.
@@ -117,3 +127,39 @@ def counters_inc(children: Sequence[Any]) -> WriteEach:
             inc(amount)
 
     return write
+
+
+_P = ParamSpec("_P")
+#: Said in the log when metric writes fail, at most once a minute.
+_DROPPED = Complaint(log, "metric writes", "no metric (is PROMETHEUS_MULTIPROC_DIR full?)")
+
+
+def never_raises(write: Callable[_P, None]) -> Callable[_P, None]:
+    """``write``, a metric write on the request path, dropped (and said, at most once a
+    minute) when it fails: with ``PROMETHEUS_MULTIPROC_DIR`` full a write that needs a
+    new key cannot grow its file (``OSError``, ``serving.observe.metric_files``). The
+    request is answered; its metrics are lost, not it."""
+
+    @functools.wraps(write)
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        try:
+            write(*args, **kwargs)
+        except OSError as exc:
+            _DROPPED.drop(f"{type(exc).__name__}: {exc}")
+
+    return guarded
+
+
+class DepthGauge:
+    """A queue depth gauge child that skips writing the value it holds already (a request
+    answered on its caller's thread leaves the depth at 0: no mmap write per call)."""
+
+    __slots__ = ("_child", "_value")
+
+    def __init__(self, child: Any) -> None:
+        self._child, self._value = gauge_set(child), -1
+
+    def set(self, depth: int) -> None:
+        if depth != self._value:
+            self._value = depth
+            self._child(depth)
