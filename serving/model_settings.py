@@ -14,10 +14,9 @@ Two kinds of object, as MLServer keeps ``ModelSettings`` apart from its server
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -33,11 +32,10 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from serving.model.artifacts import (
-    UnsafePath,
     artifact_of,
     check_format,
     find_artifact,
-    trusted_path,
+    read_model_list,
 )
 from serving.model.artifacts import model_name as default_model_name
 from serving.model.custom import CLASS_PATTERN
@@ -75,9 +73,6 @@ Named = Annotated[str, AfterValidator(not_only_dots)]
 #: TF Serving method.
 Versioned = Annotated[str, AfterValidator(not_only_dots), AfterValidator(no_tf_verb)]
 
-
-#: JSON's literal names: as ``SERVING_MODELS``, no list of models (not a file name).
-_JSON_WORDS: Final = ("null", "true", "false")
 
 #: A model's batching and loading bounds, for its own settings, its ``SERVING_MODELS``
 #: entry and the server-wide defaults alike.
@@ -322,20 +317,7 @@ class ModelFields(BaseSettings):
     @field_validator("models", mode="before")
     @classmethod
     def _read_models(cls, value: object) -> object:
-        if not isinstance(value, str):
-            return value
-        # a JSON document, not a file name ("null" is no list of models)
-        if value.strip() in _JSON_WORDS:
-            raise ValueError(f"{value.strip()} is no list of models: unset it for one model")
-        try:
-            if value.lstrip().startswith(("[", "{")):
-                return json.loads(value)
-            real, _ = trusted_path(Path(value))  # it names the pickles to run
-            return json.loads(real.read_text())
-        except UnsafePath as exc:
-            raise ValueError(f"the file {value}: {exc}") from None
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"neither a JSON list nor a readable JSON file: {exc}") from None
+        return read_model_list(value) if isinstance(value, str) else value
 
     @field_validator("models")
     @classmethod

@@ -1,6 +1,7 @@
 """Model artifacts on disk, before any loader runs: which file a path or a directory
 names, its format from its extension, whether anyone but root and the server's user can
-replace it (``trusted_path``), and its bytes read once and checked (SHA-256).
+replace it (``trusted_path``), and its bytes read once and checked (SHA-256); a
+``SERVING_MODELS`` file, checked the same way (``read_model_list``).
 
 Boundary: standard library and ``serving.model.schema`` (where a schema file lies);
 nothing in an artifact runs here.
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from serving.errors import ModelLoadError
 from serving.model.schema import schema_file
@@ -27,6 +30,7 @@ __all__ = [
     "find_artifact",
     "format_from_path",
     "model_name",
+    "read_model_list",
     "trusted_path",
 ]
 
@@ -283,3 +287,27 @@ def artifact_of(path: Path, model_class: str | None) -> Path:
     if path.is_dir() and model_class is None:
         return find_artifact(path)
     return path
+
+
+#: JSON's literal names: as ``SERVING_MODELS``, no list of models (not a file name).
+_JSON_WORDS = ("null", "true", "false")
+
+
+def read_model_list(value: str) -> Any:
+    """``SERVING_MODELS`` as JSON: the value itself (a list), or the file it names,
+    checked as a model file is (``trusted_path``: it names the pickles to run).
+
+    :raises ValueError: for ``null`` (no list of models), a file that is unsafe or cannot
+        be read, or text that is not JSON.
+    """
+    if value.strip() in _JSON_WORDS:
+        raise ValueError(f"{value.strip()} is no list of models: unset it for one model")
+    try:
+        if value.lstrip().startswith(("[", "{")):
+            return json.loads(value)
+        real, _ = trusted_path(Path(value))
+        return json.loads(real.read_text())
+    except UnsafePath as exc:
+        raise ValueError(f"the file {value}: {exc}") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"neither a JSON list nor a readable JSON file: {exc}") from None
