@@ -161,7 +161,7 @@ def test_v2_instance_limit_is_checked_before_any_tensor_is_decoded(
     """A BYTES tensor whose bytes do add up (2**18 empty strings, 1 MB) but whose instances
     are over SERVING_MAX_INSTANCES_PER_REQUEST (16 here): 413 before decoding it."""
     decoded: list[str] = []
-    for name in ("_binary_strings", "_binary_values", "_json_values"):
+    for name in ("binary_strings", "binary_values", "json_values"):  # as codec calls them
         real = getattr(v2_codec, name)
         monkeypatch.setattr(
             v2_codec, name, lambda *a, _real=real, _name=name: decoded.append(_name) or _real(*a)
