@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from tests.e2e.server import GunicornServer
-from tests.models import UnevenLoading
+from tests.models import RowOffset, UnevenLoading
 from tests.waiting import until
 
 Start = Callable[..., GunicornServer]
@@ -80,10 +80,13 @@ def test_healthz_is_ready_only_when_every_worker_is_then_no_predict_fails(
 def test_a_respawn_that_cannot_load_does_not_stop_the_serving_worker(
     gunicorn: Start, pickled: Pickled, tmp_path: Path
 ) -> None:
+    """Each worker loads its own copy (SERVING_SHARE_MODEL=off): a respawn finds the file
+    gone, retries, and the other serves on. (Shared, the respawn serves the master's
+    copy: the next test.)"""
     tickets = tmp_path / "tickets"
     tickets.mkdir()
     model = pickled(UnevenLoading((0.5,), str(tickets)), "m.pkl")
-    server = gunicorn(model_path=model)
+    server = gunicorn(model_path=model, share_model="off")
     wait_for_ready_answer(server)
     server.wait_for_log("every worker is ready", 1)  # the first boot is over
     # ... and both have loaded the app, whose settings check wants the file: a worker
@@ -112,6 +115,34 @@ def test_a_respawn_that_cannot_load_does_not_stop_the_serving_worker(
         lambda: requests.get(f"{server.url}/healthz", timeout=5).json()["workers"]["total"] >= 2,
         10, interval_s=0.1, what=lambda: f"2 workers:\n{server.output()}",
     )  # fmt: skip
+    assert server.terminate() == 0
+
+
+def test_a_respawn_serves_the_masters_copy_when_its_file_is_gone(
+    gunicorn: Start, pickled: Pickled, tmp_path: Path
+) -> None:
+    """A shared model (pickle, loaded once in the master): a worker forked after its file
+    vanished serves the copy the master holds, with the settings the master checked (it
+    exited with status 3 on reading them again, then retried on the missing file)."""
+    model = pickled(RowOffset(offset=5.0), "m.pkl")
+    server = gunicorn(model_path=model)
+    wait_for_ready_answer(server)
+    server.wait_for_log("every worker is ready", 1)
+    model.rename(tmp_path / "hidden.pkl")
+    victim = server.worker_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+
+    until(
+        lambda: victim not in server.worker_pids()
+        and requests.get(f"{server.url}/healthz", timeout=5).json()["workers"]["ready"] == 2,
+        30, interval_s=0.1, what=lambda: f"a replacement ready:\n{server.output()}",
+    )  # fmt: skip
+    statuses = [server.predict([[1.0]]).status_code for _ in range(20)]
+
+    assert statuses == [200] * 20
+    assert server.predict([[1.0]]).json()["predictions"] == [6.0]
+    assert "cannot load model" not in server.output(), server.output()
+    assert "exited with code 3" not in server.output(), server.output()
     assert server.terminate() == 0
 
 
