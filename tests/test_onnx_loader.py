@@ -133,7 +133,7 @@ def test_optimized_graph_is_saved_then_reused_until_the_source_changes(
     cached.parent.mkdir()
     loader = OnnxLoader("cpu", optimized_model_path=cached)
     rows = np.random.default_rng(2).normal(size=(5, 30)) * 10
-    caplog.set_level(logging.INFO, logger="serving.model.onnx_loader")
+    caplog.set_level(logging.INFO, logger="serving.model")
 
     first = load_model(source, loaders={"onnx": loader}).predict_batch(rows)
     assert cached.is_file() and cached.with_name(cached.name + ".json").is_file()

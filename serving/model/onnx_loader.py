@@ -20,11 +20,8 @@ when a graph is loaded.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +32,8 @@ import numpy.typing as npt
 
 from serving.errors import ModelLoadError
 from serving.model.handle import ModelHandle, ModelLoader, Outputs, TensorSpec
-from serving.model.providers import CPU, ProviderError, ProviderSelection, select_providers
+from serving.model.onnx_session import new_session
+from serving.model.providers import CPU, ProviderError, select_providers
 from serving.model.schema import Feature, Kind
 from serving.model.schema_onnx import GraphFacts, InputFacts, graph_facts
 
@@ -116,7 +114,7 @@ class OnnxLoader(ModelLoader):
             raise ModelLoadError(path, str(exc)) from None
         if data is None:
             raise ModelLoadError(path, "the onnx loader loads bytes, got none")
-        session = self._session(path, threads, selection, data)
+        session = new_session(path, data, threads, selection, self.optimized_model_path)
         used = tuple(session.get_providers())
         wanted = [p if isinstance(p, str) else p[0] for p in selection.providers]
         if wanted[0] not in used:
@@ -128,54 +126,6 @@ class OnnxLoader(ModelLoader):
         log.info("model %r runs on %s%s", name, ", ".join(used), on_device)
         device_id = selection.device_id if used[0] != CPU else None
         return _handle(session, path, name, version, provider=used[0], device_id=device_id)
-
-    def _session(self, path: Path, threads: int, selection: ProviderSelection, data: bytes) -> Any:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        cached = self.optimized_model_path
-        if cached is None:
-            return ort.InferenceSession(data, options, providers=selection.providers)
-        stat = path.stat()
-        key = {
-            "source": str(path.resolve()),
-            "size": stat.st_size,
-            "mtime_ns": stat.st_mtime_ns,
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "providers": [p if isinstance(p, str) else p[0] for p in selection.providers],
-            "onnxruntime": ort.__version__,
-            "machine": platform.machine(),
-        }
-        sidecar = cached.with_name(cached.name + ".json")
-        if cached.is_file() and _read_json(sidecar) == key:
-            # Already optimized: skipping the optimizers is what keeps start-up fast
-            # (onnxruntime docs, "Graph Optimizations": offline mode).
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-            log.info("reusing the optimized graph %s", cached)
-            return ort.InferenceSession(str(cached), options, providers=selection.providers)
-        if not os.access(cached.parent, os.W_OK):
-            raise ModelLoadError(
-                path, f"cannot write the optimized graph to {cached} (its folder is not "
-                "writable); fix SERVING_ONNX_OPTIMIZED_MODEL_PATH",
-            )  # fmt: skip
-        temporary = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-        options.optimized_model_filepath = str(temporary)
-        session = ort.InferenceSession(data, options, providers=selection.providers)
-        os.replace(temporary, cached)  # workers racing here write the same graph
-        temporary.write_text(json.dumps(key))
-        os.replace(temporary, sidecar)
-        log.info("saved the optimized graph to %s", cached)
-        return session
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _inputs(session: Any, path: Path) -> tuple[list[_Input], int | None, int | None]:
