@@ -16,7 +16,7 @@ Model names cannot contain ``:`` or ``/`` (``SERVING_MODELS`` refuses them), so
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -26,11 +26,12 @@ from werkzeug.routing import BaseConverter
 from serving.context import Call
 from serving.dataplane import DataPlane, Inference
 from serving.errors import InvalidInput, LabelNotFound, ServingError
-from serving.model.handle import TensorSpec
+from serving.model.handle import Outputs, TensorSpec
 from serving.openapi import Operation, errors
 from serving.protocols.base import (
     Answer,
     ErrorStyle,
+    Handler,
     ProtocolSpec,
     Route,
     dataplane,
@@ -218,32 +219,31 @@ def _examples(
     return plane.infer(call, model_name, model_version, decode_examples(body))
 
 
-def classify(
-    plane: DataPlane,
-    call: Call,
-    environ: Mapping[str, Any],
-    *,
-    model_name: str,
-    model_version: str | None = None,
-    label: str | None = None,
-) -> Answer:
-    """``{"result": [[[label, probability], ...], ...]}``, one list per example."""
-    answer = _examples(plane, call, environ, model_name, model_version=model_version, label=label)
-    return json_answer({"result": classify_result(answer.outputs, answer.handle.classes)})
+def _method(result: Callable[[Outputs, tuple[Any, ...] | None], list[Any]]) -> Handler:
+    """The handler of ``:classify`` or ``:regress``: the examples answered, then
+    ``{"result": result(outputs, classes)}``."""
+
+    def handle(
+        plane: DataPlane,
+        call: Call,
+        environ: Mapping[str, Any],
+        *,
+        model_name: str,
+        model_version: str | None = None,
+        label: str | None = None,
+    ) -> Answer:
+        answer = _examples(
+            plane, call, environ, model_name, model_version=model_version, label=label
+        )
+        return json_answer({"result": result(answer.outputs, answer.handle.classes)})
+
+    return handle
 
 
-def regress(
-    plane: DataPlane,
-    call: Call,
-    environ: Mapping[str, Any],
-    *,
-    model_name: str,
-    model_version: str | None = None,
-    label: str | None = None,
-) -> Answer:
-    """``{"result": [number, ...]}``, one per example."""
-    answer = _examples(plane, call, environ, model_name, model_version=model_version, label=label)
-    return json_answer({"result": regress_result(answer.outputs, answer.handle.classes)})
+#: ``{"result": [[[label, probability], ...], ...]}``, one list per example.
+classify = _method(classify_result)
+#: ``{"result": [number, ...]}``, one per example.
+regress = _method(regress_result)
 
 
 _STATES: dict[State, tuple[str, str]] = {
