@@ -53,9 +53,9 @@ from serving.server.worker_boot import (
 from serving.settings import Settings, load_settings
 
 __all__ = [
+    "checked_settings",
     "child_exit",
     "on_exit",
-    "checked_settings",
     "on_reload",
     "on_starting",
     "post_fork",
