@@ -99,7 +99,7 @@ def classify_result(outputs: Outputs, classes: tuple[Any, ...] | None) -> list[A
             "the model gives no class probabilities: :classify needs a classifier with "
             "predict_proba (use :predict)"
         )
-        raise InvalidInput.at("signature_name", msg, "method_not_supported")
+        raise InvalidInput.at(":classify", msg, "method")
     labels = [str(label) for label in classes]
     return [list(zip(labels, row, strict=True)) for row in _tolist(probabilities)]
 
@@ -116,7 +116,7 @@ def regress_result(outputs: Outputs, classes: tuple[Any, ...] | None) -> list[An
     if classes or predictions.ndim != 1 or predictions.dtype.kind not in "fiub":
         what = "a classifier's labels" if classes else "not one number per example"
         msg = f"the model's predictions are {what}: :regress needs a regression model"
-        raise InvalidInput.at("signature_name", msg, "method_not_supported")
+        raise InvalidInput.at(":regress", msg, "method")
     if predictions.dtype.kind != "f":
         predictions = predictions.astype(np.float64)
     return _tolist(predictions)
