@@ -68,3 +68,37 @@ def test_gunicorns_logger_class_puts_the_handler_on_stderr_not_on_a_file(tmp_pat
     on_file = NonBlockingLogger(config)
     assert [type(h) for h in on_file.error_log.handlers] == [logging.FileHandler]
     on_file.error_log.handlers[0].close()
+
+
+def test_gunicorns_warning_per_invalid_request_is_said_once_a_minute_with_the_count(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """Gunicorn warns "Invalid request from ip=..." for every request it refuses (a bad
+    request line, oversized headers), quoting what it refused: a client could flood the
+    log, while each such answer is already in the access log and /metrics. The first is
+    said, then at most one line a minute with how many more; other warnings as before."""
+    from gunicorn.config import Config
+
+    from serving.server import error_log
+
+    config = Config()
+    config.set("errorlog", str(tmp_path / "error.log"))
+    logger = NonBlockingLogger(config)
+    clock = [1000.0]
+    monkeypatch.setattr(error_log.time, "monotonic", lambda: clock[0])
+
+    for n in range(50):
+        logger.warning(f"Invalid request from ip=127.0.0.1: Invalid HTTP method: {'X' * 500}{n}")
+    logger.warning("another warning")
+    clock[0] += 61
+    logger.warning("Invalid request from ip=10.0.0.1: Invalid header")
+    for handler in logger.error_log.handlers:
+        handler.flush()
+    lines = (tmp_path / "error.log").read_text().splitlines()
+    logger.error_log.handlers[0].close()
+
+    invalid = [line for line in lines if "nvalid request" in line]
+    assert len(invalid) == 2, lines
+    assert "ip=127.0.0.1" in invalid[0] and len(invalid[0]) < 400
+    assert "49 more" in invalid[1] and "ip=10.0.0.1" in invalid[1]
+    assert sum("another warning" in line for line in lines) == 1

@@ -14,7 +14,8 @@ worker after fork. A file or a terminal always has room, and a stream without a 
 descriptor (tests) is written as ``logging`` does.
 
 ``NonBlockingLogger`` is Gunicorn's logger with that handler for ``errorlog = "-"`` (its
-default); ``gunicorn.conf.py`` names it as ``logger_class``.
+default), and its warning per refused request made sparse; ``gunicorn.conf.py`` names it
+as ``logger_class``.
 
 Imports only the standard library and Gunicorn.
 """
@@ -24,14 +25,21 @@ from __future__ import annotations
 import logging
 import os
 import select
+import threading
+import time
 from typing import Any
 
 from gunicorn.glogging import Logger  # type: ignore[import-untyped]
 
-__all__ = ["NonBlockingLogger", "NonBlockingStreamHandler"]
+__all__ = ["INVALID_CHARS", "INVALID_EVERY_S", "NonBlockingLogger", "NonBlockingStreamHandler"]
 
 #: Bytes a pipe with room takes in one write without blocking (POSIX PIPE_BUF on Linux).
 _PIPE_BUF = 4096
+#: Gunicorn's warning for each request it refuses (``workers/base.py``, ``handle_error``).
+_INVALID = "Invalid request from ip="
+#: Least seconds between two of those lines, and the most characters of one kept.
+INVALID_EVERY_S = 60.0
+INVALID_CHARS = 300
 
 
 class NonBlockingStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -99,7 +107,30 @@ def _room(fd: int) -> bool:
 class NonBlockingLogger(Logger):  # type: ignore[misc]
     """Gunicorn's ``glogging.Logger`` whose stderr handlers are
     ``NonBlockingStreamHandler``s (a file given as ``errorlog``/``accesslog`` is kept as
-    Gunicorn opens it)."""
+    Gunicorn opens it), and whose warning per invalid request is said at most once in
+    ``INVALID_EVERY_S`` seconds, cut to ``INVALID_CHARS``, with how many were not: Gunicorn
+    warns for each request it refuses, quoting it, and each such answer is already in
+    the access log and ``/metrics`` (route ``(gunicorn)``)."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        self._invalid_lock = threading.Lock()
+        self._invalid_next = 0.0
+        self._invalid_unsaid = 0
+
+    def warning(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(msg, str) and msg.startswith(_INVALID):
+            now = time.monotonic()
+            with self._invalid_lock:
+                if now < self._invalid_next:
+                    self._invalid_unsaid += 1
+                    return
+                unsaid, self._invalid_unsaid = self._invalid_unsaid, 0
+                self._invalid_next = now + INVALID_EVERY_S
+            msg = msg if len(msg) <= INVALID_CHARS else f"{msg[:INVALID_CHARS]}... (cut)"
+            if unsaid:
+                msg = f"{msg} (and {unsaid} more since the last said, one line a minute at most)"
+        super().warning(msg, *args, **kwargs)
 
     def _set_handler(self, log: logging.Logger, output: Any, fmt: Any, stream: Any = None) -> None:
         super()._set_handler(log, output, fmt, stream)
