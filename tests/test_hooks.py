@@ -75,7 +75,7 @@ def test_on_starting_removes_only_prometheus_files(
         num_workers=2,
         worker_class=ServingWorker,
         systemd=False,
-        cfg=SimpleNamespace(bind=["127.0.0.1:8000"]),
+        cfg=SimpleNamespace(bind=["127.0.0.1:8000"], address=[("127.0.0.1", 0)], reuse_port=False),
     )
     hooks.on_starting(server)
 
@@ -83,6 +83,26 @@ def test_on_starting_removes_only_prometheus_files(
     assert hooks._boot is not None and hooks._boot.shared.value == 0  # nothing else listens
     hooks.pre_exec(server)  # a SIGUSR2 upgrade's new master, before its exec
     assert hooks._boot.shared.value == 1
+
+
+def test_on_starting_under_systemd_socket_activation_marks_the_socket_shared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gunicorn sets ``server.systemd`` only after ``on_starting``, which read it: a
+    socket systemd passed was taken for this server's own (an orphaned worker would then
+    refuse its new connections), and the port was probed as if free to bind."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setenv("LISTEN_FDS", "1")
+    monkeypatch.setenv("LISTEN_PID", str(os.getpid()))
+    server = SimpleNamespace(
+        log=logging.getLogger("test"), master_pid=0, reap_workers=None, manage_workers=None,
+        reload=None, stop=None, num_workers=2, worker_class=ServingWorker, systemd=False,
+        cfg=SimpleNamespace(bind=["127.0.0.1:8000"], address=[("256.0.0.1", 1)], reuse_port=False),
+    )  # fmt: skip
+
+    hooks.on_starting(server)  # the bogus address is not probed: systemd holds the socket
+
+    assert hooks._boot is not None and hooks._boot.shared.value == 1
 
 
 def test_on_starting_with_dev_shm_full_stops_with_one_line(
@@ -102,7 +122,8 @@ def test_on_starting_with_dev_shm_full_stops_with_one_line(
     monkeypatch.setattr(multiprocessing, "Lock", full)
     server = SimpleNamespace(
         log=logging.getLogger("test"), master_pid=0, num_workers=2,
-        worker_class=ServingWorker, systemd=False, cfg=SimpleNamespace(bind=["127.0.0.1:8000"]),
+        worker_class=ServingWorker, systemd=False,
+        cfg=SimpleNamespace(bind=["127.0.0.1:8000"], address=[("127.0.0.1", 0)], reuse_port=False),
     )  # fmt: skip
 
     with pytest.raises(SystemExit) as exited:
@@ -129,7 +150,7 @@ def test_on_starting_after_usr2_keeps_the_old_generations_files(
         num_workers=2,
         worker_class=ServingWorker,
         systemd=False,
-        cfg=SimpleNamespace(bind=["127.0.0.1:8000"]),
+        cfg=SimpleNamespace(bind=["127.0.0.1:8000"], address=[("127.0.0.1", 0)], reuse_port=False),
     )
     hooks.on_starting(server)
 

@@ -25,11 +25,14 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from gunicorn import systemd  # type: ignore[import-untyped]
 
 from serving.auth import load_api_keys
 from serving.batching.arrivals import process_arrivals
@@ -166,6 +169,9 @@ def on_starting(server: Any) -> None:
             server.cfg.worker_class_str,
         )  # fmt: skip
         raise SystemExit(1)
+    if problem := _address_taken(server):
+        print(f"serving: cannot listen on {problem}", file=sys.stderr)
+        raise SystemExit(2)
     set_master(server)
     try:
         _boot = boot = Boot.create(server.num_workers)
@@ -189,13 +195,41 @@ def on_starting(server: Any) -> None:
     # Another server may listen on the sockets: systemd's or an inherited fd://, or the
     # other generation of a SIGUSR2 upgrade (this master's, or one it starts: pre_exec).
     inherited = any(str(address).startswith("fd://") for address in server.cfg.bind)
-    boot.shared.value = int(bool(server.master_pid or server.systemd or inherited))
+    # (Gunicorn sets server.systemd only after on_starting: ask as it will)
+    activated = systemd.listen_fds(False)
+    boot.shared.value = int(bool(server.master_pid or activated or inherited))
 
     def stopping() -> None:
         if not server.reexec_pid and not boot.shared.value:
             boot.stopping.value = 1
 
     roll_over(server, boot.board, booted, gate=boot.gate, on_stop=stopping, check=reload_problem)
+
+
+def _address_taken(server: Any) -> str | None:
+    """``"HOST:PORT: why"`` for the first TCP address of the bind that another process
+    holds, or None. Gunicorn, binding after ``on_starting``, retries for 5 s first, while
+    a health check may reach whatever holds the port: the start stops at once instead.
+    Not checked for sockets it inherits (a ``SIGUSR2`` generation, systemd) or shares
+    (``reuse_port``)."""
+    if server.master_pid or server.cfg.reuse_port or systemd.listen_fds(False):
+        return None
+    for address in server.cfg.address:
+        if not isinstance(address, tuple):  # unix:/path or fd://N
+            continue
+        host, port = address
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Gunicorn binds
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                shown = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+                return (
+                    f"{shown}: {exc.strerror} (another process holds it: stop it, or set "
+                    "SERVING_BIND)"
+                )
+    return None
 
 
 def _log_to_gunicorn(server: Any) -> logging.Logger:

@@ -580,11 +580,13 @@ def test_access_log_is_one_json_line_per_request(gunicorn: Start, pickled: Pickl
     assert key not in server.output()
 
 
-def test_a_port_in_use_stops_the_server_and_leaves_no_temporary_directory(
+def test_a_port_in_use_stops_the_server_at_once_and_leaves_no_temporary_directory(
     pickled: Pickled, tmp_path: Path
 ) -> None:
     """Gunicorn exits without calling on_exit when it cannot bind: the metrics directory
-    and the workers' board it had made were left behind."""
+    and the workers' board it had made were left behind. It also tried for 5 s first,
+    while a health check could reach whatever held the port (issue 34): the start now
+    stops at once, in one line naming the address."""
     import socket
 
     model = pickled(RowEcho(n_features=1), "echo.pkl")
@@ -597,12 +599,18 @@ def test_a_port_in_use_stops_the_server_and_leaves_no_temporary_directory(
         del server.env["SERVING_METRICS_DIR"]  # the default: a new temporary directory
         server.env["TMPDIR"] = str(temporary)
         server.env["SERVING_BIND"] = f"127.0.0.1:{taken.getsockname()[1]}"
+        started = time.monotonic()
         try:
-            status = server.start().wait_exit(timeout_s=60)  # after Gunicorn's 5 tries
+            status = server.start().wait_exit(timeout_s=60)
         finally:
             server.kill()
-    assert status != 0
-    assert "Address already in use" in server.output()
+        took = time.monotonic() - started
+    assert status == 2, server.output()
+    address = server.env["SERVING_BIND"]
+    lines = [line for line in server.output().splitlines() if line.startswith("serving:")]
+    assert lines == [f"serving: cannot listen on {address}: Address already in use "
+                     "(another process holds it: stop it, or set SERVING_BIND)"], lines  # fmt: skip
+    assert took < 4.5, server.output()  # Gunicorn's own retries take 5 s
     assert list(temporary.iterdir()) == []
 
 
