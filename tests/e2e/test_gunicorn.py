@@ -325,7 +325,7 @@ def test_a_model_that_fails_to_load_stops_the_server_with_a_clear_line(
 
     status = server.wait_exit(timeout_s=60)
 
-    assert status == 3  # Gunicorn's WORKER_BOOT_ERROR: the master halts, no respawn loop
+    assert status == 3, server.output()  # WORKER_BOOT_ERROR: the master halts, no respawn loop
     output = server.output()
     assert f"cannot load model {broken}: UnpicklingError" in output
     assert output.count("Booting worker") <= 2
