@@ -512,3 +512,21 @@ def test_board_says_the_stage_each_loading_worker_is_at(
     board.write(loading, "ready")
     board.write(warming, "ready")
     assert "stages" not in board.read().summary()
+
+
+def test_child_exit_survives_a_dead_workers_metric_file_it_cannot_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker killed while it created a metric file leaves it shorter than its header:
+    folding it raised struct.error in the master's child_exit; while halting (a first
+    boot that failed) that was a traceback and exit status 1 instead of 3. The file is
+    left, logged, and the master goes on."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    (tmp_path / "counter_4242.db").write_bytes(b"\x01\x00")
+    server = SimpleNamespace(log=logging.getLogger("test.child_exit"))
+
+    with caplog.at_level(logging.WARNING, logger="test.child_exit"):
+        hooks.child_exit(server, SimpleNamespace(pid=4242))
+
+    assert "worker 4242: metrics not archived" in caplog.text
+    assert (tmp_path / "counter_4242.db").exists()

@@ -26,6 +26,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
@@ -420,7 +421,7 @@ def child_exit(server: Any, worker: Any) -> None:
         archive_dead_worker(
             Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]), worker.pid, str(os.getpid())
         )
-    except OSError as exc:
+    except (OSError, struct.error) as exc:  # a file cut short (killed creating it): left
         server.log.warning("worker %s: metrics not archived: %s", worker.pid, exc)
     if _boot is not None:
         _boot.board.remove(worker.pid)
