@@ -100,39 +100,22 @@ def _version(
 _PREDICT_ERRORS = errors(
     TFErrorResponse, 400, 401, 404, 408, 409, 413, 415, 422, 500, 501, 503, 504
 )
+#: TF Serving's POST methods: their summary, answer and body.
+_METHODS = (
+    (":predict", "TF Serving predict: row (instances) or columnar (inputs) format",
+     TFPredictResponse, TFPredictRequest),
+    (":classify", "TF Serving classify: each example's class labels with their probabilities",
+     TFClassifyResponse, TFExamplesRequest),
+    (":regress", "TF Serving regress: each example's predicted number (regression models)",
+     TFRegressResponse, TFExamplesRequest),
+)  # fmt: skip
 OPERATIONS = [
     *(
         Operation(
-            "post",
-            path,
-            "TF Serving predict: row (instances) or columnar (inputs) format",
-            {200: TFPredictResponse} | _PREDICT_ERRORS,
-            request=TFPredictRequest,
-            tag="tfserving",
+            "post", path, summary, {200: answer} | _PREDICT_ERRORS, request=body, tag="tfserving"
         )
-        for path in _both(":predict")
-    ),
-    *(
-        Operation(
-            "post",
-            path,
-            "TF Serving classify: each example's class labels with their probabilities",
-            {200: TFClassifyResponse} | _PREDICT_ERRORS,
-            request=TFExamplesRequest,
-            tag="tfserving",
-        )
-        for path in _both(":classify")
-    ),
-    *(
-        Operation(
-            "post",
-            path,
-            "TF Serving regress: each example's predicted number (regression models)",
-            {200: TFRegressResponse} | _PREDICT_ERRORS,
-            request=TFExamplesRequest,
-            tag="tfserving",
-        )
-        for path in _both(":regress")
+        for method, summary, answer, body in _METHODS
+        for path in _both(method)
     ),
     *(
         Operation(
