@@ -17,7 +17,7 @@ Model names cannot contain ``:`` or ``/`` (``SERVING_MODELS`` refuses them), so
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from flask import Blueprint, Response
@@ -66,6 +66,8 @@ __all__ = ["OPERATIONS", "PROTOCOL", "bp"]
 bp = Blueprint("tfserving", __name__)
 
 SIGNATURE = "serving_default"
+#: A TF Serving request body (both name an optional ``signature_name``).
+_Body = TypeVar("_Body", TFPredictRequest, TFExamplesRequest)
 _MODEL = "/v1/models/<tf_model:model_name>"
 _VERSION = _MODEL + "/versions/<model_version>"
 _LABEL = _MODEL + "/labels/<tf_model:label>"
@@ -162,24 +164,39 @@ def predict(
     label: str | None = None,
 ) -> Answer:
     """Row format answers ``{"predictions": ...}``, columnar ``{"outputs": ...}``."""
-    model_version = _version(plane, model_name, model_version, label)
-    try:
-        body = parse_body(TFPredictRequest, read_json_body(environ, plane.settings))
-    except ServingError:
-        model_before_body(plane, model_name, model_version)
-        raise
-    _check_signature(body.signature_name)
+    model_version, body = _read(
+        plane, environ, TFPredictRequest, model_name, model_version=model_version, label=label
+    )
     answer = plane.infer(call, model_name, model_version, decode(body))
     if body.instances is not None:
         return json_answer({"predictions": row_predictions(answer.outputs)})
     return json_answer({"outputs": columnar_outputs(answer.outputs)})
 
 
-def _check_signature(name: str | None) -> None:
-    """:raises InvalidInput: (422) for a signature other than the one served."""
-    if name not in (None, "", SIGNATURE):
-        msg = f"signature {name!r} not found; the model has {SIGNATURE!r}"
+def _read(
+    plane: DataPlane,
+    environ: Mapping[str, Any],
+    schema: type[_Body],
+    model_name: str,
+    *,
+    model_version: str | None,
+    label: str | None,
+) -> tuple[str | None, _Body]:
+    """The version asked for (``label``'s, if one) and the body as ``schema``.
+
+    :raises ModelNotFound: (404) no such model, whatever the body.
+    :raises InvalidInput: (422) for a signature other than the one served.
+    """
+    model_version = _version(plane, model_name, model_version, label)
+    try:
+        body = parse_body(schema, read_json_body(environ, plane.settings))
+    except ServingError:
+        model_before_body(plane, model_name, model_version)
+        raise
+    if body.signature_name not in (None, "", SIGNATURE):
+        msg = f"signature {body.signature_name!r} not found; the model has {SIGNATURE!r}"
         raise InvalidInput.at("signature_name", msg, "signature")
+    return model_version, body
 
 
 def _examples(
@@ -192,13 +209,9 @@ def _examples(
     label: str | None,
 ) -> Inference:
     """The answer to a ``:classify`` or ``:regress`` body's examples."""
-    model_version = _version(plane, model_name, model_version, label)
-    try:
-        body = parse_body(TFExamplesRequest, read_json_body(environ, plane.settings))
-    except ServingError:
-        model_before_body(plane, model_name, model_version)
-        raise
-    _check_signature(body.signature_name)
+    model_version, body = _read(
+        plane, environ, TFExamplesRequest, model_name, model_version=model_version, label=label
+    )
     return plane.infer(call, model_name, model_version, decode_examples(body))
 
 
