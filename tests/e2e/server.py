@@ -101,6 +101,16 @@ class GunicornServer:
         pid = self.proc.pid
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
+    def wait_replaced(self, killed: int, ready: int = 2, timeout_s: float = 30) -> None:
+        """Wait until worker ``killed`` is gone and ``ready`` workers are ready again
+        (``/healthz``): the master forked its replacement and it loaded."""
+        until(
+            lambda: killed not in self.worker_pids()
+            and requests.get(f"{self.url}/healthz", timeout=5).json()["workers"]["ready"]
+            == ready,
+            timeout_s, interval_s=0.1, what=lambda: f"a replacement ready:\n{self.output()}",
+        )  # fmt: skip
+
     def accepted_connections(self) -> int:
         """Client connections the workers have accepted and hold open (an established TCP
         socket on our port among their file descriptors; one in the backlog is in none)."""

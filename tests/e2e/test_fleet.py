@@ -132,11 +132,7 @@ def test_a_respawn_serves_the_masters_copy_when_its_file_is_gone(
     victim = server.worker_pids()[0]
     os.kill(victim, signal.SIGKILL)
 
-    until(
-        lambda: victim not in server.worker_pids()
-        and requests.get(f"{server.url}/healthz", timeout=5).json()["workers"]["ready"] == 2,
-        30, interval_s=0.1, what=lambda: f"a replacement ready:\n{server.output()}",
-    )  # fmt: skip
+    server.wait_replaced(victim)
     statuses = [server.predict([[1.0]]).status_code for _ in range(20)]
 
     assert statuses == [200] * 20

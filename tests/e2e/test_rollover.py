@@ -283,11 +283,7 @@ def test_a_reload_whose_settings_are_invalid_is_refused_and_the_workers_serve_on
     # again, found the file gone and exited with status 3, at every respawn.
     killed = min(first)
     os.kill(killed, signal.SIGKILL)
-    until(
-        lambda: killed not in server.worker_pids()
-        and requests.get(f"{server.url}/healthz", timeout=5).json()["workers"]["ready"] == 2,
-        30, interval_s=0.1, what=lambda: f"a replacement ready:\n{server.output()}",
-    )  # fmt: skip
+    server.wait_replaced(killed)
 
     with ThreadPoolExecutor(1) as pool:
         stop = threading.Event()
