@@ -12,8 +12,9 @@ server's CPU per request (utime + stime of master and workers from /proc) and th
 batch (instances per predict call, from /metrics). The first server changes from round to
 round, and so does the first route each server is loaded with. ``--traced`` adds this
 service with tracing on, exporting OTLP over HTTP to a collector in this process that
-answers 200 and drops every span. ``--nginx`` puts deploy/nginx in front of each server
-(its CPU per request shown apart).
+answers 200 and drops every span: ``traced`` with the default sampler, ``all`` tracing
+every request (``OTEL_TRACES_SAMPLER=parentbased_always_on``). ``--nginx`` puts
+deploy/nginx in front of each server (its CPU per request shown apart).
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ def main() -> None:
     if args.traced:
         endpoint = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": _collector()}
         trees.insert(1, ("traced", ROOT, endpoint))
+        every = {**endpoint, "OTEL_TRACES_SAMPLER": "parentbased_always_on"}
+        trees.insert(2, ("all", ROOT, every))
     where = "behind deploy/nginx" if args.nginx else "direct"
     print(
         f"CPU: {cpu_model()} ({len(os.sched_getaffinity(0))} usable); 2 workers each, "

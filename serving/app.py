@@ -181,7 +181,7 @@ def _install_request_hooks(
         url_rule = req.url_rule
         rule = template(url_rule.rule) if url_rule is not None else "<unmatched>"
         state.call = hooks.start(req.environ, req.blueprint or "", rule, predicts=False)
-        state.trace = tracing.start_request(req.headers, req.method[:16], rule) if (
+        state.trace = tracing.start_request(req.environ, req.method[:16], rule) if (
             tracing.active()
         ) else None  # fmt: skip
         if api_keys and rule not in open_routes:  # by route template: /docs/{asset}

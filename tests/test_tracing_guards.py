@@ -39,6 +39,33 @@ def test_tracing_guards_name_the_variable_the_sdk_refuses(
     assert says in problem[1]
 
 
+@pytest.mark.parametrize(
+    ("sampler", "argument", "variable", "says"),
+    [
+        # the SDK took a name it does not know for its default: every request traced
+        ("parentbased_traceidratios", None, "OTEL_TRACES_SAMPLER", "not a sampler the SDK"),
+        # a ratio out of [0, 1], or no number, the SDK took for 1.0
+        ("traceidratio", "2", "OTEL_TRACES_SAMPLER_ARG", "not a ratio from 0 to 1"),
+        ("parentbased_traceidratio", "half", "OTEL_TRACES_SAMPLER_ARG", "not a ratio"),
+        ("parentbased_traceidratio", None, "OTEL_TRACES_SAMPLER_ARG", "not a ratio"),
+    ],
+)
+def test_tracing_guards_name_the_sampler_variable_the_sdk_refuses_or_replaces(
+    monkeypatch: pytest.MonkeyPatch, sampler: str, argument: str | None, variable: str, says: str
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    if argument is not None:
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", argument)
+
+    problem = tracing_guards.environment_problem()
+
+    assert problem is not None
+    assert problem[0] == variable
+    value = sampler if variable == "OTEL_TRACES_SAMPLER" else argument
+    assert problem[1].startswith(f"got {value!r}: ")
+    assert says in problem[1]
+
+
 def test_tracing_guards_take_good_values_and_the_traces_timeout_before_the_general_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -46,6 +73,8 @@ def test_tracing_guards_take_good_values_and_the_traces_timeout_before_the_gener
     monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "1024")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "2.5")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "-5")  # not read: the traces one is set
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "ParentBased_TraceIdRatio")  # the SDK lowers it
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
 
     assert tracing_guards.environment_problem() is None
 

@@ -8,8 +8,17 @@ Spans go out over OTLP/HTTP (protobuf) through the SDK's ``BatchSpanProcessor``,
 thread does not survive fork: ``setup()`` runs in each Gunicorn worker (``post_fork``),
 and again lazily in any process that has not run it.
 
-Each request gets one ``SERVER`` span named ``METHOD /route/{template}``, continuing a
-caller's W3C ``traceparent``. Its stages are span events on it, as Triton's OpenTelemetry
+Unless ``OTEL_TRACES_SAMPLER`` says otherwise, a request whose caller sent a sampled W3C
+``traceparent`` is traced, one in ``1 / DEFAULT_SAMPLE_RATIO`` of the others is, and one
+whose caller sent an unsampled ``traceparent`` is not (``ParentBased`` over
+``TraceIdRatioBased``): peers sample by default too (Ray Serve 1 %, Triton 1 in 1,000), and
+the SDK exporting every request costs the demo model about half its CPU per request
+(the span's creation and its protobuf encoding, ~200 us on a 2-vCPU AMD EPYC;
+``bench/protocols_load.py --traced``). ``OTEL_TRACES_SAMPLER=parentbased_always_on``
+traces every request.
+
+Each traced request gets one ``SERVER`` span named ``METHOD /route/{template}``, continuing
+a caller's ``traceparent``. Its stages are span events on it, as Triton's OpenTelemetry
 trace mode records a request's timestamps (times measured by the data plane with
 ``perf_counter()``, recorded after the fact):
 
@@ -25,7 +34,9 @@ request it served, with a link to the server span of every traced request it ser
 span a request and one a batch, not one per stage (five spans a request cost about as
 much as the request itself on the ``bench/protocols_load.py --traced`` bench).
 
-The trace id (32 hex digits) goes into the request's access-log line as ``trace_id``.
+The trace id (32 hex digits) goes into the request's access-log line as ``trace_id``
+when there is a trace to find: the request was sampled, or its caller sent a
+``traceparent``.
 
 A slow, hung or dead collector never holds up a request or a worker's exit: each export
 gives up after ``OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`` / ``OTEL_EXPORTER_OTLP_TIMEOUT``
@@ -63,6 +74,9 @@ __all__ = [
     "start_request",
 ]
 
+#: The share of requests without a caller's ``traceparent`` traced when
+#: ``OTEL_TRACES_SAMPLER`` is not set.
+DEFAULT_SAMPLE_RATIO: Final = 0.1
 #: Longest one export may take, in seconds, unless an OTEL_*_TIMEOUT variable says.
 EXPORT_TIMEOUT_S: Final = 5.0
 #: Longest a worker's exit waits for its queued spans to be exported, in seconds.
@@ -74,6 +88,8 @@ _QUEUE_FULL_MSG: Final = "Queue full, dropping %s."
 _lock = threading.Lock()
 _tracer: Any = None
 _pid = -1
+#: The SDK's modules and W3C propagator, imported once by ``setup`` when tracing is on.
+_otel: Any = None
 
 
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:
@@ -89,7 +105,7 @@ def enabled(environ: Mapping[str, str] = os.environ) -> bool:
 def setup() -> None:
     """Start this process's tracer provider and exporter thread, once per process (call
     it after fork); nothing when tracing is not configured."""
-    global _tracer, _pid
+    global _tracer, _pid, _otel
     with _lock:
         if _pid == os.getpid():
             return
@@ -101,6 +117,7 @@ def setup() -> None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
         from serving.observe.metrics import default_metrics
 
@@ -110,14 +127,19 @@ def setup() -> None:
         )  # fmt: skip
         exporter = _counting(OTLPSpanExporter(timeout=timeout_s), dropped)
         processor = BatchSpanProcessor(exporter)
-        # resource and sampler from the OTEL_* environment; our exit hook, not the SDK's
-        provider = TracerProvider(shutdown_on_exit=False)
+        # resource (and a sampler when one is named) from the OTEL_* environment; our exit
+        # hook, not the SDK's
+        sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else (
+            ParentBased(TraceIdRatioBased(DEFAULT_SAMPLE_RATIO))
+        )  # fmt: skip
+        provider = TracerProvider(sampler=sampler, shutdown_on_exit=False)
         provider.add_span_processor(processor)
         atexit.register(_shutdown, processor)
         tracing_guards.quiet_header_warnings()
         sdk_log = logging.getLogger("opentelemetry.sdk._shared_internal")
         sdk_log.filters.insert(0, _CountQueueFull(dropped))  # before the SDK's dedup filter
         trace.set_tracer_provider(provider)
+        _otel = _Otel()
         _tracer = provider.get_tracer("serving")
 
 
@@ -179,36 +201,57 @@ def active() -> bool:
     return _current_tracer() is not None
 
 
-def start_request(headers: Any, method: str, route: str) -> tuple[Any, Any, str] | None:
-    """Open the request's server span, continuing ``headers``' ``traceparent``, and make it
-    current: ``(span, token, trace_id_hex)`` for ``end_request``, or None when off."""
+class _Otel:
+    """What each request uses of the SDK, imported once: ``trace``, ``context`` and the W3C
+    ``traceparent`` propagator."""
+
+    def __init__(self) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.trace, self.context = trace, context
+        self.server = trace.SpanKind.SERVER
+        self.propagator = TraceContextTextMapPropagator()
+
+
+def start_request(
+    environ: Mapping[str, Any], method: str, route: str
+) -> tuple[Any, Any, str] | None:
+    """Open the request's server span, continuing the ``traceparent`` (and ``tracestate``)
+    header in the WSGI ``environ``, and make it current: ``(span, token, trace_id_hex)``
+    for ``end_request``, or None when off. The trace id is ``""`` when the request is
+    neither sampled nor the continuation of a caller's trace (it names no trace)."""
     tracer = _current_tracer()
     if tracer is None:
         return None
-    from opentelemetry import context, trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-    parent = TraceContextTextMapPropagator().extract(headers)
+    otel = _otel
+    parent = None
+    if (traceparent := environ.get("HTTP_TRACEPARENT")) is not None:
+        carrier = {"traceparent": traceparent}
+        if (tracestate := environ.get("HTTP_TRACESTATE")) is not None:
+            carrier["tracestate"] = tracestate
+        parent = otel.propagator.extract(carrier)
     span = tracer.start_span(
         f"{method} {route}",
         context=parent,
-        kind=trace.SpanKind.SERVER,
+        kind=otel.server,
         attributes={"http.request.method": method, "http.route": route},
     )
-    token = context.attach(trace.set_span_in_context(span))
-    return span, token, format(span.get_span_context().trace_id, "032x")
+    token = otel.context.attach(otel.trace.set_span_in_context(span))
+    named = parent is not None or span.is_recording()  # a trace there is, here or the caller's
+    return span, token, format(span.get_span_context().trace_id, "032x") if named else ""
 
 
 def end_request(state: tuple[Any, Any, str], status: int) -> None:
     """Close the server span with the response's status (an error for a 5xx)."""
-    from opentelemetry import context, trace
-
+    otel = _otel
     span, token, _ = state
-    span.set_attribute("http.response.status_code", status)
-    if status >= 500:
-        span.set_status(trace.StatusCode.ERROR)
-    span.end()
-    context.detach(token)
+    if span.is_recording():
+        span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            span.set_status(otel.trace.StatusCode.ERROR)
+        span.end()
+    otel.context.detach(token)
 
 
 def current_span_context() -> Any:
@@ -216,9 +259,7 @@ def current_span_context() -> Any:
     spans of every request merged with it), or None when not traced."""
     if _tracer is None:
         return None
-    from opentelemetry import trace
-
-    context = trace.get_current_span().get_span_context()
+    context = _otel.trace.get_current_span().get_span_context()
     return context if context.is_valid and context.trace_flags.sampled else None
 
 
@@ -230,8 +271,7 @@ def record_stages(timing: Timing) -> None:
     nothing when not traced."""
     if _tracer is None:
         return
-    from opentelemetry import trace
-
+    trace = _otel.trace
     server = trace.get_current_span()
     if not server.is_recording():
         return

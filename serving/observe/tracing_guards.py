@@ -6,8 +6,11 @@
   a batch processor value out of range (``OTEL_BSP_MAX_QUEUE_SIZE=0``) in its
   constructor: every worker crashed at start. A ``OTEL_BSP_*`` value that is no integer
   logged a traceback per worker, and an export timeout that is not a positive number
-  (``OTEL_EXPORTER_OTLP_TIMEOUT=-5``) made every export fail. The master asks the SDK
-  once, before forking, and start-up stops with one line naming the variable.
+  (``OTEL_EXPORTER_OTLP_TIMEOUT=-5``) made every export fail. A sampler name the SDK does
+  not know (``OTEL_TRACES_SAMPLER``), or a ratio that is no number from 0 to 1
+  (``OTEL_TRACES_SAMPLER_ARG``), it replaced with tracing every request, logging a warning
+  per worker. The master asks the SDK once, before forking, and start-up stops with one
+  line naming the variable.
 - ``quiet_header_warnings()``: the API warns for each ``tracestate`` it cannot parse,
   quoting it whole, at every request that sends one: a client could flood the log. Those
   loggers then say at most one line per ``QUIET_S`` seconds, cut to ``LINE_CHARS``.
@@ -44,6 +47,11 @@ _HEADER_LOGGERS: Final = (
 )
 #: The exporter's timeout variables, in the order it reads them (seconds).
 TIMEOUT_VARIABLES: Final = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+#: The samplers the SDK builds from ``OTEL_TRACES_SAMPLER``, as an error lists them.
+_SAMPLERS: Final = (
+    "always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, "
+    "parentbased_traceidratio"
+)
 #: A variable's name in one of the SDK's messages.
 _OTEL_NAME: Final = re.compile(r"\bOTEL_[A-Z_]+\b")
 #: Each parameter of the SDK's batch processor, as its errors name it, and its variable.
@@ -80,6 +88,8 @@ def environment_problem() -> tuple[str, str] | None:
     except ValueError as exc:  # "OTEL_SPAN_LINK_COUNT_LIMIT must be a non-negative ..."
         variable = next(iter(_OTEL_NAME.findall(str(exc))), "OTEL_*")
         return variable, f"got {os.environ.get(variable)!r}: {exc}"
+    if problem := _sampler_problem():
+        return problem
     collect = _Collect()
     sdk_log = logging.getLogger("opentelemetry.sdk.trace.export")
     sdk_log.addFilter(collect)
@@ -98,6 +108,30 @@ def environment_problem() -> tuple[str, str] | None:
         if variable and record.levelno >= logging.ERROR:
             return variable, f"got {os.environ.get(variable)!r}: not an integer"
     return _timeout_problem()
+
+
+def _sampler_problem() -> tuple[str, str] | None:
+    """The sampler variables, read by the SDK's ``TracerProvider`` as each worker builds
+    one: a name or a ratio it warns of and replaces with tracing every request."""
+    name = os.environ.get("OTEL_TRACES_SAMPLER")
+    if not name:
+        return None
+    from opentelemetry.sdk.trace import TracerProvider
+
+    argument = os.environ.get("OTEL_TRACES_SAMPLER_ARG")
+    collect = _Collect()
+    sdk_log = logging.getLogger("opentelemetry.sdk.trace.sampling")
+    sdk_log.addFilter(collect)
+    try:
+        TracerProvider(shutdown_on_exit=False)
+    finally:
+        sdk_log.removeFilter(collect)
+    said = " ".join(record.getMessage() for record in collect.records)
+    if "recognize sampler" in said:
+        return "OTEL_TRACES_SAMPLER", f"got {name!r}: not a sampler the SDK knows ({_SAMPLERS})"
+    if "TRACES_SAMPLER_ARG" in said:
+        return "OTEL_TRACES_SAMPLER_ARG", f"got {argument!r}: not a ratio from 0 to 1"
+    return None
 
 
 def _timeout_problem() -> tuple[str, str] | None:

@@ -167,7 +167,7 @@ class Dispatcher:
         trace = None
         try:
             if tracing.active():  # the span is current while the handler runs
-                trace = tracing.start_request(EnvironHeaders(environ), method[:16], target.route)
+                trace = tracing.start_request(environ, method[:16], target.route)
             if target.keys:
                 check_api_key(EnvironHeaders(environ), target.keys)
             answer = target.handler(self._plane, call, environ, **args)

@@ -89,7 +89,7 @@ class RequestHooks:
                 "model": model,
                 "model_version": version,
             }
-            if trace is not None:
+            if trace is not None and trace[2]:
                 fields["trace_id"] = trace[2]
             if timing.instances:
                 fields["instances"] = timing.instances

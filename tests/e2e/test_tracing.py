@@ -46,6 +46,7 @@ def test_tracing_continues_traceparent_with_stage_spans_and_logs_the_trace_id(
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
         OTEL_SERVICE_NAME="serving-test",
         OTEL_BSP_SCHEDULE_DELAY="50",
+        OTEL_TRACES_SAMPLER="parentbased_always_on",  # the SDK's default: every request
     )
     server.start()
     try:
@@ -103,7 +104,11 @@ def test_tracing_predict_span_links_every_request_merged_into_its_batch(
 ) -> None:
     X, _ = breast_cancer
     server = GunicornServer(tmp_path, workers=1, batch_policy="window", max_batch_latency_ms=50)
-    server.env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_BSP_SCHEDULE_DELAY="50")
+    server.env.update(
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
+        OTEL_BSP_SCHEDULE_DELAY="50",
+        OTEL_TRACES_SAMPLER="always_on",
+    )
     server.start()
     try:
         server.wait_ready(workers=1)
@@ -130,6 +135,43 @@ def test_tracing_predict_span_links_every_request_merged_into_its_batch(
         assert span.parent_span_id in links and links <= root_ids
 
 
+def test_tracing_by_default_traces_one_request_in_ten_and_every_sampled_caller(
+    tmp_path: Path, receiver: OtlpSink, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, _ = breast_cancer
+    server = GunicornServer(tmp_path, workers=1)  # one worker: its spans leave in order
+    server.env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_BSP_SCHEDULE_DELAY="50")
+    callers = [f"{i:032x}" for i in range(1, 6)]
+    server.start()
+    try:
+        server.wait_ready(workers=1)
+        plain = [server.predict([X[i % 50].tolist()]) for i in range(300)]
+        unsampled = server.predict(
+            X[:1].tolist(), headers={"traceparent": f"00-{'e' * 32}-{PARENT_ID}-00"}
+        )
+        sampled = [
+            server.predict(X[:1].tolist(), headers={"traceparent": f"00-{tid}-{PARENT_ID}-01"})
+            for tid in callers
+        ]
+        # The last requests' spans arrive after every earlier one's.
+        receiver.spans(lambda s: s.trace_id.hex() in callers and s.kind == s.SPAN_KIND_SERVER, 5)
+        roots = receiver.spans(lambda s: s.name == "POST /predict", 5)
+        server.wait_for_log('"status":200', 306)
+        log = server.output()
+    finally:
+        server.kill()
+
+    assert all(a.status_code == 200 for a in [*plain, unsampled, *sampled])
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    logged = [line["trace_id"] for line in lines if "trace_id" in line]
+    # A trace id in the access log names a trace: sampled here, or the caller's.
+    assert sorted(logged) == sorted([*(span.trace_id.hex() for span in roots), "e" * 32])
+    assert {span.trace_id.hex() for span in roots} >= set(callers)  # a sampled caller: always
+    assert "e" * 32 not in {span.trace_id.hex() for span in roots}  # unsampled: never
+    traced = len(roots) - len(callers)
+    assert 8 <= traced <= 60, traced  # about 30 of the 300 without a traceparent (sd 5.2)
+
+
 def test_tracing_hung_collector_drops_counted_spans_and_stops_in_time(
     tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
 ) -> None:
@@ -145,6 +187,7 @@ def test_tracing_hung_collector_drops_counted_spans_and_stops_in_time(
         OTEL_BSP_SCHEDULE_DELAY="50",
         OTEL_BSP_MAX_QUEUE_SIZE="16",
         OTEL_BSP_MAX_EXPORT_BATCH_SIZE="4",
+        OTEL_TRACES_SAMPLER="always_on",
     )
     server.start()
     try:
@@ -175,6 +218,7 @@ def test_tracing_hung_collector_drops_counted_spans_and_stops_in_time(
         ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "abc"),  # raised at the SDK's import
         ("OTEL_SPAN_EVENT_COUNT_LIMIT", "-5"),  # raised in each worker's SpanLimits()
         ("OTEL_EXPORTER_OTLP_TIMEOUT", "-5"),  # started, then every export failed
+        ("OTEL_TRACES_SAMPLER", "sometimes"),  # taken for tracing every request
     ],
 )
 def test_tracing_a_bad_sdk_variable_stops_the_start_with_one_line_naming_it(
