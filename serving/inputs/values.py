@@ -267,7 +267,7 @@ def typed_matrix(
         the batch column by column, naming the first refused value.
     """
     kind = values.dtype.kind
-    if kind not in "biuf" or any(f.categories is not None for f in features):
+    if kind not in "biuf" or _plan(features)[0]:  # a category: value by value
         return None
     if dtype.kind == "f":
         fits = kind != "f" or _floats_fit(values, features)
@@ -280,17 +280,44 @@ def _floats_fit(values: npt.NDArray[Any], features: Sequence[Feature]) -> bool:
     """True when every value of the float block is finite (or NaN where its feature may
     be missing) and within float32's range where its feature is float32."""
     ok = np.isfinite(values)
-    missing = [f.missing for f in features]
-    if any(missing):
-        ok |= np.isnan(values) & np.array(missing)
+    _, missing, float32 = _plan(features)
+    if missing is not None:
+        ok |= np.isnan(values) & missing
     if not ok.all():
         return False
-    narrow = [j for j, f in enumerate(features) if f.dtype.itemsize < values.itemsize]
+    narrow = float32 if values.itemsize > 4 else []
     if not narrow:
         return True
     part = values if len(narrow) == len(features) else values[:, narrow]
     with np.errstate(invalid="ignore"):  # NaN, a missing value, compares False
         return not (np.abs(part) > float(np.finfo(np.float32).max)).any()
+
+
+#: ``_plan`` of the feature tuples seen last (a model's own: one per model), by identity:
+#: ``(features, plan)``.
+_PLANS: dict[int, tuple[Sequence[Feature], Any]] = {}
+_PLANS_KEPT = 64
+
+
+def _plan(
+    features: Sequence[Feature],
+) -> tuple[bool, npt.NDArray[np.bool_] | None, list[int]]:
+    """Whether any feature is categorical; per feature, whether it may be missing (None
+    when none may); and the float32 features' columns: worked out once per features
+    tuple, not per request."""
+    entry = _PLANS.get(id(features))
+    if entry is not None and entry[0] is features:
+        return entry[1]  # type: ignore[no-any-return]
+    missing = [f.missing for f in features]
+    plan = (
+        any(f.categories is not None for f in features),
+        np.array(missing) if any(missing) else None,
+        [j for j, f in enumerate(features) if f.dtype.itemsize < 8],
+    )
+    if len(_PLANS) >= _PLANS_KEPT:
+        _PLANS.clear()
+    _PLANS[id(features)] = (features, plan)
+    return plan
 
 
 def _integers_fit(values: npt.NDArray[Any], features: Sequence[Feature]) -> bool:

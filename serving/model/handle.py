@@ -9,6 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -117,7 +118,12 @@ class ModelHandle:
     def input_specs(self) -> tuple[TensorSpec, ...]:
         """``inputs``; else one ``input-0`` of ``(-1, n_features)`` when every feature has
         one type, or one ``(-1,)`` input per feature, named after it, when they differ
-        (a DataFrame with a string column: as MLServer's pandas codec lays it out)."""
+        (a DataFrame with a string column: as MLServer's pandas codec lays it out).
+        Worked out once (each V2 request asks)."""
+        return self._input_specs
+
+    @cached_property
+    def _input_specs(self) -> tuple[TensorSpec, ...]:
         if self.inputs is not None:
             return self.inputs
         features = self.features or ()
