@@ -25,6 +25,7 @@ from pydantic import (
     DirectoryPath,
     Field,
     FilePath,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -245,8 +246,9 @@ class ModelFields(BaseSettings):
         8,
         ge=1,
         description=(
-            "Most entries `SERVING_MODELS` may list; more stops start-up (each entry is a"
-            " model copy per worker)"
+            "Most entries `SERVING_MODELS` may list (more stops start-up), or versions a "
+            "model repository serves (those past it are refused); each is a model copy per "
+            "worker"
         ),
     )
     models: Annotated[list[ModelSpec] | None, NoDecode] = Field(
@@ -265,6 +267,17 @@ class ModelFields(BaseSettings):
         None,
         pattern=r"^[0-9a-fA-F]{64}$",
         description="Expected SHA-256 of the model file, checked before it is loaded",
+    )
+    model_repository: DirectoryPath | None = Field(
+        None,
+        description=(
+            "A model repository folder, Triton's and TF Serving's layout: "
+            "`<model>/<version>/<artifact>` and an optional `<model>/config.json` (version "
+            "policy, labels, batching, SHA-256 per version; see docs/repository.md). Read at "
+            "start and at each SIGHUP; an entry that cannot be served is named in the log "
+            "and the V2 repository index, the rest served. Instead of `SERVING_MODELS` and "
+            "`SERVING_MODEL_PATH`"
+        ),
     )
     allow_world_writable_model: bool = Field(
         False,
@@ -344,6 +357,63 @@ class ModelFields(BaseSettings):
             find_artifact(value)  # raises ValueError naming what the directory holds
         return value
 
+    #: The repository as read when these settings were (``serving.repository.Scan``).
+    _repository: Any = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _read_repository(self) -> ModelFields:
+        """Read ``model_repository`` once, here: the settings object carries what it found
+        (a worker forked later serves what its master read)."""
+        if self.model_repository is None:
+            return self
+        from serving.repository import scan
+
+        others = [
+            name for name, value in (("SERVING_MODELS", self.models),
+            ("SERVING_MODEL_PATH", self.model_path), ("SERVING_MODEL_DIR", self.model_dir))
+            if value is not None
+        ]  # fmt: skip
+        if others:
+            raise ValueError(
+                f"SERVING_MODEL_REPOSITORY: set it or {' and '.join(others)}, not both "
+                "(one source of models)"
+            )
+        try:
+            found = scan(
+                self.model_repository, max_models=self.max_models,
+                allow_world_writable=self.allow_world_writable_model,
+            )  # fmt: skip
+        except OSError as exc:
+            raise ValueError(
+                f"SERVING_MODEL_REPOSITORY: cannot list {self.model_repository}: "
+                f"{exc.strerror or exc}"
+            ) from None
+        if not found.specs:
+            why = (
+                "; ".join(
+                    f"{r.model}/{r.version}: {r.reason}" if r.version else f"{r.model}: {r.reason}"
+                    for r in found.refused[:3]
+                )
+                or "no <model>/<version>/ folder"
+            )
+            raise ValueError(
+                f"SERVING_MODEL_REPOSITORY: nothing to serve in {self.model_repository} ({why})"
+            )
+        self._repository = found
+        return self
+
+    def entries(self) -> list[ModelSpec] | None:
+        """The model versions named: ``SERVING_MODELS``' entries, or those the repository
+        holds; None for the one model of ``SERVING_MODEL_PATH`` (``single_spec``)."""
+        if self._repository is not None:
+            return list(self._repository.specs)
+        return self.models
+
+    def refused_models(self) -> tuple[Any, ...]:
+        """The repository's entries that cannot be served (``serving.repository.Refusal``),
+        as read with these settings; none without a repository."""
+        return self._repository.refused if self._repository is not None else ()
+
     def single_spec(self) -> ModelSpec:
         """The one model of ``model_path``/``model_dir``, ``model_name``,
         ``model_version``, ``model_format``, ``model_sha256`` and ``model_class`` as a
@@ -366,7 +436,7 @@ class ModelFields(BaseSettings):
         """Model ``name``'s TF Serving version labels (label -> version), from every
         ``SERVING_MODELS`` entry of that name."""
         labels: dict[str, str] = {}
-        for spec in self.models or ():
+        for spec in self.entries() or ():
             if spec.name == name:
                 labels.update(spec.labels)
         return labels
@@ -380,7 +450,7 @@ class ModelFields(BaseSettings):
     @model_validator(mode="after")
     def _check_model_name(self) -> ModelFields:
         """A model served under its file's name needs a name URLs can carry."""
-        if self.model_name is None and self.models is None:
+        if self.model_name is None and self.models is None and self.model_repository is None:
             path = self.model_path or self.model_dir or DEMO_MODEL_PATH
             name = default_model_name(artifact_of(path, self.model_class))
             if not re.fullmatch(NAME_PATTERN, name) or only_dots(name):

@@ -272,15 +272,17 @@ class Settings(ObserveFields, ModelFields):
 
     def model_settings(self) -> tuple[ModelSettings, ...]:
         """Each model's own settings, in ``SERVING_MODELS`` order (the first is the default
-        model), or the one model of ``SERVING_MODEL_PATH``: its artifact (a directory's
-        one), format, name, version, and batching, loading and sharing settings, the
-        server-wide value where its entry leaves one out. Reads the file system (a
-        directory's artifact, a format from its extension): call it once, at start.
+        model), or the repository's (``SERVING_MODEL_REPOSITORY``: models by name, each
+        one's versions newest first), or the one model of ``SERVING_MODEL_PATH``: its
+        artifact (a directory's one), format, name, version, and batching, loading and
+        sharing settings, the server-wide value where its entry leaves one out. Reads the
+        file system (a directory's artifact, a format from its extension): call it once,
+        at start.
 
         :raises ValueError: when an artifact can no longer be found (the settings checked
             it when they were read).
         """
-        return tuple(self._model(spec) for spec in (self.models or [self.single_spec()]))
+        return tuple(self._model(spec) for spec in (self.entries() or [self.single_spec()]))
 
     def _model(self, spec: ModelSpec) -> ModelSettings:
         path = artifact_of(spec.path, spec.class_)

@@ -51,6 +51,8 @@ RULES = {
     "inputs": Rule(CORE, serving=("serving.errors", "serving.model", "serving.inputs")),
     # Measuring a model in-process for its batching settings: a command, no web.
     "tune": Rule(WEB),
+    # A model repository folder read into model entries: files in, entries out.
+    "repository": Rule(WEB),
 }
 # Top level: the data plane and everything it calls import no web framework; the app
 # wires Flask. The request checks run per instance and take no settings or metrics.

@@ -248,6 +248,7 @@ def when_ready(server: Any, settings: Settings) -> None:
     ``SERVING_LOAD_TIMEOUT_S`` stops the start (exit status 3) with a line naming the
     model."""
     _log_to_gunicorn(server)  # the loader's own lines (read and checked, loaded as)
+    _say_refused(server, settings)
     if sharing.load_in_master(settings, server.log.info, server.log.error) == "timed_out":
         print(
             f"serving: the master's load of model {settings.model_settings()[0].name!r} took "
@@ -272,7 +273,15 @@ def on_reload(server: Any, settings: Settings) -> None:
     from now on are the next generation."""
     global _generation
     _generation += 1
+    _say_refused(server, settings)
     sharing.load_in_master(settings, server.log.info, server.log.error)
+
+
+def _say_refused(server: Any, settings: Settings) -> None:
+    """One line per model repository entry that is not served, and why."""
+    for refusal in settings.refused_models():
+        where = f"{refusal.model}/{refusal.version}" if refusal.version else refusal.model
+        server.log.warning("model repository: %s not served: %s", where, refusal.reason)
 
 
 def pre_fork(server: Any, worker: Any) -> None:

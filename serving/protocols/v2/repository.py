@@ -7,13 +7,16 @@ Triton's ``ModelConfig`` JSON: ``max_batch_size``, each input and output with it
 ``SERVING_MAX_BATCH_LATENCY_MS`` under the window policy, 0 under the adaptive one;
 ``max_queue_size`` is ``SERVING_MAX_QUEUE_DEPTH`` in instances) and one CPU or GPU
 ``instance_group`` per Gunicorn worker. ``POST /v2/repository/index`` lists every model
-version with its state. Loading and unloading through the API are not offered: models
-are set by ``SERVING_MODELS``. Source: Triton's ``docs/protocol/extension_model_configuration.md``
-and ``extension_model_repository.md``.
+version with its state, and after them each entry of a model repository
+(``SERVING_MODEL_REPOSITORY``) that cannot be served, ``UNAVAILABLE`` with the reason.
+Loading and unloading through the API are not offered: models are set by
+``SERVING_MODELS`` or the repository. Source: Triton's
+``docs/protocol/extension_model_configuration.md`` and ``extension_model_repository.md``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
@@ -22,6 +25,7 @@ from serving.cache import ModelCache
 from serving.model.handle import ModelHandle, TensorSpec
 from serving.protocols.schemas import Strict
 from serving.protocols.v2.codec import datatype_of
+from serving.repository import Refusal
 from serving.runtime import ModelRuntime
 
 __all__ = [
@@ -123,9 +127,12 @@ def _tensor(spec: TensorSpec) -> dict[str, Any]:
     return tensor
 
 
-def repository_index(models: ModelCache, ready_only: bool) -> list[dict[str, Any]]:
+def repository_index(
+    models: ModelCache, ready_only: bool, refused: Sequence[Refusal] = ()
+) -> list[dict[str, Any]]:
     """Every model version served, in configuration order, with its state and the reason
-    it is not ready (``""`` when it is)."""
+    it is not ready (``""`` when it is); then, unless ``ready_only``, each repository
+    entry ``refused`` (``Settings.refused_models()``; version ``""`` for a whole model)."""
     index = []
     for runtime in models.runtimes:
         state = runtime.state
@@ -139,5 +146,10 @@ def repository_index(models: ModelCache, ready_only: bool) -> list[dict[str, Any
                 "state": _STATES[state],
                 "reason": reason,
             }
+        )
+    if not ready_only:
+        index.extend(
+            {"name": r.model, "version": r.version, "state": "UNAVAILABLE", "reason": r.reason}
+            for r in refused
         )
     return index

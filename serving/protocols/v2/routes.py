@@ -294,7 +294,8 @@ def repository() -> Response:
     plane = dataplane()
     body = read_body(request.environ, plane.settings)
     wanted = parse_body(V2RepositoryIndexRequest, body) if body else None
-    index = repository_index(plane.models, bool(wanted and wanted.ready))
+    refused = plane.settings.refused_models()
+    index = repository_index(plane.models, bool(wanted and wanted.ready), refused)
     data = orjson.dumps(index)
     return Response(data, mimetype="application/json")
 

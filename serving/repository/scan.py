@@ -1,0 +1,208 @@
+"""Reading a model repository folder: Triton's and TF Serving's layout,
+
+    <repository>/<model>/config.json        optional (``serving.repository.config``)
+    <repository>/<model>/<version>/<one artifact, or an MLflow folder, or your class's files>
+
+into the model versions to serve (``ModelSpec``, as ``SERVING_MODELS`` entries) and, for
+each entry that cannot be served, a ``Refusal`` saying which and why. One bad entry never
+keeps another from serving. Hidden entries (``.staging``) and plain files beside the
+model folders are not models and are passed over.
+
+A version is a folder named by a positive integer. Before the policy picks among them,
+each must be servable: inside the repository once its links are followed, holding
+exactly one model file (none for a class that reads the folder), and that file and every
+folder on the way changeable only by root and the server's user (``trusted_path``, as
+every model file; unless ``allow_world_writable``). The policy then picks among the
+servable ones: a newest version that is broken leaves the one before it serving, and says
+why (Triton would serve neither).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from serving.model.artifacts import EXTENSIONS, UnsafePath, trusted_path
+from serving.model.names import NAME_PATTERN, only_dots
+from serving.model_settings import ModelSpec
+from serving.repository.config import VERSION_DIGITS, ModelConfig
+
+__all__ = ["Refusal", "Scan", "scan"]
+
+#: Longest reason kept (a pydantic message can quote a whole file's worth of input).
+_REASON_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An entry of the repository not served: ``model`` (its folder's name), ``version``
+    (``""`` for the model as a whole) and why, in one line."""
+
+    model: str
+    version: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What one read of the repository found: the versions to serve, models by name and
+    each model's versions newest first (the first is the default model, and each model's
+    first its default version), and the entries refused."""
+
+    specs: tuple[ModelSpec, ...]
+    refused: tuple[Refusal, ...]
+
+
+def scan(root: Path, *, max_models: int = 8, allow_world_writable: bool = False) -> Scan:
+    """Read ``root`` (``SERVING_MODEL_REPOSITORY``). At most ``max_models`` versions in
+    all are served (``SERVING_MAX_MODELS``): those past it, in order, are refused.
+
+    :raises OSError: when ``root`` itself cannot be listed.
+    """
+    real_root = root.resolve()
+    specs: list[ModelSpec] = []
+    refused: list[Refusal] = []
+    for folder in sorted(root.iterdir(), key=lambda p: p.name):
+        if folder.name.startswith(".") or not folder.is_dir():
+            continue
+        found, problems = _model(folder, real_root, allow_world_writable)
+        refused.extend(problems)
+        for spec in found:
+            if len(specs) < max_models:
+                specs.append(spec)
+            else:
+                reason = f"over SERVING_MAX_MODELS={max_models} model versions"
+                refused.append(Refusal(spec.name, spec.version, reason))
+    return Scan(tuple(specs), tuple(refused))
+
+
+def _model(
+    folder: Path, real_root: Path, allow_world_writable: bool
+) -> tuple[list[ModelSpec], list[Refusal]]:
+    name = folder.name
+    if not re.fullmatch(NAME_PATTERN, name) or only_dots(name):
+        reason = "not a safe model name (1-128 of A-Za-z0-9_.-, not only dots)"
+        return [], [Refusal(name, "", reason)]
+    if not _inside(folder, real_root):
+        return [], [Refusal(name, "", "a link to outside the repository")]
+    try:
+        config = _config(folder)
+    except ValueError as exc:
+        return [], [Refusal(name, "", _cut(str(exc)))]
+    servable, refused = _versions(folder, real_root, config, allow_world_writable)
+    policy = config.version_policy
+    chosen = policy.select(list(servable))
+    seen = {r.version for r in refused}
+    for number in policy.specific.versions if policy.specific is not None else ():
+        if number not in servable and str(number) not in seen:
+            refused.append(Refusal(name, str(number), "named by version_policy, not found"))
+    labels = {}
+    for label, number in config.labels.items():
+        if number in chosen:
+            labels[label] = str(number)
+        else:
+            reason = f"label {label!r} names version {number}, which is not served"
+            refused.append(Refusal(name, "", reason))
+    specs = []
+    for number in chosen:
+        fields = {"class": config.class_, **config.batching()}
+        try:
+            spec = ModelSpec(
+                name=name, version=str(number), path=servable[number], format=config.format,
+                sha256=config.sha256.get(str(number)), labels=labels, **fields,
+            )  # fmt: skip
+        except ValidationError as exc:  # a format its file's extension contradicts
+            message = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            refused.append(Refusal(name, str(number), _cut(message)))
+            continue
+        specs.append(spec)
+        labels = {}  # the model's labels on its first entry
+    return specs, refused
+
+
+def _versions(
+    folder: Path, real_root: Path, config: ModelConfig, allow_world_writable: bool
+) -> tuple[dict[int, Path], list[Refusal]]:
+    """A model folder's servable versions (number -> the path to serve), and the others."""
+    servable: dict[int, Path] = {}
+    refused: list[Refusal] = []
+    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+        if entry.name.startswith(".") or not entry.is_dir():
+            continue
+        if not re.fullmatch(VERSION_DIGITS, entry.name):
+            reason = "a version folder's name must be a positive integer (1, 2, ...)"
+            refused.append(Refusal(folder.name, entry.name, reason))
+            continue
+        problem, path = _version(entry, real_root, config, allow_world_writable)
+        if problem:
+            refused.append(Refusal(folder.name, entry.name, problem))
+        else:
+            servable[int(entry.name)] = path
+    return servable, refused
+
+
+def _config(folder: Path) -> ModelConfig:
+    """The model's ``config.json``, or the defaults when it has none.
+
+    :raises ValueError: naming the file and, for a field, the field; no file content.
+    """
+    path = folder / "config.json"
+    if not path.exists():
+        return ModelConfig()
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        what = exc.strerror if isinstance(exc, OSError) else "not JSON"
+        raise ValueError(f"config.json: {what}") from None
+    try:
+        return ModelConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "the file"
+        raise ValueError(f"config.json: {where}: {err['msg']}") from None
+
+
+def _version(
+    folder: Path, real_root: Path, config: ModelConfig, allow_world_writable: bool
+) -> tuple[str, Path]:
+    """``("", the path to serve)`` for a servable version folder, else ``(why, folder)``."""
+    if not _inside(folder, real_root):
+        return "a link to outside the repository", folder
+    path = folder
+    if config.class_ is None:
+        files = sorted(
+            p.name
+            for p in folder.iterdir()
+            if p.suffix.lower() in EXTENSIONS and not p.name.startswith(".") and p.is_file()
+        )
+        if len(files) != 1:
+            found = ", ".join(repr(f) for f in files) if files else "no model file"
+            known = ", ".join(sorted(EXTENSIONS))
+            return f"must hold exactly one model file ({known}); found {found}", folder
+        path = folder / files[0]
+        if not _inside(path, real_root):
+            return "its model file is a link to outside the repository", folder
+    if not allow_world_writable:
+        try:
+            trusted_path(path)
+        except UnsafePath as exc:
+            return _cut(str(exc)), folder
+        except OSError as exc:
+            return _cut(exc.strerror or str(exc)), folder
+    return "", path
+
+
+def _inside(path: Path, real_root: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(real_root)
+    except (OSError, RuntimeError):  # a loop of links
+        return False
+
+
+def _cut(reason: str) -> str:
+    line = " ".join(reason.split())
+    return line if len(line) <= _REASON_CHARS else line[: _REASON_CHARS - 3] + "..."

@@ -1,0 +1,177 @@
+"""A model repository folder (``SERVING_MODEL_REPOSITORY``) under the real Gunicorn: each
+model's chosen versions answer on every protocol exactly as the same file loaded
+in-process, the broken entries are named in the log and in the V2 repository index
+(tritonclient's ``get_model_repository_index``), and the rest serve."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import joblib
+import numpy as np
+import requests
+import tritonclient.http as triton
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from serving.settings import DEMO_MODEL_PATH
+from tests.e2e.server import GunicornServer
+
+
+def build(root: Path, X: np.ndarray, y: np.ndarray) -> dict[tuple[str, str], Path]:
+    """cancer/1 (the demo) and cancer/2 (another fit: some answers differ), served by
+    the policy "all" with labels; churn/3 (the demo), churn/4 broken (two files)."""
+    files = {}
+    for model, number in (("cancer", "1"), ("churn", "3"), ("churn", "4")):
+        (root / model / number).mkdir(parents=True)
+        files[model, number] = shutil.copy(DEMO_MODEL_PATH, root / model / number / "m.joblib")
+    (root / "cancer" / "2").mkdir()
+    other = make_pipeline(StandardScaler(), LogisticRegression(C=0.002)).fit(X, y)
+    files["cancer", "2"] = root / "cancer" / "2" / "model.joblib"
+    joblib.dump(other, files["cancer", "2"])
+    shutil.copy(DEMO_MODEL_PATH, root / "churn" / "4" / "second.joblib")
+    (root / "cancer" / "config.json").write_text(json.dumps(
+        {"version_policy": {"all": {}}, "labels": {"stable": 1, "canary": 2}}
+    ))  # fmt: skip
+    (root / "bad name").mkdir()
+    return files
+
+
+def test_repository_serves_each_version_on_every_protocol_and_names_what_it_cannot(
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, y = breast_cancer
+    root = tmp_path / "models"
+    files = build(root, X, y)
+    expect = {key: joblib.load(path) for key, path in files.items()}
+    rows = X[:40]
+    assert (expect["cancer", "1"].predict(rows) != expect["cancer", "2"].predict(rows)).any()
+    server = GunicornServer(tmp_path, model_repository=root)
+    server.start()
+    try:
+        server.wait_ready()
+        url = server.url
+        answers = {
+            "predict/cancer": requests.post(
+                f"{url}/predict/cancer", json={"instances": rows.tolist()}, timeout=30
+            ),
+            "predict/cancer/1": requests.post(
+                f"{url}/predict/cancer",
+                json={"instances": rows.tolist(), "model_version": "1"}, timeout=30,
+            ),
+            "predict": server.predict(rows.tolist()),
+            "tf stable": requests.post(
+                f"{url}/v1/models/cancer/labels/stable:predict",
+                json={"instances": rows.tolist()}, timeout=30,
+            ),
+            "tf canary": requests.post(
+                f"{url}/v1/models/cancer/labels/canary:predict",
+                json={"instances": rows.tolist()}, timeout=30,
+            ),
+            "invocations": requests.post(
+                f"{url}/invocations", json={"inputs": rows.tolist()}, timeout=30
+            ),
+        }  # fmt: skip
+        client = triton.InferenceServerClient(url=f"127.0.0.1:{server.port}", network_timeout=30)
+        tensor = triton.InferInput("input-0", list(rows.shape), "FP64")
+        tensor.set_data_from_numpy(rows)
+        churn = client.infer("churn", [tensor], model_version="3").as_numpy("predictions")
+        index = client.get_model_repository_index()
+        metadata = client.get_model_metadata("cancer")
+        server.wait_for_log("model repository:", 2)
+        log = server.output()
+    finally:
+        server.kill()
+
+    assert {name: a.status_code for name, a in answers.items()} == dict.fromkeys(answers, 200)
+    newest, first = expect["cancer", "2"].predict(rows), expect["cancer", "1"].predict(rows)
+    assert answers["predict/cancer"].json()["predictions"] == newest.tolist()  # the newest
+    assert answers["predict/cancer"].json()["probabilities"] == (
+        expect["cancer", "2"].predict_proba(rows).tolist()
+    )
+    assert answers["predict/cancer/1"].json()["predictions"] == first.tolist()
+    assert answers["predict"].json()["predictions"] == newest.tolist()  # first model: cancer
+    # TF Serving's row format: one object per instance
+    assert [p["predictions"] for p in answers["tf stable"].json()["predictions"]] == (
+        first.tolist()
+    )
+    assert [p["predictions"] for p in answers["tf canary"].json()["predictions"]] == (
+        newest.tolist()
+    )
+    assert answers["invocations"].json()["predictions"] == newest.tolist()
+    assert churn.tolist() == expect["churn", "3"].predict(rows).tolist()
+    assert sorted(metadata["versions"]) == ["1", "2"]
+    states = {(e["name"], e.get("version", "")): (e["state"], e.get("reason", "")) for e in index}
+    assert states["cancer", "2"] == states["cancer", "1"] == ("READY", "")
+    assert states["churn", "3"] == ("READY", "")
+    assert states["churn", "4"][0] == "UNAVAILABLE" and "second.joblib" in states["churn", "4"][1]
+    assert states["bad name", ""][0] == "UNAVAILABLE"
+    assert "not a safe model name" in states["bad name", ""][1]
+    assert "model repository: churn/4 not served: must hold exactly one model file" in log
+    assert "model repository: bad name not served" in log
+
+
+def test_repository_beside_another_model_source_stops_the_start_with_one_line(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "models" / "churn" / "1").mkdir(parents=True)
+    shutil.copy(DEMO_MODEL_PATH, tmp_path / "models" / "churn" / "1" / "m.joblib")
+    server = GunicornServer(
+        tmp_path, model_repository=tmp_path / "models", model_path=DEMO_MODEL_PATH
+    )
+    server.start()
+    try:
+        status = server.wait_exit(timeout_s=60)
+        lines = server.output().strip().splitlines()
+    finally:
+        server.kill()
+
+    assert status == 2
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("serving: invalid setting SERVING_MODEL_REPOSITORY: set it or")
+
+
+def test_repository_sighup_reads_it_again_serving_a_new_version_and_naming_a_bad_one(
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, y = breast_cancer
+    root = tmp_path / "models"
+    (root / "churn" / "1").mkdir(parents=True)
+    shutil.copy(DEMO_MODEL_PATH, root / "churn" / "1" / "m.joblib")
+    server = GunicornServer(tmp_path, model_repository=root)
+    server.start()
+    try:
+        server.wait_ready()
+        before = requests.post(f"{server.url}/predict/churn", json={"instances": X[:5].tolist()},
+                               timeout=30).json()  # fmt: skip
+        # Publish as the docs say: copy beside, then rename into place.
+        staging = root / "churn" / ".2"
+        staging.mkdir()
+        joblib.dump(make_pipeline(StandardScaler(), LogisticRegression(C=0.002)).fit(X, y),
+                    staging / "model.joblib")  # fmt: skip
+        staging.rename(root / "churn" / "2")
+        (root / "churn" / "3").mkdir()  # empty: named, not served
+        server.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        server.wait_for_log("model repository: churn/3 not served", 1)
+        deadline = time.monotonic() + 60
+        after: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            after = requests.post(
+                f"{server.url}/predict/churn", json={"instances": X[:5].tolist()}, timeout=30
+            ).json()
+            if after.get("model_version") == "2":
+                break
+            time.sleep(0.2)
+    finally:
+        server.kill()
+
+    assert before["model_version"] == "1"
+    assert after["model_version"] == "2"
+    published = joblib.load(root / "churn" / "2" / "model.joblib")
+    assert after["probabilities"] == published.predict_proba(X[:5]).tolist()

@@ -1,0 +1,210 @@
+"""serving.repository: a Triton / TF Serving model repository folder read into the model
+versions to serve and, for each entry that cannot be served, why; and the settings that
+name it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from serving.errors import SettingsError
+from serving.repository import Refusal, scan
+from serving.settings import DEMO_MODEL_PATH, Settings, load_settings
+
+
+def version(root: Path, model: str, number: str, name: str = "model.joblib") -> Path:
+    folder = root / model / number
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(DEMO_MODEL_PATH, folder / name)
+    return folder / name
+
+
+def config(root: Path, model: str, body: object) -> None:
+    (root / model).mkdir(parents=True, exist_ok=True)
+    (root / model / "config.json").write_text(json.dumps(body))
+
+
+def served(root: Path) -> list[tuple[str, str]]:
+    return [(spec.name, spec.version) for spec in scan(root).specs]
+
+
+def reasons(root: Path) -> dict[tuple[str, str], str]:
+    return {(r.model, r.version): r.reason for r in scan(root).refused}
+
+
+@pytest.mark.unit
+def test_repository_serves_each_models_latest_version_by_default(tmp_path: Path) -> None:
+    for number in ("1", "2", "10"):
+        version(tmp_path, "churn", number)
+    version(tmp_path, "cancer", "3")
+
+    result = scan(tmp_path)
+
+    # models by name; 10 is newer than 2 (numbers, not strings)
+    assert served(tmp_path) == [("cancer", "3"), ("churn", "10")]
+    assert result.refused == ()
+    assert result.specs[1].path == tmp_path / "churn" / "10" / "model.joblib"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ({"latest": {"num_versions": 2}}, ["3", "2"]),
+        ({"all": {}}, ["3", "2", "1"]),
+        ({"specific": {"versions": [1, 3]}}, ["3", "1"]),
+    ],
+)
+def test_repository_version_policy_in_tritons_json(
+    tmp_path: Path, policy: dict[str, object], expected: list[str]
+) -> None:
+    for number in ("1", "2", "3"):
+        version(tmp_path, "churn", number)
+    config(tmp_path, "churn", {"version_policy": policy})
+
+    assert [v for _, v in served(tmp_path)] == expected
+
+
+@pytest.mark.unit
+def test_repository_config_sets_labels_batching_and_digests(tmp_path: Path) -> None:
+    version(tmp_path, "churn", "1")
+    version(tmp_path, "churn", "2")
+    digest = hashlib.sha256(DEMO_MODEL_PATH.read_bytes()).hexdigest()
+    config(tmp_path, "churn", {
+        "version_policy": {"all": {}}, "labels": {"stable": 1, "canary": 2},
+        "max_batch_size": 8, "sha256": {"2": digest},
+    })  # fmt: skip
+
+    specs = {spec.version: spec for spec in scan(tmp_path).specs}
+
+    assert specs["2"].sha256 == digest and specs["1"].sha256 is None
+    assert specs["1"].max_batch_size == specs["2"].max_batch_size == 8
+    labels = {label: v for spec in specs.values() for label, v in spec.labels.items()}
+    assert labels == {"stable": "1", "canary": "2"}
+
+
+@pytest.mark.unit
+def test_repository_a_broken_newest_version_leaves_the_one_before_it_serving(
+    tmp_path: Path,
+) -> None:
+    version(tmp_path, "churn", "1")
+    version(tmp_path, "churn", "2")
+    version(tmp_path, "churn", "2", "other.joblib")  # two artifacts: which one?
+
+    assert served(tmp_path) == [("churn", "1")]
+    reason = reasons(tmp_path)[("churn", "2")]
+    assert "one model file" in reason and "model.joblib" in reason and "other.joblib" in reason
+
+
+@pytest.mark.unit
+def test_repository_refuses_bad_entries_by_name_and_serves_the_rest(tmp_path: Path) -> None:
+    version(tmp_path, "good", "1")
+    version(tmp_path, "bad name", "1")  # no URL can carry it
+    version(tmp_path, "good", "v2")  # not a positive integer
+    version(tmp_path, "good", "0")
+    (tmp_path / "good" / "3").mkdir()  # no artifact
+    version(tmp_path, "typo", "1")
+    config(tmp_path, "typo", {"version_polcy": {"all": {}}})
+    version(tmp_path, "broken", "1")
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    version(tmp_path, "labelled", "1")
+    config(tmp_path, "labelled", {"labels": {"stable": 4}})
+    (tmp_path / ".staging").mkdir()  # hidden: a copy being prepared
+    (tmp_path / "README.md").write_text("notes")  # a file: not a model
+
+    found = reasons(tmp_path)
+
+    assert served(tmp_path) == [("good", "1"), ("labelled", "1")]
+    assert "not a safe model name" in found[("bad name", "")]
+    assert "positive integer" in found[("good", "v2")]
+    assert "positive integer" in found[("good", "0")]
+    assert "no model file" in found[("good", "3")]
+    assert "version_polcy" in found[("typo", "")]
+    assert "config.json" in found[("broken", "")] and "JSON" in found[("broken", "")]
+    assert "label 'stable'" in found[("labelled", "")] and "4" in found[("labelled", "")]
+    assert not any(model.startswith(".") or model == "README.md" for model, _ in found)
+
+
+@pytest.mark.unit
+def test_repository_refuses_a_version_linked_outside_it(tmp_path: Path) -> None:
+    root, outside = tmp_path / "repo", tmp_path / "outside"
+    version(root, "churn", "1")
+    version(outside, "churn", "7")
+    os.symlink(outside / "churn" / "7", root / "churn" / "7")
+
+    assert served(root) == [("churn", "1")]
+    assert "outside the repository" in reasons(root)[("churn", "7")]
+
+
+@pytest.mark.unit
+def test_repository_refuses_a_version_others_could_replace(tmp_path: Path) -> None:
+    version(tmp_path, "churn", "1")
+    risky = version(tmp_path, "churn", "2")
+    risky.parent.chmod(0o777)  # any user may swap the pickle
+
+    assert served(tmp_path) == [("churn", "1")]
+    assert "writable" in reasons(tmp_path)[("churn", "2")]
+    assert served_allowing(tmp_path) == [("churn", "2")]
+
+
+def served_allowing(root: Path) -> list[tuple[str, str]]:
+    return [(spec.name, spec.version) for spec in scan(root, allow_world_writable=True).specs]
+
+
+@pytest.mark.unit
+def test_repository_names_models_past_the_limit(tmp_path: Path) -> None:
+    for model in ("a", "b", "c"):
+        version(tmp_path, model, "1")
+
+    result = scan(tmp_path, max_models=2)
+
+    assert [spec.name for spec in result.specs] == ["a", "b"]
+    assert result.refused == (Refusal("c", "1", "over SERVING_MAX_MODELS=2 model versions"),)
+
+
+@pytest.mark.unit
+def test_repository_settings_serve_it_and_refuse_another_model_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    version(tmp_path, "churn", "4")
+    monkeypatch.setenv("SERVING_MODEL_REPOSITORY", str(tmp_path))
+
+    models = load_settings().model_settings()
+
+    assert [(m.name, m.version, m.format) for m in models] == [("churn", "4", "joblib")]
+    monkeypatch.setenv("SERVING_MODEL_PATH", str(DEMO_MODEL_PATH))
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    assert refused.value.variable == "SERVING_MODEL_REPOSITORY"
+    assert "SERVING_MODEL_PATH" in str(refused.value)
+
+
+@pytest.mark.unit
+def test_repository_settings_refuse_a_repository_with_nothing_to_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "churn" / "1").mkdir(parents=True)  # no artifact
+    monkeypatch.setenv("SERVING_MODEL_REPOSITORY", str(tmp_path))
+
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+
+    assert refused.value.variable == "SERVING_MODEL_REPOSITORY"
+    assert "nothing to serve" in str(refused.value) and "churn/1" in str(refused.value)
+
+
+@pytest.mark.unit
+def test_repository_settings_scan_once_per_settings_object(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    version(tmp_path, "churn", "1")
+    settings = Settings(model_repository=tmp_path)
+    version(tmp_path, "churn", "2")  # after the settings were read: seen at the next read
+
+    assert [m.version for m in settings.model_settings()] == ["1"]
+    assert [m.version for m in Settings(model_repository=tmp_path).model_settings()] == ["2"]
