@@ -279,6 +279,23 @@ class ModelFields(BaseSettings):
             "`SERVING_MODEL_PATH`"
         ),
     )
+    model_control: Literal["none", "poll"] | None = Field(
+        None,
+        description=(
+            "How the server follows `SERVING_MODEL_REPOSITORY`, as Triton names it: `poll` "
+            "(every `SERVING_REPOSITORY_POLL_S`, a change read once it has stood still for "
+            "one interval; nothing unloaded while the repository cannot be listed or is "
+            "empty) or `none` (read at start and at each SIGHUP only)"
+        ),
+        json_schema_extra={"shown_default": "`poll` with a repository"},
+    )
+    repository_poll_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds between two looks at the model repository (`poll`)",
+    )
     allow_world_writable_model: bool = Field(
         False,
         description=(
@@ -365,6 +382,11 @@ class ModelFields(BaseSettings):
         """Read ``model_repository`` once, here: the settings object carries what it found
         (a worker forked later serves what its master read)."""
         if self.model_repository is None:
+            if self.model_control is not None:
+                raise ValueError(
+                    "SERVING_MODEL_CONTROL: follows a model repository: set "
+                    "SERVING_MODEL_REPOSITORY too, or unset it"
+                )
             return self
         from serving.repository import scan
 
@@ -401,6 +423,10 @@ class ModelFields(BaseSettings):
             )
         self._repository = found
         return self
+
+    def polls_repository(self) -> bool:
+        """Whether the server follows a model repository by looking at it."""
+        return self.model_repository is not None and self.model_control in (None, "poll")
 
     def entries(self) -> list[ModelSpec] | None:
         """The model versions named: ``SERVING_MODELS``' entries, or those the repository

@@ -14,6 +14,7 @@ import pytest
 
 from serving.errors import SettingsError
 from serving.repository import Refusal, scan
+from serving.repository.poll import Poller
 from serving.settings import DEMO_MODEL_PATH, Settings, load_settings
 
 
@@ -208,3 +209,79 @@ def test_repository_settings_scan_once_per_settings_object(
 
     assert [m.version for m in settings.model_settings()] == ["1"]
     assert [m.version for m in Settings(model_repository=tmp_path).model_settings()] == ["2"]
+
+
+class Looks:
+    """A ``Poller`` on ``root`` whose reloads and lines are kept."""
+
+    def __init__(self, root: Path) -> None:
+        self.reloads = 0
+        self.lines: list[str] = []
+        self.poller = Poller(root, 1.0, on_change=self.reload, say=self.lines.append)
+
+    def reload(self) -> None:
+        self.reloads += 1
+
+    def look(self, times: int = 1) -> int:
+        for _ in range(times):
+            self.poller.look()
+        return self.reloads
+
+
+@pytest.mark.unit
+def test_repository_poll_reloads_once_a_change_has_stood_still_for_one_look(
+    tmp_path: Path,
+) -> None:
+    version(tmp_path, "churn", "1")
+    looks = Looks(tmp_path)
+    assert looks.look(3) == 0  # nothing changed since start
+
+    partial = tmp_path / "churn" / "2" / "model.joblib"
+    partial.parent.mkdir()
+    partial.write_bytes(b"x" * 10)  # a copy in progress: it grows between looks
+    assert looks.look() == 0
+    with partial.open("ab") as more:
+        more.write(b"x" * 10)
+    assert looks.look() == 0
+    assert looks.look() == 1  # the same at two looks in a row: read it
+    assert looks.look(3) == 1  # and once only
+
+
+@pytest.mark.unit
+def test_repository_poll_unloads_nothing_on_a_glitch(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    version(root, "churn", "1")
+    version(root, "fraud", "1")
+    looks = Looks(root)
+
+    shutil.move(root / "fraud", tmp_path / "fraud")  # gone for one look, then back
+    assert looks.look() == 0
+    shutil.move(tmp_path / "fraud", root / "fraud")
+    assert looks.look(2) == 0
+
+    root.rename(tmp_path / "away")  # the whole repository unreachable, for long
+    assert looks.look(5) == 0
+    (tmp_path / "away").rename(root)
+    assert looks.look(2) == 0
+
+    for model in ("churn", "fraud"):  # emptied, as a sync tool does first
+        shutil.move(root / model, tmp_path / model)
+    assert looks.look(5) == 0
+    said = [line for line in looks.lines if "nothing unloaded" in line]
+    assert len(said) == 2, looks.lines  # each glitch said once while it lasts
+    assert "cannot list" in said[0] and "holds no model folder" in said[1]
+
+    shutil.move(tmp_path / "churn", root / "churn")  # fraud gone for good
+    assert looks.look() == 0
+    assert looks.look() == 1
+
+
+@pytest.mark.unit
+def test_repository_poll_sees_a_config_change(tmp_path: Path) -> None:
+    version(tmp_path, "churn", "1")
+    version(tmp_path, "churn", "2")
+    looks = Looks(tmp_path)
+
+    config(tmp_path, "churn", {"labels": {"stable": 1}})
+
+    assert looks.look(2) == 1

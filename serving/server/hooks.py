@@ -40,7 +40,7 @@ from serving.batching.arrivals import process_arrivals
 from serving.errors import SettingsError
 from serving.observe import access_log, tracing, tracing_guards
 from serving.observe.payload_sinks import check_sink
-from serving.server import sharing
+from serving.server import repository, sharing
 from serving.server.children import forget_server_in_children, stop_children
 from serving.server.metrics_dir import prepare_metrics_dir, run_at_exit, set_master
 from serving.server.pinning import Always, pin_while_quiet
@@ -248,7 +248,8 @@ def when_ready(server: Any, settings: Settings) -> None:
     ``SERVING_LOAD_TIMEOUT_S`` stops the start (exit status 3) with a line naming the
     model."""
     _log_to_gunicorn(server)  # the loader's own lines (read and checked, loaded as)
-    _say_refused(server, settings)
+    repository.say_refused(server.log.warning, settings)
+    repository.follow(server.log, settings)
     if sharing.load_in_master(settings, server.log.info, server.log.error) == "timed_out":
         print(
             f"serving: the master's load of model {settings.model_settings()[0].name!r} took "
@@ -273,15 +274,8 @@ def on_reload(server: Any, settings: Settings) -> None:
     from now on are the next generation."""
     global _generation
     _generation += 1
-    _say_refused(server, settings)
+    repository.say_refused(server.log.warning, settings)
     sharing.load_in_master(settings, server.log.info, server.log.error)
-
-
-def _say_refused(server: Any, settings: Settings) -> None:
-    """One line per model repository entry that is not served, and why."""
-    for refusal in settings.refused_models():
-        where = f"{refusal.model}/{refusal.version}" if refusal.version else refusal.model
-        server.log.warning("model repository: %s not served: %s", where, refusal.reason)
 
 
 def pre_fork(server: Any, worker: Any) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import joblib
 import numpy as np
+import pytest
 import requests
 import tritonclient.http as triton
 from sklearn.linear_model import LogisticRegression
@@ -137,6 +138,7 @@ def test_repository_beside_another_model_source_stops_the_start_with_one_line(
     assert lines[0].startswith("serving: invalid setting SERVING_MODEL_REPOSITORY: set it or")
 
 
+@pytest.mark.usefixtures("cpu_hog")
 def test_repository_sighup_reads_it_again_serving_a_new_version_and_naming_a_bad_one(
     tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
 ) -> None:
@@ -175,3 +177,98 @@ def test_repository_sighup_reads_it_again_serving_a_new_version_and_naming_a_bad
     assert after["model_version"] == "2"
     published = joblib.load(root / "churn" / "2" / "model.joblib")
     assert after["probabilities"] == published.predict_proba(X[:5]).tolist()
+
+
+def churn_version(server: GunicornServer, rows: np.ndarray) -> str:
+    answer = requests.post(
+        f"{server.url}/predict/churn", json={"instances": rows.tolist()}, timeout=30
+    )
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["model_version"])
+
+
+def until(check: Any, timeout_s: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.2)
+    raise AssertionError("not within the time")
+
+
+@pytest.mark.usefixtures("cpu_hog")  # a lifecycle: on a busy machine, as production is
+def test_repository_poll_serves_a_published_version_and_rides_out_an_emptied_repository(
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, y = breast_cancer
+    root, aside = tmp_path / "models", tmp_path / "aside"
+    (root / "churn" / "1").mkdir(parents=True)
+    aside.mkdir()
+    shutil.copy(DEMO_MODEL_PATH, root / "churn" / "1" / "m.joblib")
+    server = GunicornServer(tmp_path, model_repository=root, repository_poll_s=1.0)
+    server.start()
+    try:
+        server.wait_ready()
+        assert churn_version(server, X[:3]) == "1"
+        # A copy in progress, written slowly into place: never read half-written.
+        (root / "churn" / "2").mkdir()
+        published = make_pipeline(StandardScaler(), LogisticRegression(C=0.002)).fit(X, y)
+        joblib.dump(published, tmp_path / "new.joblib")
+        data = (tmp_path / "new.joblib").read_bytes()
+        with (root / "churn" / "2" / "model.joblib").open("wb") as out:
+            for start in range(0, len(data), 256):
+                out.write(data[start : start + 256])
+                out.flush()
+                time.sleep(0.1 * 256 / len(data) * 40)  # ~4 s in all: several looks
+        until(lambda: churn_version(server, X[:3]) == "2")
+        answer = requests.post(
+            f"{server.url}/predict/churn", json={"instances": X[:5].tolist()}, timeout=30
+        ).json()
+        # Emptied for many looks, as a sync tool does first: nothing unloaded.
+        shutil.move(root / "churn", aside / "churn")
+        time.sleep(5)
+        still = churn_version(server, X[:3])
+        shutil.move(aside / "churn", root / "churn")
+        log = server.output()
+    finally:
+        server.kill()
+
+    assert answer["probabilities"] == published.predict_proba(X[:5]).tolist()
+    assert still == "2"
+    assert "looking at" in log and "changed; reloading" in log
+    assert "holds no model folder; nothing unloaded, serving on" in log
+    assert log.count("changed; reloading") == 1, log  # the slow copy: read once, whole
+    assert "not served" not in log  # no half-copied version was ever read
+
+
+@pytest.mark.usefixtures("cpu_hog")
+def test_repository_poll_a_truncated_version_keeps_the_one_before_serving_until_removed(
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, _ = breast_cancer
+    root = tmp_path / "models"
+    (root / "churn" / "1").mkdir(parents=True)
+    shutil.copy(DEMO_MODEL_PATH, root / "churn" / "1" / "m.joblib")
+    server = GunicornServer(tmp_path, model_repository=root, repository_poll_s=0.3)
+    server.start()
+    try:
+        server.wait_ready()
+        staging = root / "churn" / ".2"
+        staging.mkdir()
+        (staging / "m.joblib").write_bytes(DEMO_MODEL_PATH.read_bytes()[:300])  # cut short
+        staging.rename(root / "churn" / "2")
+
+        def failed() -> bool:
+            workers = requests.get(f"{server.url}/healthz", timeout=5).json().get("workers", {})
+            return workers.get("rollout") == "failed"
+
+        until(failed)
+        during = [churn_version(server, X[:3]) for _ in range(20)]
+        shutil.rmtree(root / "churn" / "2")
+        until(lambda: not failed())
+        after = churn_version(server, X[:3])
+    finally:
+        server.kill()
+
+    assert during == ["1"] * 20  # the version before it served on, every request answered
+    assert after == "1"
