@@ -142,6 +142,7 @@ def create_app(
     # Open without a key: the operations documented without security (probes, health,
     # and /metrics unless SERVING_METRICS_REQUIRE_AUTH).
     open_routes = {op.path for op in operations if not op.security}
+    untraced = {op.path for op in operations if not op.traced}
 
     app.extensions["serving_openapi"] = _openapi(plane, operations, bool(api_keys))
 
@@ -151,7 +152,9 @@ def create_app(
     app.register_error_handler(Exception, functools.partial(_unexpected_error, styles))
 
     hooks = RequestHooks(plane, metrics)
-    _install_request_hooks(app, hooks, api_keys=api_keys, open_routes=open_routes)
+    _install_request_hooks(
+        app, hooks, api_keys=api_keys, open_routes=open_routes, untraced=untraced
+    )
     # Every prediction route, answered without Flask's per-request machinery; Flask
     # answers the rest.
     app.wsgi_app = Dispatcher(  # type: ignore[method-assign]
@@ -167,6 +170,7 @@ def _install_request_hooks(
     *,
     api_keys: tuple[bytes, ...],
     open_routes: set[str],
+    untraced: set[str],
 ) -> None:
     """Per request Flask answers (the cold routes; the dispatcher answers the prediction
     routes with the same ``RequestHooks``): before it, the request's ``Call``
@@ -182,7 +186,7 @@ def _install_request_hooks(
         rule = template(url_rule.rule) if url_rule is not None else "<unmatched>"
         state.call = hooks.start(req.environ, req.blueprint or "", rule, predicts=False)
         state.trace = tracing.start_request(req.environ, req.method[:16], rule) if (
-            tracing.active()
+            rule not in untraced and tracing.active()
         ) else None  # fmt: skip
         if api_keys and rule not in open_routes:  # by route template: /docs/{asset}
             check_api_key(req.headers, api_keys)

@@ -49,6 +49,8 @@ class Operation:
         body is text (``text/csv``), not ``request``'s JSON.
     :param descriptions: status -> description where ``STATUS_TEXT``'s does not fit the
         route (a KServe V2 health route's 400 means "false").
+    :param traced: False for a probe or a scrape (health, readiness, ``/metrics``): no
+        trace span, whatever the caller samples (every few seconds from each prober).
     """
 
     method: Literal["get", "post"]
@@ -63,6 +65,7 @@ class Operation:
     text_responses: Mapping[int, str | tuple[str, ...]] = field(default_factory=dict)
     security: bool = True
     descriptions: Mapping[int, str] = field(default_factory=dict)
+    traced: bool = True
 
 
 def errors(model: type[BaseModel], *statuses: int) -> dict[int, type[BaseModel] | None]:

@@ -238,7 +238,10 @@ def start_request(
         attributes={"http.request.method": method, "http.route": route},
     )
     token = otel.context.attach(otel.trace.set_span_in_context(span))
-    named = parent is not None or span.is_recording()  # a trace there is, here or the caller's
+    # a trace there is, here or the caller's (a header it cannot parse names none)
+    named = span.is_recording() or (
+        parent is not None and otel.trace.get_current_span(parent).get_span_context().is_valid
+    )
     return span, token, format(span.get_span_context().trace_id, "032x") if named else ""
 
 

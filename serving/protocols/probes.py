@@ -45,6 +45,7 @@ OPERATIONS = [
         {200: LivenessResponse, 503: LivenessResponse},
         tag="probes",
         security=False,
+        traced=False,
     ),
     Operation(
         "get",
@@ -53,6 +54,7 @@ OPERATIONS = [
         {200: HealthResponse, 503: HealthResponse},
         tag="probes",
         security=False,
+        traced=False,
     ),
     Operation(
         "get",
@@ -61,6 +63,7 @@ OPERATIONS = [
         {200: None, 401: ErrorResponse},
         tag="probes",
         text_responses={200: "text/plain"},
+        traced=False,
     ),
     Operation(
         "get",

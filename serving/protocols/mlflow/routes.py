@@ -58,6 +58,7 @@ OPERATIONS = [
             {200: PingResponse, 503: PingResponse},
             tag="mlflow",
             security=False,
+            traced=False,
         )
         for path in ("/ping", "/health")
     ),

@@ -83,9 +83,11 @@ OPERATIONS = [
     Operation("get", "/v2", "Server metadata: name, version, extensions",
               {200: V2ServerMetadata} | errors(V2Error, 401), tag="kserve-v2"),
     Operation("get", "/v2/health/live", "Liveness: 200 live, 400 only a restart helps",
-              {200: V2Live, 400: V2Live}, tag="kserve-v2", security=False, descriptions=_FALSE),
+              {200: V2Live, 400: V2Live}, tag="kserve-v2", security=False, descriptions=_FALSE,
+              traced=False),
     Operation("get", "/v2/health/ready", "Readiness: 200 when every model is ready, else 400",
-              {200: V2Ready, 400: V2Ready}, tag="kserve-v2", security=False, descriptions=_FALSE),
+              {200: V2Ready, 400: V2Ready}, tag="kserve-v2", security=False, descriptions=_FALSE,
+              traced=False),
     *[
         Operation("get", path, "Model metadata: versions, platform, inputs and outputs",
                   {200: V2ModelMetadata} | errors(V2Error, 401, 404, 409, 503), tag="kserve-v2")
@@ -94,7 +96,7 @@ OPERATIONS = [
     *[
         Operation("get", f"{path}/ready", "Model readiness: 200 ready, 400 not (yet)",
                   {200: V2ModelReady, 400: V2ModelReady} | errors(V2Error, 401, 404, 409),
-                  tag="kserve-v2", descriptions=_FALSE)
+                  tag="kserve-v2", descriptions=_FALSE, traced=False)
         for path in (_MODEL, _VERSION)
     ],
     *[
