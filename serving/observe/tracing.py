@@ -85,6 +85,7 @@ SHUTDOWN_S: Final = 2.0
 #: ``opentelemetry.sdk._shared_internal``), which ``_CountQueueFull`` counts.
 _QUEUE_FULL_MSG: Final = "Queue full, dropping %s."
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _tracer: Any = None
 _pid = -1
@@ -132,6 +133,13 @@ def setup() -> None:
         sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else (
             ParentBased(TraceIdRatioBased(DEFAULT_SAMPLE_RATIO))
         )  # fmt: skip
+        if sampler is None and (problem := tracing_guards.sampler_problem()):
+            # one the master did not see (Gunicorn's raw_env, changed by a reload)
+            log.warning(
+                "tracing: invalid setting %s: %s; sampling one in %g requests instead",
+                *problem, 1 / DEFAULT_SAMPLE_RATIO,
+            )  # fmt: skip
+            sampler = ParentBased(TraceIdRatioBased(DEFAULT_SAMPLE_RATIO))
         provider = TracerProvider(sampler=sampler, shutdown_on_exit=False)
         provider.add_span_processor(processor)
         atexit.register(_shutdown, processor)

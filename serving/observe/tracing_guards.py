@@ -34,6 +34,7 @@ __all__ = [
     "TIMEOUT_VARIABLES",
     "environment_problem",
     "quiet_header_warnings",
+    "sampler_problem",
 ]
 
 #: Least time between two lines of a logger that warns per bad trace header, in seconds.
@@ -88,7 +89,7 @@ def environment_problem() -> tuple[str, str] | None:
     except ValueError as exc:  # "OTEL_SPAN_LINK_COUNT_LIMIT must be a non-negative ..."
         variable = next(iter(_OTEL_NAME.findall(str(exc))), "OTEL_*")
         return variable, f"got {os.environ.get(variable)!r}: {exc}"
-    if problem := _sampler_problem():
+    if problem := sampler_problem():
         return problem
     collect = _Collect()
     sdk_log = logging.getLogger("opentelemetry.sdk.trace.export")
@@ -110,9 +111,10 @@ def environment_problem() -> tuple[str, str] | None:
     return _timeout_problem()
 
 
-def _sampler_problem() -> tuple[str, str] | None:
+def sampler_problem() -> tuple[str, str] | None:
     """The sampler variables, read by the SDK's ``TracerProvider`` as each worker builds
-    one: a name or a ratio it warns of and replaces with tracing every request."""
+    one: a name or a ratio it warns of and replaces with tracing every request;
+    ``(variable, problem)`` or None."""
     name = os.environ.get("OTEL_TRACES_SAMPLER")
     if not name:
         return None

@@ -186,7 +186,7 @@ class Dispatcher:
                 ("X-Request-ID", call.request_id),
             ],
         )
-        return [body]
+        return [] if method == "HEAD" else [body]  # HEAD: the headers of a GET, no body
 
     def _refusal(self, exc: MethodNotAllowed, method: str, path: str) -> _Target:
         """A target that answers 405 (with ``Allow``) in the style of ``path``'s protocol,

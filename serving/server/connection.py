@@ -146,9 +146,9 @@ class ChunkedBody:
             if line_end < 0:
                 return INCOMPLETE if len(buffer) - self.at < CHUNK_LINE_BYTES else None
             size_text = buffer[self.at : line_end].split(b";", 1)[0].strip()
-            if not size_text or len(size_text) > 8 or size_text.strip(b"0123456789abcdefABCDEF"):
+            if not size_text or size_text.strip(b"0123456789abcdefABCDEF"):
                 return None
-            size = int(size_text, 16)
+            size = int(size_text, 16)  # any length: the line is at most CHUNK_LINE_BYTES
             if size == 0:
                 return self._trailers_end(buffer, line_end + 2)
             if self.data_bytes + size > self.most_bytes:

@@ -173,6 +173,10 @@ def on_starting(server: Any) -> None:
     if problem := _address_taken(server):
         print(f"serving: cannot listen on {problem}", file=sys.stderr)
         raise SystemExit(2)
+    # Gunicorn's own -e / raw_env / GUNICORN_CMD_ARGS are in os.environ only now
+    if tracing.enabled() and (otel := tracing_guards.environment_problem()):
+        print(f"serving: invalid setting {otel[0]}: {otel[1]}", file=sys.stderr)
+        raise SystemExit(2)
     set_master(server)
     try:
         _boot = boot = Boot.create(server.num_workers)

@@ -133,6 +133,29 @@ def test_bad_input_over_http_gets_json_errors(gunicorn: Start) -> None:
     assert cases[7][0].headers["X-Request-ID"] == "r-1"
 
 
+def test_head_on_a_prediction_route_is_405_with_no_body_and_no_log_line(
+    gunicorn: Start,
+) -> None:
+    """Found by the attack: the dispatcher sent its 405 body on HEAD, and Gunicorn logged
+    a warning for each such request (a log flood for anyone sending HEAD)."""
+    server = gunicorn()
+    server.wait_ready()
+    for _ in range(5):
+        for path in ("/predict", "/v2/models/breast_cancer/infer", "/invocations"):
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            connection.request("HEAD", path)
+            response = connection.getresponse()
+            assert response.status == 405, path
+            assert "POST" in (response.getheader("Allow") or ""), path
+            assert response.read() == b""
+            connection.close()
+    get = requests.get(f"{server.url}/predict", timeout=10)  # GET still has its JSON body
+    server.wait_for_log('"method":"HEAD"', 15)
+
+    assert get.status_code == 405 and get.json()["error"]["code"] == "method_not_allowed"
+    assert "no-body response" not in server.output()
+
+
 def test_healthz_is_503_while_the_model_loads_and_200_after(
     gunicorn: Start, pickled: Pickled
 ) -> None:

@@ -7,8 +7,11 @@ access log carries the trace id."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -251,6 +254,54 @@ def test_tracing_a_bad_sdk_variable_stops_the_start_with_one_line_naming_it(
     assert status == 2
     assert len(lines) == 1, server.output()
     assert lines[0].startswith(f"serving: invalid setting {variable}: got {value!r}")
+
+
+def test_tracing_a_bad_sampler_given_to_gunicorn_itself_stops_the_start_too(
+    tmp_path: Path,
+) -> None:
+    """Found by the attack: ``gunicorn -e OTEL_TRACES_SAMPLER=bogus`` (or
+    ``GUNICORN_CMD_ARGS``, ``raw_env``) reached the workers unchecked, whose SDK then traced
+    every request."""
+    server = GunicornServer(tmp_path)
+    server.env.update(
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
+        GUNICORN_CMD_ARGS="-e OTEL_TRACES_SAMPLER=bogus",
+    )
+    server.start()
+    try:
+        status = server.wait_exit(timeout_s=60)
+        lines = [line for line in server.output().strip().splitlines() if "[INFO]" not in line]
+    finally:
+        server.kill()
+
+    assert status == 2
+    assert len(lines) == 1, server.output()
+    assert lines[0].startswith("serving: invalid setting OTEL_TRACES_SAMPLER: got 'bogus'")
+
+
+def test_tracing_a_worker_given_a_bad_sampler_samples_as_by_default_and_says_so() -> None:
+    """A reload can bring Gunicorn's ``raw_env`` to the workers after the master's check:
+    the worker falls back to the default sampler, not the SDK's tracing every request."""
+    code = (
+        "from serving.observe import tracing; tracing.setup()\n"
+        "from opentelemetry import trace\n"
+        "print(trace.get_tracer_provider().sampler.get_description())"
+    )
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9",
+           "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "TraceIdRatioBased{0.1}" in done.stdout, done.stdout
+    said = [line for line in done.stderr.splitlines() if "OTEL_TRACES_SAMPLER_ARG" in line]
+    assert len(said) == 1 and "one in 10" in said[0], done.stderr
 
 
 def test_tracing_hostile_trace_headers_log_at_most_a_line_a_minute(
