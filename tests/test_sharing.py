@@ -141,6 +141,27 @@ def test_a_failed_load_in_the_master_shares_nothing_and_says_why(
     assert f"the master cannot load 'm' version '1': cannot load model {path}" in errors[0]
 
 
+def test_a_reload_keeps_the_masters_copy_of_a_model_whose_file_did_not_change(
+    settings: Settings, tmp_path: Path
+) -> None:
+    same = _pickle(UnevenLoading(), tmp_path / "same.pkl")
+    moved = _pickle(UnevenLoading(), tmp_path / "moved.pkl")
+    models = [{"name": "same", "path": str(same)}, {"name": "moved", "path": str(moved)}]
+    configured = _settings(settings, models=models)
+    lines: list[str] = []
+    sharing.load_in_master(configured, log.info, log.error)
+    first = {m.name: sharing.inherited(m) for m in configured.model_settings()}
+    _pickle(UnevenLoading(), tmp_path / "new.pkl").rename(moved)  # published over it
+
+    sharing.load_in_master(configured, lambda msg, *a: lines.append(msg % a), log.error)
+    second = {m.name: sharing.inherited(m) for m in configured.model_settings()}
+
+    assert first["same"] is not None and second["same"] is first["same"]  # not read again
+    assert second["moved"] is not None and second["moved"] is not first["moved"]
+    assert any("'same' version '1' unchanged" in line for line in lines), lines
+    assert "loaded 1 model(s) in the master" in lines[-1], lines
+
+
 def test_under_off_the_master_loads_nothing(settings: Settings, tmp_path: Path) -> None:
     tickets = tmp_path / "tickets"
     tickets.mkdir()

@@ -20,8 +20,12 @@ and a CUDA context do not survive fork), your own classes (``SERVING_MODEL_CLASS
 contract is ``load(path)`` once per worker after fork, and a class may open what cannot be
 forked) and everything under ``SERVING_SHARE_MODEL=off``.
 
-A reload drops the master's old objects before it loads the new file (the old workers keep
-their copy until they exit: at most two copies). A load that fails leaves the master with
+A reload keeps the master's object of a model whose entry and file are as they were (the
+same name, version, path, format and SHA-256, and a file of the same device, inode, size,
+mtime and ctime: a file renamed over it, or written in place, is another), so it is not
+read again and the old and new workers share the one copy. It drops the other old
+objects before it loads their new files (the old workers keep their copy until they
+exit: at most two copies). A load that fails leaves the master with
 nothing to hand out: the new workers load for themselves, as with ``off``, fail and retry
 while the old ones serve the old model (``serving.server.rollover``).
 
@@ -143,6 +147,20 @@ def describe(choices: list[Choice]) -> str:
 
 
 _handles: dict[Key, ModelHandle] = {}
+#: The file each of ``_handles`` was loaded from, as ``_identity`` saw it before reading.
+_files: dict[Key, tuple[int, ...] | None] = {}
+
+
+def _identity(model: ModelSettings) -> tuple[int, ...] | None:
+    """The model file's device, inode, size, mtime and ctime, or None when it has none or
+    cannot be looked at (then it is loaded again)."""
+    if model.path is None:
+        return None
+    try:
+        info = model.path.stat()
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def inherited(model: ModelSettings) -> ModelHandle | None:
@@ -158,18 +176,31 @@ def load_in_master(
     before, log which models are shared (``describe``) and load those, within
     ``SERVING_LOAD_TIMEOUT_S``. A failure, a timeout or a stop signal is logged (path and
     cause) and leaves nothing shared: the workers load for themselves."""
-    global _handles
-    _handles = {}  # the old workers keep their copy; the master keeps none (two at most)
-    gc.unfreeze()
-    gc.collect()
+    global _handles, _files
+    before, files, _handles, _files = _handles, _files, {}, {}
     try:
         choices = choose(settings)
     except Exception as exc:  # a path gone since the settings were read: not the master's end
         error("model sharing: none (%s); each worker loads its own", exc)
+        before = {}
+        choices = []
+    kept: dict[Key, ModelHandle] = {}
+    identities: dict[Key, tuple[int, ...] | None] = {}
+    for choice in choices:
+        key, identity = _key(choice.model), _identity(choice.model)
+        identities[key] = identity
+        if choice.shared and key in before and identity is not None and files[key] == identity:
+            kept[key] = before[key]
+            log("model sharing: %s unchanged; the master's copy kept (not read again)",
+                choice.label)  # fmt: skip
+    before = {}  # the old workers keep their copy; the master only what it kept (two at most)
+    gc.unfreeze()
+    gc.collect()
+    if not choices:
         return "failed"
     log(describe(choices))
-    wanted = [c for c in choices if c.shared]
-    if not wanted:
+    wanted = [c for c in choices if c.shared and _key(c.model) not in kept]
+    if not wanted and not kept:
         return "none"
     started = time.perf_counter()
     done, handles, stopped_by = _bounded(
@@ -189,7 +220,8 @@ def load_in_master(
     if handles is None:
         return "failed"
     gc.freeze()  # the collector no longer writes to the pages of these objects
-    _handles = handles
+    _handles = {**kept, **handles}
+    _files = {key: identities[key] for key in _handles}
     log(
         "model sharing: loaded %d model(s) in the master in %.2f s; workers inherit them at fork",
         len(handles),
