@@ -31,6 +31,7 @@ from serving.openapi import Operation, build_document
 from serving.protocols import docs, mlflow, predict, probes, tfserving, v2
 from serving.protocols.base import (
     ErrorStyles,
+    Example,
     ProtocolSpec,
     error_answer,
     http_error_answer,
@@ -236,10 +237,20 @@ def _openapi(plane: DataPlane, operations: list[Operation], api_keys: bool) -> C
         ready = models.state == "ready"
         if ready not in documents:
             schemas = _instance_schemas(models) if ready else {}
-            example = _predict_example(models) if ready else None
+            example = _example(models) if ready else None
+            bodies: dict[str, Any] = {}
+            parameters: dict[str, str] = {}
+            if example is not None:
+                for protocol in PROTOCOLS:
+                    bodies |= protocol.examples(example) if protocol.examples else {}
+                handle = example.handle
+                parameters = {"model_name": handle.name, "model_version": handle.version}
+                labels = plane.settings.version_labels(handle.name)
+                if labels:
+                    parameters["label"] = next(iter(labels))
             documents[ready] = orjson.dumps(build_document(
                 operations, title="serving", version=__version__, api_keys=api_keys,
-                instances=schemas, examples={"/predict": example} if example else None,
+                instances=schemas, examples=bodies, parameters=parameters,
             ))  # fmt: skip
         return documents[ready]
 
@@ -262,10 +273,10 @@ def _instance_schemas(models: ModelCache) -> dict[str, dict[str, Any]]:
     return schemas
 
 
-def _predict_example(models: ModelCache) -> dict[str, Any] | None:
-    """A ``/predict`` body the default model answers: one valid instance (zeros, a known
-    category; ``ModelHandle.sample``), keyed by feature name when the model has names.
-    ``/docs`` sends it as is."""
+def _example(models: ModelCache) -> Example | None:
+    """One instance the default model answers (zeros, a known category;
+    ``ModelHandle.sample``), keyed by feature name when the model has names: what each
+    protocol's example body in ``/docs`` is built from."""
     handle = models.default.handle
     if handle is None or not handle.features:
         return None
@@ -277,8 +288,7 @@ def _predict_example(models: ModelCache) -> dict[str, Any] | None:
         values = list(row[0])
         names = handle.feature_names
     values = [value.item() if isinstance(value, np.generic) else value for value in values]
-    instance: Any = dict(zip(names, values, strict=True)) if names else values
-    return {"instances": [instance]}
+    return Example(handle, tuple(names) if names else None, values)
 
 
 def _current(proxy: Any) -> Any:

@@ -81,6 +81,7 @@ def build_document(
     api_keys: bool,
     instances: dict[str, dict[str, Any]] | None = None,
     examples: Mapping[str, Any] | None = None,
+    parameters: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``operations``.
 
@@ -90,6 +91,8 @@ def build_document(
         (``serving.model.schema.instance_json_schema``), added under ``components/schemas``.
     :param examples: path -> an example JSON request body for that path's POST operation
         (what Swagger UI's "Try it out" sends).
+    :param parameters: path parameter name -> the example value it is prefilled with
+        (``model_name``: the default model's).
     """
     operations = list(operations)
     keyed: list[tuple[tuple[str, JsonSchemaMode], type[BaseModel]]] = []
@@ -107,7 +110,9 @@ def build_document(
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
         example = (examples or {}).get(op.path)
-        paths.setdefault(op.path, {})[op.method] = _path_item(op, refs, api_keys, example)
+        paths.setdefault(op.path, {})[op.method] = _path_item(
+            op, refs, api_keys, example, parameters or {}
+        )
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version},
@@ -123,10 +128,15 @@ def build_document(
 
 
 def _path_item(
-    op: Operation, refs: Mapping[Any, Any], api_keys: bool, example: Any = None
+    op: Operation,
+    refs: Mapping[Any, Any],
+    api_keys: bool,
+    example: Any = None,
+    examples: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One operation's OpenAPI object: summary, id, path parameters, request body (with
-    ``example`` when given), responses per status and, with API keys, its security."""
+    """One operation's OpenAPI object: summary, id, path parameters (with an example from
+    ``examples`` by name), request body (with ``example`` when given), responses per
+    status and, with API keys, its security."""
     item: dict[str, Any] = {
         "summary": op.summary,
         "operationId": _operation_id(op),
@@ -135,6 +145,7 @@ def _path_item(
     }
     parameters = [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        | ({"example": (examples or {})[name]} if name in (examples or {}) else {})
         for name in re.findall(r"{(\w+)}", op.path)
     ]
     if parameters:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from openapi_spec_validator import validate
@@ -99,3 +101,70 @@ def test_openapi_describes_each_served_models_instances_once_ready(
     validator = Draft202012Validator(schema)
     assert all(validator.is_valid(row) for row in churn_rows())
     assert not validator.is_valid(churn_rows()[0] | {"plan": "gold"})
+
+
+@pytest.mark.parametrize("model", ["demo", "churn"])
+def test_openapi_every_prediction_operation_has_an_example_the_model_answers(
+    settings: Any, tmp_path: Any, model: str
+) -> None:
+    """What "Try it out" in /docs sends: each POST operation that predicts (/predict,
+    /predict/{model_name}, V2 infer, TF Serving predict, /invocations) has a request body
+    and path parameters prefilled from the default model, and the answer is the model's
+    own on that instance."""
+    import joblib
+    import pandas as pd
+    from prometheus_client import CollectorRegistry
+
+    from serving.app import create_app
+    from serving.model.loaders import load_model
+    from serving.observe.metrics import ServingMetrics
+    from serving.settings import DEMO_MODEL_PATH
+    from tests.tabular import write_churn
+
+    path = DEMO_MODEL_PATH if model == "demo" else write_churn(tmp_path)[1]
+    app = create_app(
+        settings, models=[load_model(path)], metrics=ServingMetrics(CollectorRegistry())
+    )
+    estimator = joblib.load(path)
+    try:
+        client = app.test_client()
+        spec = client.get("/openapi.json").get_json()
+        wanted = [
+            p for p in spec["paths"]
+            if (p.startswith(("/predict", "/invocations")) or p.endswith((":predict", "/infer")))
+            and "{label}" not in p  # these models have no labels
+        ]  # fmt: skip
+        answered = {}
+        for route in wanted:
+            operation = spec["paths"][route]["post"]
+            example = operation["requestBody"]["content"]["application/json"].get("example")
+            assert example is not None, route
+            url = route
+            for parameter in operation.get("parameters", []):
+                assert "example" in parameter, (route, parameter["name"])
+                url = url.replace("{" + parameter["name"] + "}", parameter["example"])
+            response = client.post(url, json=example)
+            assert response.status_code == 200, (route, response.get_json())
+            answered[route] = (example, response.get_json())
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    # /predict twice, V2 and TF Serving with and without a version, /invocations
+    assert len(answered) == 7, sorted(answered)
+    example, _ = answered["/predict"]
+    instance = example["instances"][0]
+    if isinstance(instance, dict):
+        rows: Any = pd.DataFrame([instance], columns=list(estimator.feature_names_in_))
+    else:
+        rows = np.asarray([instance], dtype=float)
+    label = estimator.predict(rows).tolist()[0]
+    for route, (_, body) in answered.items():
+        if route.endswith("/infer"):
+            outputs = {o["name"]: o["data"] for o in body["outputs"]}
+            got = outputs["predictions"][0]
+        elif route.endswith(":predict"):
+            first = body["predictions"][0]
+            got = first["predictions"] if isinstance(first, dict) else first
+        else:
+            got = body["predictions"][0]
+        assert got == label, (route, body)

@@ -141,6 +141,8 @@ class ProtocolSpec:
     :param routes: its prediction routes, answered by the dispatcher, not Flask.
     :param converters: werkzeug converters its routes' rules name (``tf_model``), for
         the dispatcher's map and the blueprint's rules alike.
+    :param examples: its prediction routes' example request bodies (``/docs``), by
+        OpenAPI path, built from an ``Example``.
     """
 
     bp: Blueprint
@@ -149,6 +151,29 @@ class ProtocolSpec:
     path_prefixes: tuple[str, ...] = ()
     routes: tuple[Route, ...] = ()
     converters: Mapping[str, type[BaseConverter]] = field(default_factory=dict)
+    examples: Callable[[Example], Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Example:
+    """One instance the default model answers (zeros, false, a known category:
+    ``ModelHandle.sample``), from which each protocol builds the request bodies "Try it
+    out" in ``/docs`` sends (``ProtocolSpec.examples``: OpenAPI path -> body).
+
+    :param names: the features' names, when the model has them; else the values are
+        positional.
+    :param values: one JSON value per feature, in the model's order.
+    :param handle: the model, for what a protocol needs besides (V2: its inputs).
+    """
+
+    handle: Any
+    names: tuple[str, ...] | None
+    values: list[Any]
+
+    @property
+    def instance(self) -> Any:
+        """The instance as ``/predict`` and TF Serving's row format take it."""
+        return dict(zip(self.names, self.values, strict=True)) if self.names else self.values
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from serving.openapi import Operation, errors
 from serving.protocols.base import (
     Answer,
     ErrorStyle,
+    Example,
     ProtocolSpec,
     Route,
     dataplane,
@@ -156,4 +157,13 @@ PROTOCOL = ProtocolSpec(
     ErrorStyle(_error_body),
     ("/invocations", "/ping", "/health", "/version"),
     routes=(Route("/invocations", invocations),),
+    examples=lambda example: {"/invocations": _invocations_example(example)},
 )
+
+
+def _invocations_example(example: Example) -> dict[str, Any]:
+    """``/invocations``' body of ``example``: MLflow's ``dataframe_split`` when the model
+    names its columns, else ``inputs``."""
+    if example.names:
+        return {"dataframe_split": {"columns": list(example.names), "data": [example.values]}}
+    return {"inputs": [example.values]}

@@ -71,4 +71,7 @@ PROTOCOL = ProtocolSpec(
     bp,
     OPERATIONS,
     routes=(Route("/predict", predict), Route("/predict/<model_name>", predict)),
+    examples=lambda example: {
+        path: {"instances": [example.instance]} for path in ("/predict", "/predict/{model_name}")
+    },
 )

@@ -334,4 +334,7 @@ PROTOCOL = ProtocolSpec(
         *(Route(path + ":regress", regress) for path in (_MODEL, _VERSION, _LABEL)),
     ),
     converters={"tf_model": ModelNameConverter},
+    examples=lambda example: {
+        path: {"instances": [example.instance]} for path in _both(":predict")
+    },
 )

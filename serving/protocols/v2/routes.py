@@ -31,6 +31,7 @@ from serving.openapi import Operation, errors
 from serving.protocols.base import (
     Answer,
     ErrorStyle,
+    Example,
     ProtocolSpec,
     Route,
     dataplane,
@@ -312,4 +313,23 @@ PROTOCOL = ProtocolSpec(
         Route("/v2/models/<model_name>/infer", infer),
         Route("/v2/models/<model_name>/versions/<model_version>/infer", infer),
     ),
+    examples=lambda example: {
+        path: infer_example(example) for path in (f"{_MODEL}/infer", f"{_VERSION}/infer")
+    },
 )
+
+
+def infer_example(example: Example) -> dict[str, Any]:
+    """A V2 infer body of ``example``: the model's one tensor of every feature
+    (``[1, n_features]``), or one ``[1]`` tensor per feature when their types differ."""
+    specs = example.handle.input_specs()
+    if len(specs) == 1:
+        spec = specs[0]
+        shape = [1, len(example.values)] if len(spec.shape) > 1 else [1]
+        tensors = [(spec, shape, example.values)]
+    else:
+        tensors = [(spec, [1], [value]) for spec, value in zip(specs, example.values, strict=True)]
+    return {"inputs": [
+        {"name": spec.name, "shape": shape, "datatype": datatype_of(spec.dtype), "data": data}
+        for spec, shape, data in tensors
+    ]}  # fmt: skip
