@@ -8,8 +8,8 @@ For each setting and worker count: start the service on the ``big`` forest
 forest's ``predict_proba`` in-process, then sum the PSS (``/proc/<pid>/smaps_rollup``) of
 the master and every worker. With 4 workers it also SIGKILLs a worker ``--kills`` times
 and times each replacement from the kill to ``/healthz`` saying every worker is ready
-again (its pid new), and sends one HUP (the master's busy time is in its log: ``loaded 1
-model(s) in the master in X s``). The CPU model and the table go to stdout, the figures
+again (its pid new), and sends one HUP, the model file unchanged (the master's busy time
+is in its log: ``loaded N model(s) in the master in X s``), then sums the PSS again. The CPU model and the table go to stdout, the figures
 to ``bench/results/share_memory.json``. Memory is what is measured: the requests/s column
 is only a same-run sanity check (16 workers on a 2-core machine are oversubscribed).
 """
@@ -205,6 +205,8 @@ def main() -> None:
                     busy = re.findall(r"in the master in ([\d.]+) s", server.log.read_text())
                     row["master_busy_s"] = [float(b) for b in busy]
                     traffic(server, rows, expected, 80)  # the reloaded workers answer right
+                    time.sleep(2.0)  # the old workers gone
+                    row["total_pss_after_hup_mib"] = round(server.total_pss()[0], 1)
             finally:
                 server.stop()
             results.append(row)
