@@ -9,9 +9,10 @@ forest's ``predict_proba`` in-process, then sum the PSS (``/proc/<pid>/smaps_rol
 the master and every worker. With 4 workers it also SIGKILLs a worker ``--kills`` times
 and times each replacement from the kill to ``/healthz`` saying every worker is ready
 again (its pid new), and sends one HUP, the model file unchanged (the master's busy time
-is in its log: ``loaded N model(s) in the master in X s``), then sums the PSS again. The CPU model and the table go to stdout, the figures
-to ``bench/results/share_memory.json``. Memory is what is measured: the requests/s column
-is only a same-run sanity check (16 workers on a 2-core machine are oversubscribed).
+is in its log: ``loaded N model(s) in the master in X s``), then sums the PSS again. The
+CPU model and the table go to stdout, the figures to ``bench/results/share_memory.json``.
+Memory is what is measured: the requests/s column is only a same-run sanity check (16
+workers on a 2-core machine are oversubscribed).
 """
 
 from __future__ import annotations
