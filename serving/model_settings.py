@@ -291,10 +291,13 @@ class ModelFields(BaseSettings):
     )
     repository_poll_s: float = Field(
         5.0,
-        gt=0,
+        ge=0.2,
         le=3600,
         allow_inf_nan=False,
-        description="Seconds between two looks at the model repository (`poll`)",
+        description=(
+            "Seconds between two looks at the model repository (`poll`; each look lists "
+            "and stats every file of every version folder, in the master)"
+        ),
     )
     allow_world_writable_model: bool = Field(
         False,

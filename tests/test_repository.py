@@ -285,3 +285,61 @@ def test_repository_poll_sees_a_config_change(tmp_path: Path) -> None:
     config(tmp_path, "churn", {"labels": {"stable": 1}})
 
     assert looks.look(2) == 1
+
+
+@pytest.mark.unit
+def test_repository_a_hostile_config_json_refuses_its_model_only(tmp_path: Path) -> None:
+    """Found by the attack: a deeply nested config.json raised RecursionError out of the
+    scan (the master died at a reload), a FIFO hung the master in open(), /dev/zero ran it
+    out of memory, and a link to outside the repository was read."""
+    root, outside = tmp_path / "repo", tmp_path / "outside"
+    for model in ("deep", "fifo", "zero", "linked", "huge", "good"):
+        version(root, model, "1")
+    (root / "deep" / "config.json").write_text("[" * 100_000)
+    os.mkfifo(root / "fifo" / "config.json")
+    os.symlink("/dev/zero", root / "zero" / "config.json")
+    outside.mkdir()
+    (outside / "cfg.json").write_text(json.dumps({"labels": {"evil": 1}}))
+    os.symlink(outside / "cfg.json", root / "linked" / "config.json")
+    (root / "huge" / "config.json").write_text(json.dumps({"labels": {}, "x": "y" * 2_000_000}))
+
+    found = reasons(root)
+
+    assert served(root) == [("good", "1")]
+    assert "not JSON" in found[("deep", "")]
+    assert "not a regular file" in found[("fifo", "")]
+    assert "outside the repository" in found[("zero", "")]
+    assert "outside the repository" in found[("linked", "")]
+    assert "more than" in found[("huge", "")]
+
+
+@pytest.mark.unit
+def test_repository_a_folder_gone_during_the_scan_is_as_if_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the attack: a version folder removed while the scan read it made the scan
+    raise, and the settings refused the whole repository ("cannot list")."""
+    version(tmp_path, "churn", "1")
+    version(tmp_path, "churn", "2")
+    listing = Path.iterdir
+
+    def vanishing(self: Path) -> object:
+        if self.name == "2":
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+        return listing(self)
+
+    monkeypatch.setattr(Path, "iterdir", vanishing)
+
+    assert served(tmp_path) == [("churn", "1")]
+
+
+@pytest.mark.unit
+def test_repository_poll_sees_a_permission_change(tmp_path: Path) -> None:
+    """Found by the attack: a version refused as writable by others stayed refused after
+    its mode was fixed: the looks compared names, sizes and times only."""
+    version(tmp_path, "churn", "1")
+    looks = Looks(tmp_path)
+
+    (tmp_path / "churn" / "1").chmod(0o700)
+
+    assert looks.look(2) == 1

@@ -3,7 +3,8 @@
 stayed so.
 
 Each look takes a fingerprint of the repository: per model folder its ``config.json`` and
-per version folder every file in it (name, size, mtime), not their contents. A reload is
+per version folder every file and folder in it (name, size, mtime, mode, owner), not
+their contents. A reload is
 asked for (``on_change``: the master sends itself ``SIGHUP``, the reload every change
 goes through) only when two looks in a row agree on a state other than the one last acted
 on. So:
@@ -33,7 +34,8 @@ __all__ = ["Fingerprint", "Poller", "fingerprint"]
 MAX_FILES: Final = 1000
 
 #: Per model folder: its config.json's ``(size, mtime_ns)`` (or None), and per version
-#: folder the sorted ``(relative path, size, mtime_ns)`` of its files.
+#: folder the sorted ``(relative path, size, hash of mtime, mode and owner)`` of what it
+#: holds.
 Fingerprint = dict[str, tuple[object, dict[str, tuple[tuple[str, int, int], ...]]]]
 
 
@@ -62,15 +64,18 @@ def fingerprint(root: Path) -> Fingerprint:
 
 
 def _files(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """Each file and folder under ``folder`` (itself too): its path, and a number of its
+    size, mtime, mode and owner (a permission fixed changes what the scan refuses)."""
     found = []
-    for directory, _, names in os.walk(folder):
-        for name in names:
+    for directory, folders, names in os.walk(folder):
+        for name in [".", *folders, *names]:
             path = Path(directory, name)
             try:
                 info = path.stat()
             except OSError:
                 continue
-            found.append((str(path.relative_to(folder)), info.st_size, info.st_mtime_ns))
+            state = hash((info.st_mtime_ns, info.st_mode, info.st_uid))
+            found.append((str(path.relative_to(folder)), info.st_size, state))
             if len(found) >= MAX_FILES:
                 return tuple(sorted(found))
     return tuple(sorted(found))

@@ -20,7 +20,9 @@ why (Triton would serve neither).
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +37,8 @@ __all__ = ["Refusal", "Scan", "scan"]
 
 #: Longest reason kept (a pydantic message can quote a whole file's worth of input).
 _REASON_CHARS = 300
+#: Most bytes of a ``config.json`` read (one is a few hundred).
+CONFIG_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def _model(
     if not _inside(folder, real_root):
         return [], [Refusal(name, "", "a link to outside the repository")]
     try:
-        config = _config(folder)
+        config = _config(folder, real_root)
     except ValueError as exc:
         return [], [Refusal(name, "", _cut(str(exc)))]
     servable, refused = _versions(folder, real_root, config, allow_world_writable)
@@ -130,7 +134,7 @@ def _versions(
     """A model folder's servable versions (number -> the path to serve), and the others."""
     servable: dict[int, Path] = {}
     refused: list[Refusal] = []
-    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+    for entry in sorted(_listed(folder), key=lambda p: p.name):
         if entry.name.startswith(".") or not entry.is_dir():
             continue
         if not re.fullmatch(VERSION_DIGITS, entry.name):
@@ -145,25 +149,42 @@ def _versions(
     return servable, refused
 
 
-def _config(folder: Path) -> ModelConfig:
-    """The model's ``config.json``, or the defaults when it has none.
+def _config(folder: Path, real_root: Path) -> ModelConfig:
+    """The model's ``config.json``, or the defaults when it has none: a regular file in
+    the repository, of at most ``CONFIG_BYTES``.
 
     :raises ValueError: naming the file and, for a field, the field; no file content.
     """
     path = folder / "config.json"
-    if not path.exists():
+    if not os.path.lexists(path):
         return ModelConfig()
+    if not _inside(path, real_root):
+        raise ValueError("config.json: a link to outside the repository")
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        what = exc.strerror if isinstance(exc, OSError) else "not JSON"
-        raise ValueError(f"config.json: {what}") from None
+        with open(path, "rb", opener=_no_block) as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ValueError("config.json: not a regular file")
+            text = file.read(CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"config.json: {exc.strerror or exc}") from None
+    if len(text) > CONFIG_BYTES:
+        raise ValueError(f"config.json: more than {CONFIG_BYTES} bytes")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
+        raise ValueError("config.json: not JSON") from None
     try:
         return ModelConfig.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "the file"
         raise ValueError(f"config.json: {where}: {err['msg']}") from None
+
+
+def _no_block(path: str, flags: int) -> int:
+    """``open``'s opener that never waits for a writer (a FIFO opens at once, and is then
+    refused as not a regular file)."""
+    return os.open(path, flags | os.O_NONBLOCK)
 
 
 def _version(
@@ -176,7 +197,7 @@ def _version(
     if config.class_ is None:
         files = sorted(
             p.name
-            for p in folder.iterdir()
+            for p in _listed(folder)
             if p.suffix.lower() in EXTENSIONS and not p.name.startswith(".") and p.is_file()
         )
         if len(files) != 1:
@@ -194,6 +215,15 @@ def _version(
         except OSError as exc:
             return _cut(exc.strerror or str(exc)), folder
     return "", path
+
+
+def _listed(folder: Path) -> list[Path]:
+    """``folder``'s entries; none when it went away (or cannot be listed) meanwhile: as if
+    gone, not a failure of the whole read."""
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
 
 
 def _inside(path: Path, real_root: Path) -> bool:

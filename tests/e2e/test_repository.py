@@ -44,6 +44,13 @@ def build(root: Path, X: np.ndarray, y: np.ndarray) -> dict[tuple[str, str], Pat
     return files
 
 
+def one_version(root: Path) -> Path:
+    """``root`` holding model churn, version 1: the demo model."""
+    (root / "churn" / "1").mkdir(parents=True)
+    shutil.copy(DEMO_MODEL_PATH, root / "churn" / "1" / "m.joblib")
+    return root
+
+
 def test_repository_serves_each_version_on_every_protocol_and_names_what_it_cannot(
     tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
 ) -> None:
@@ -121,8 +128,7 @@ def test_repository_serves_each_version_on_every_protocol_and_names_what_it_cann
 def test_repository_beside_another_model_source_stops_the_start_with_one_line(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "models" / "churn" / "1").mkdir(parents=True)
-    shutil.copy(DEMO_MODEL_PATH, tmp_path / "models" / "churn" / "1" / "m.joblib")
+    one_version(tmp_path / "models")
     server = GunicornServer(
         tmp_path, model_repository=tmp_path / "models", model_path=DEMO_MODEL_PATH
     )
@@ -143,9 +149,7 @@ def test_repository_sighup_reads_it_again_serving_a_new_version_and_naming_a_bad
     tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
 ) -> None:
     X, y = breast_cancer
-    root = tmp_path / "models"
-    (root / "churn" / "1").mkdir(parents=True)
-    shutil.copy(DEMO_MODEL_PATH, root / "churn" / "1" / "m.joblib")
+    root = one_version(tmp_path / "models")
     server = GunicornServer(tmp_path, model_repository=root)
     server.start()
     try:
@@ -201,10 +205,8 @@ def test_repository_poll_serves_a_published_version_and_rides_out_an_emptied_rep
     tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
 ) -> None:
     X, y = breast_cancer
-    root, aside = tmp_path / "models", tmp_path / "aside"
-    (root / "churn" / "1").mkdir(parents=True)
+    root, aside = one_version(tmp_path / "models"), tmp_path / "aside"
     aside.mkdir()
-    shutil.copy(DEMO_MODEL_PATH, root / "churn" / "1" / "m.joblib")
     server = GunicornServer(tmp_path, model_repository=root, repository_poll_s=1.0)
     server.start()
     try:
@@ -248,9 +250,7 @@ def test_repository_poll_a_truncated_version_keeps_the_one_before_serving_until_
     tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
 ) -> None:
     X, _ = breast_cancer
-    root = tmp_path / "models"
-    (root / "churn" / "1").mkdir(parents=True)
-    shutil.copy(DEMO_MODEL_PATH, root / "churn" / "1" / "m.joblib")
+    root = one_version(tmp_path / "models")
     server = GunicornServer(tmp_path, model_repository=root, repository_poll_s=0.3)
     server.start()
     try:
