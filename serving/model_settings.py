@@ -413,6 +413,11 @@ class ModelFields(BaseSettings):
                 f"SERVING_MODEL_REPOSITORY: cannot list {self.model_repository}: "
                 f"{exc.strerror or exc}"
             ) from None
+        except Exception as exc:  # out of the settings, it would stop the master at a reload
+            raise ValueError(
+                f"SERVING_MODEL_REPOSITORY: reading {self.model_repository} failed: "
+                f"{type(exc).__name__}: {str(exc)[:200]}"
+            ) from None
         if not found.specs:
             why = (
                 "; ".join(

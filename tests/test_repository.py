@@ -343,3 +343,25 @@ def test_repository_poll_sees_a_permission_change(tmp_path: Path) -> None:
     (tmp_path / "churn" / "1").chmod(0o700)
 
     assert looks.look(2) == 1
+
+
+@pytest.mark.unit
+def test_repository_settings_name_any_failure_of_the_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever the read of the repository raises is one settings error naming it: at a
+    reload, an exception out of the settings stopped the master (found by the attack)."""
+    import serving.repository
+
+    version(tmp_path, "churn", "1")
+    monkeypatch.setenv("SERVING_MODEL_REPOSITORY", str(tmp_path))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(serving.repository, "scan", broken)
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+
+    assert refused.value.variable == "SERVING_MODEL_REPOSITORY"
+    assert "RecursionError" in str(refused.value)
