@@ -18,6 +18,7 @@ from typing import Any
 
 __all__ = [
     "BODY_OVER_LIMIT",
+    "CLOSE_CONNECTION",
     "REQUEST_STAGES",
     "Call",
     "Timing",
@@ -29,6 +30,11 @@ __all__ = [
 #: its main loop read it, declared more data than ``SERVING_MAX_BODY_BYTES``: the body
 #: read answers 413 at once instead of waiting for data it would refuse.
 BODY_OVER_LIMIT = "serving.body_over_limit"
+#: WSGI environ key the application sets (True) on a request whose answer must close its
+#: connection, which our Gunicorn worker does (an application's own ``Connection`` header
+#: is dropped by Gunicorn): a model load or unload answered by a worker on its way out,
+#: whose next request on the same connection would still see what it served.
+CLOSE_CONNECTION = "serving.close_connection"
 #: The stages of a request as Triton's statistics extension names them, in its order.
 REQUEST_STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
 

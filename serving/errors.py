@@ -19,7 +19,10 @@
      ├── RequestTimeout                          408 request_timeout
      ├── InferenceTimeout                        504 timeout
      ├── InferenceError                          500 inference_error
-     └── ModelLoadError                          500 model_load_error
+     ├── ModelLoadError                          500 model_load_error
+     ├── ControlRefused                          409 control_refused
+     ├── LoadFailed                              400 load_failed
+     └── ControlTimeout                          504 control_timeout
     SettingsError (ValueError)                   start-up only, never an HTTP answer
 
 Each error keeps its fields on the exception and builds its message from them, so
@@ -33,10 +36,13 @@ from __future__ import annotations
 from typing import Any, ClassVar, Self
 
 __all__ = [
+    "ControlRefused",
+    "ControlTimeout",
     "InferenceError",
     "InferenceTimeout",
     "InvalidInput",
     "LabelNotFound",
+    "LoadFailed",
     "MalformedJSON",
     "ModelLoadError",
     "ModelNotFound",
@@ -176,11 +182,18 @@ class ModelNotFound(ServingError):
     status = 404
     code = "model_not_found"
 
-    def __init__(self, name: str, served: list[str]) -> None:
+    def __init__(self, name: str, served: list[str], message: str | None = None) -> None:
         self.name, self.served = name, served
         super().__init__(
-            f"model {name!r} is not served here (this replica serves {', '.join(served)})"
+            message
+            or f"model {name!r} is not served here (this replica serves {', '.join(served)})"
         )
+
+    @classmethod
+    def in_repository(cls, name: str, folders: list[str]) -> Self:
+        """No model folder ``name`` in the model repository, which holds ``folders``."""
+        held = ", ".join(folders[:20]) + (", ..." if len(folders) > 20 else "")
+        return cls(name, [], f"the model repository has no model {name!r} (it holds {held})")
 
 
 class LabelNotFound(ModelNotFound):
@@ -260,6 +273,57 @@ class ModelLoadError(ServingError):
     def __init__(self, path: object, reason: str) -> None:
         self.path, self.reason = path, reason
         super().__init__(f"cannot load model {path}: {reason}")
+
+
+class ControlRefused(ServingError):
+    """A repository load or unload (``POST /v2/repository/models/{name}/load``) the server
+    does not take: model control is not ``explicit``, or the unload would leave nothing to
+    serve.
+
+    :param name: the model named.
+    :param reason: why, in words.
+    """
+
+    status = 409
+    code = "control_refused"
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name, self.reason = name, reason
+        super().__init__(f"model {name!r}: {reason}")
+
+
+class LoadFailed(ServingError):
+    """A repository load or unload did not take: the model has no servable version, or a
+    worker could not load it (the server serves on what it served before).
+
+    :param name: the model named.
+    :param reason: which check or which worker failed, and why.
+    """
+
+    status = 400
+    code = "load_failed"
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name, self.reason = name, reason
+        super().__init__(f"model {name!r}: {reason}")
+
+
+class ControlTimeout(ServingError):
+    """A repository load or unload was not over within its deadline (it goes on).
+
+    :param name: the model named.
+    :param seconds: the deadline, in seconds.
+    """
+
+    status = 504
+    code = "control_timeout"
+
+    def __init__(self, name: str, seconds: float) -> None:
+        self.name, self.seconds = name, seconds
+        super().__init__(
+            f"model {name!r}: not over within {seconds:g} s; it goes on (see /healthz and "
+            "POST /v2/repository/index)"
+        )
 
 
 class SettingsError(ValueError):

@@ -15,8 +15,9 @@ Two kinds of object, as MLServer keeps ``ModelSettings`` apart from its server
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -279,13 +280,15 @@ class ModelFields(BaseSettings):
             "`SERVING_MODEL_PATH`"
         ),
     )
-    model_control: Literal["none", "poll"] | None = Field(
+    model_control: Literal["none", "poll", "explicit"] | None = Field(
         None,
         description=(
             "How the server follows `SERVING_MODEL_REPOSITORY`, as Triton names it: `poll` "
             "(every `SERVING_REPOSITORY_POLL_S`, a change read once it has stood still for "
             "one interval; nothing unloaded while the repository cannot be listed or is "
-            "empty) or `none` (read at start and at each SIGHUP only)"
+            "empty), `none` (read at start and at each SIGHUP only) or `explicit` (every "
+            "model loaded at start, then only `POST /v2/repository/models/<name>/load` and "
+            "`/unload` change which are served)"
         ),
         json_schema_extra={"shown_default": "`poll` with a repository"},
     )
@@ -391,8 +394,6 @@ class ModelFields(BaseSettings):
                     "SERVING_MODEL_REPOSITORY too, or unset it"
                 )
             return self
-        from serving.repository import scan
-
         others = [
             name for name, value in (("SERVING_MODELS", self.models),
             ("SERVING_MODEL_PATH", self.model_path), ("SERVING_MODEL_DIR", self.model_dir))
@@ -403,38 +404,37 @@ class ModelFields(BaseSettings):
                 f"SERVING_MODEL_REPOSITORY: set it or {' and '.join(others)}, not both "
                 "(one source of models)"
             )
-        try:
-            found = scan(
-                self.model_repository, max_models=self.max_models,
-                allow_world_writable=self.allow_world_writable_model,
-            )  # fmt: skip
-        except OSError as exc:
-            raise ValueError(
-                f"SERVING_MODEL_REPOSITORY: cannot list {self.model_repository}: "
-                f"{exc.strerror or exc}"
-            ) from None
-        except Exception as exc:  # out of the settings, it would stop the master at a reload
-            raise ValueError(
-                f"SERVING_MODEL_REPOSITORY: reading {self.model_repository} failed: "
-                f"{type(exc).__name__}: {str(exc)[:200]}"
-            ) from None
-        if not found.specs:
-            why = (
-                "; ".join(
-                    f"{r.model}/{r.version}: {r.reason}" if r.version else f"{r.model}: {r.reason}"
-                    for r in found.refused[:3]
-                )
-                or "no <model>/<version>/ folder"
-            )
-            raise ValueError(
-                f"SERVING_MODEL_REPOSITORY: nothing to serve in {self.model_repository} ({why})"
-            )
-        self._repository = found
+        self._repository = self._scan(None)
         return self
+
+    def _scan(self, loaded: Mapping[str, Mapping[str, Any] | None] | None) -> Any:
+        """``serving.repository.read`` of ``model_repository`` with these settings."""
+        from serving.repository import read
+
+        assert self.model_repository is not None
+        return read(
+            self.model_repository, max_models=self.max_models,
+            allow_world_writable=self.allow_world_writable_model, loaded=loaded,
+        )  # fmt: skip
+
+    def selecting(self, loaded: Mapping[str, Mapping[str, Any] | None]) -> Self:
+        """These settings serving only the repository models ``loaded`` names, each with
+        its ``config.json`` fields or those given (explicit model control: what the load
+        and unload calls left). Reads the repository again.
+
+        :raises ValueError: naming the variable, as when the settings are read.
+        """
+        copy = self.model_copy()
+        copy._repository = self._scan(loaded)
+        return copy
 
     def polls_repository(self) -> bool:
         """Whether the server follows a model repository by looking at it."""
         return self.model_repository is not None and self.model_control in (None, "poll")
+
+    def controls_explicitly(self) -> bool:
+        """Whether only load and unload calls change the repository models served."""
+        return self.model_repository is not None and self.model_control == "explicit"
 
     def entries(self) -> list[ModelSpec] | None:
         """The model versions named: ``SERVING_MODELS``' entries, or those the repository

@@ -279,10 +279,14 @@ def test_the_tf_label_route_goes_through_the_data_plane_once(
 
 def test_every_post_route_is_a_prediction_route_checked_above(app: Flask) -> None:
     """A new POST route must be added to the data-plane check above (V2's repository
-    index is the one POST that predicts nothing)."""
+    index, load and unload are the POSTs that predict nothing)."""
     rules = [*app.url_map.iter_rules(), *prediction_map(PROTOCOLS).iter_rules()]
     posts = {rule.rule for rule in rules if "POST" in (rule.methods or ())}
-    posts.discard("/v2/repository/index")
+    posts -= {
+        "/v2/repository/index",
+        "/v2/repository/models/<model_name>/load",
+        "/v2/repository/models/<model_name>/unload",
+    }
     assert posts == {
         "/predict",
         "/predict/<model_name>",

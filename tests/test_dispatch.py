@@ -110,6 +110,8 @@ def test_every_operation_answers_a_good_request_as_it_documents(labelled: Flask)
         response = client.open(url, method=method.upper(), json=body)
         _check_answer(spec, operation, response)
         expected = 308 if path == "/docs/" else 200
+        if path.startswith("/v2/repository/models/"):
+            expected = 409  # no repository under explicit control here: tests/e2e load
         assert response.status_code == expected, (path, response.data[:300])
         assert response.headers["X-Request-ID"], path
 

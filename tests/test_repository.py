@@ -351,7 +351,7 @@ def test_repository_settings_name_any_failure_of_the_read(
 ) -> None:
     """Whatever the read of the repository raises is one settings error naming it: at a
     reload, an exception out of the settings stopped the master (found by the attack)."""
-    import serving.repository
+    import sys
 
     version(tmp_path, "churn", "1")
     monkeypatch.setenv("SERVING_MODEL_REPOSITORY", str(tmp_path))
@@ -359,9 +359,61 @@ def test_repository_settings_name_any_failure_of_the_read(
     def broken(*args: object, **kwargs: object) -> None:
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr(serving.repository, "scan", broken)
+    monkeypatch.setattr(sys.modules["serving.repository.scan"], "scan", broken)
     with pytest.raises(SettingsError) as refused:
         load_settings()
 
     assert refused.value.variable == "SERVING_MODEL_REPOSITORY"
     assert "RecursionError" in str(refused.value)
+
+
+@pytest.mark.unit
+def test_repository_explicit_control_serves_the_models_loaded_with_their_config(
+    tmp_path: Path,
+) -> None:
+    """Under explicit control only the models loaded are served, each with the
+    config.json fields its load gave in place of its file's; the others are listed as
+    Triton lists them: unloaded."""
+    for number in ("1", "2"):
+        version(tmp_path, "cancer", number)
+    version(tmp_path, "churn", "1")
+    version(tmp_path, "fraud", "1")
+    config(tmp_path, "cancer", {"version_policy": {"all": {}}})
+
+    result = scan(tmp_path, loaded={"cancer": {"labels": {"stable": 2}}, "churn": None})
+
+    assert [(s.name, s.version) for s in result.specs] == [("cancer", "2"), ("churn", "1")]
+    assert result.specs[0].labels == {"stable": "2"}  # the load's config, not the file's
+    assert result.refused == (Refusal("fraud", "", "unloaded"),)
+
+
+@pytest.mark.unit
+def test_repository_explicit_control_refuses_a_bad_config_of_a_load_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    version(tmp_path, "churn", "1")
+
+    result = scan(tmp_path, loaded={"churn": {"version_policy": {"newest": {}}}})
+
+    assert result.specs == ()
+    assert [(r.model, r.version) for r in result.refused] == [("churn", "")]
+    assert result.refused[0].reason.startswith("config: version_policy.newest:")
+
+
+@pytest.mark.unit
+def test_repository_settings_selecting_rereads_it_serving_only_those_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    version(tmp_path, "cancer", "1")
+    version(tmp_path, "churn", "1")
+    monkeypatch.setenv("SERVING_MODEL_REPOSITORY", str(tmp_path))
+    monkeypatch.setenv("SERVING_MODEL_CONTROL", "explicit")
+    settings = load_settings()
+
+    chosen = settings.selecting({"churn": None})
+
+    assert [s.name for s in settings.entries() or ()] == ["cancer", "churn"]
+    assert [s.name for s in chosen.entries() or ()] == ["churn"]
+    assert chosen.controls_explicitly() and not chosen.polls_repository()
+    with pytest.raises(ValueError, match="SERVING_MODEL_REPOSITORY: nothing to serve"):
+        settings.selecting({})

@@ -4,6 +4,15 @@ serve: ``scan`` (see README.md)."""
 from __future__ import annotations
 
 from serving.repository.config import ModelConfig, VersionPolicy
-from serving.repository.scan import Refusal, Scan, scan
+from serving.repository.scan import UNLOADED, Refusal, Scan, config_of, read, scan
 
-__all__ = ["ModelConfig", "Refusal", "Scan", "VersionPolicy", "scan"]
+__all__ = [
+    "UNLOADED",
+    "ModelConfig",
+    "Refusal",
+    "Scan",
+    "VersionPolicy",
+    "config_of",
+    "read",
+    "scan",
+]

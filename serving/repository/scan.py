@@ -23,8 +23,10 @@ import json
 import os
 import re
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -33,7 +35,10 @@ from serving.model.names import NAME_PATTERN, only_dots
 from serving.model_settings import ModelSpec
 from serving.repository.config import VERSION_DIGITS, ModelConfig
 
-__all__ = ["Refusal", "Scan", "scan"]
+__all__ = ["UNLOADED", "Refusal", "Scan", "config_of", "read", "scan"]
+
+#: The reason of a model that explicit control has not loaded (Triton's word for it).
+UNLOADED: Final = "unloaded"
 
 #: Longest reason kept (a pydantic message can quote a whole file's worth of input).
 _REASON_CHARS = 300
@@ -61,9 +66,18 @@ class Scan:
     refused: tuple[Refusal, ...]
 
 
-def scan(root: Path, *, max_models: int = 8, allow_world_writable: bool = False) -> Scan:
+def scan(
+    root: Path,
+    *,
+    max_models: int = 8,
+    allow_world_writable: bool = False,
+    loaded: Mapping[str, Mapping[str, Any] | None] | None = None,
+) -> Scan:
     """Read ``root`` (``SERVING_MODEL_REPOSITORY``). At most ``max_models`` versions in
     all are served (``SERVING_MAX_MODELS``): those past it, in order, are refused.
+    ``loaded`` (explicit model control) names the models to serve, each with the
+    ``config.json`` fields to serve it with instead of its file's (None: the file's); the
+    others are refused as ``UNLOADED``. None serves every model.
 
     :raises OSError: when ``root`` itself cannot be listed.
     """
@@ -73,7 +87,11 @@ def scan(root: Path, *, max_models: int = 8, allow_world_writable: bool = False)
     for folder in sorted(root.iterdir(), key=lambda p: p.name):
         if folder.name.startswith(".") or not folder.is_dir():
             continue
-        found, problems = _model(folder, real_root, allow_world_writable)
+        if loaded is not None and folder.name not in loaded:
+            refused.append(Refusal(folder.name, "", UNLOADED))
+            continue
+        override = loaded.get(folder.name) if loaded is not None else None
+        found, problems = _model(folder, real_root, allow_world_writable, override)
         refused.extend(problems)
         for spec in found:
             if len(specs) < max_models:
@@ -84,8 +102,49 @@ def scan(root: Path, *, max_models: int = 8, allow_world_writable: bool = False)
     return Scan(tuple(specs), tuple(refused))
 
 
+def read(
+    root: Path,
+    *,
+    max_models: int,
+    allow_world_writable: bool,
+    loaded: Mapping[str, Mapping[str, Any] | None] | None,
+) -> Scan:
+    """``scan`` as the settings read ``SERVING_MODEL_REPOSITORY``: any failure, or nothing
+    to serve, is one ``ValueError`` naming the variable (out of the settings, it would stop
+    the master at a reload).
+
+    :raises ValueError: ``"SERVING_MODEL_REPOSITORY: ..."``.
+    """
+    try:
+        found = scan(
+            root, max_models=max_models, allow_world_writable=allow_world_writable, loaded=loaded
+        )
+    except OSError as exc:
+        raise ValueError(
+            f"SERVING_MODEL_REPOSITORY: cannot list {root}: {exc.strerror or exc}"
+        ) from None
+    except Exception as exc:
+        raise ValueError(
+            f"SERVING_MODEL_REPOSITORY: reading {root} failed: "
+            f"{type(exc).__name__}: {str(exc)[:200]}"
+        ) from None
+    if not found.specs:
+        why = "; ".join(
+            f"{r.model}/{r.version}: {r.reason}" if r.version else f"{r.model}: {r.reason}"
+            for r in found.refused[:3]
+        )
+        raise ValueError(
+            f"SERVING_MODEL_REPOSITORY: nothing to serve in {root} "
+            f"({why or 'no <model>/<version>/ folder'})"
+        )
+    return found
+
+
 def _model(
-    folder: Path, real_root: Path, allow_world_writable: bool
+    folder: Path,
+    real_root: Path,
+    allow_world_writable: bool,
+    override: Mapping[str, Any] | None = None,
 ) -> tuple[list[ModelSpec], list[Refusal]]:
     name = folder.name
     if not re.fullmatch(NAME_PATTERN, name) or only_dots(name):
@@ -94,7 +153,7 @@ def _model(
     if not _inside(folder, real_root):
         return [], [Refusal(name, "", "a link to outside the repository")]
     try:
-        config = _config(folder, real_root)
+        config = _config(folder, real_root) if override is None else config_of(override)
     except ValueError as exc:
         return [], [Refusal(name, "", _cut(str(exc)))]
     servable, refused = _versions(folder, real_root, config, allow_world_writable)
@@ -173,12 +232,20 @@ def _config(folder: Path, real_root: Path) -> ModelConfig:
         data = json.loads(text)
     except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         raise ValueError("config.json: not JSON") from None
+    return config_of(data, "config.json")
+
+
+def config_of(data: object, source: str = "config") -> ModelConfig:
+    """``data`` (a parsed ``config.json``, or a load's ``parameters.config``) checked.
+
+    :raises ValueError: naming ``source`` and the field; no value quoted.
+    """
     try:
         return ModelConfig.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "the file"
-        raise ValueError(f"config.json: {where}: {err['msg']}") from None
+        where = ".".join(str(p) for p in err["loc"]) or "the whole"
+        raise ValueError(f"{source}: {where}: {err['msg']}") from None
 
 
 def _no_block(path: str, flags: int) -> int:

@@ -42,6 +42,7 @@ __all__ = [
     "WorkerState",
     "alive",
     "install_board",
+    "installed_board",
     "readiness",
 ]
 
@@ -247,6 +248,11 @@ def install_board(board: Board) -> None:
     """Make ``board`` this server's (the master, before the first fork)."""
     global _installed
     _installed = board
+
+
+def installed_board() -> Board | None:
+    """This server's board (``install_board``), or None outside our Gunicorn hooks."""
+    return _installed
 
 
 def readiness(local_state: str) -> tuple[bool, dict[str, Any] | None]:

@@ -40,7 +40,7 @@ from serving.batching.arrivals import process_arrivals
 from serving.errors import SettingsError
 from serving.observe import access_log, tracing, tracing_guards
 from serving.observe.payload_sinks import check_sink
-from serving.server import repository, sharing
+from serving.server import control, repository, sharing
 from serving.server.children import forget_server_in_children, stop_children
 from serving.server.metrics_dir import prepare_metrics_dir, run_at_exit, set_master
 from serving.server.pinning import Always, pin_while_quiet
@@ -107,6 +107,13 @@ def checked_settings() -> Settings:
     :raises SettingsError: naming the variable.
     """
     settings = load_settings()
+    if settings.controls_explicitly() and _boot is not None:
+        wanted = control.wanted(_boot.board)  # what the load and unload calls left
+        if wanted is not None:
+            try:
+                settings = settings.selecting(wanted.models)
+            except ValueError as exc:
+                raise SettingsError("SERVING_MODEL_CONTROL", str(exc)) from None
     load_api_keys(settings)  # an unreadable keys file stops start-up here, not per worker
     check_sink(settings)  # so does a payload log file that cannot be written
     if tracing.enabled() and (problem := tracing_guards.environment_problem()):
@@ -149,11 +156,16 @@ def reload_problem() -> str | None:
     would stop on (``"SERVING_MODEL_PATH: ..."``: a model file removed before its copy, a
     half-written ``SERVING_MODELS`` file), or None. The rollover then refuses the reload
     and the running workers serve on (``serving.server.rollover``)."""
+    changes = control.changes(_boot.board) if _boot is not None else 0  # read before
     try:
         checked_settings()
     except SettingsError as exc:
-        return f"invalid setting {exc}"
-    return None
+        problem: str | None = f"invalid setting {exc}"
+    else:
+        problem = None
+    if _boot is not None:  # for a load or unload call waiting on its outcome
+        control.note_applied(_boot.board, changes, _generation + 1, problem)
+    return problem
 
 
 def on_starting(server: Any) -> None:
@@ -254,6 +266,8 @@ def when_ready(server: Any, settings: Settings) -> None:
     _log_to_gunicorn(server)  # the loader's own lines (read and checked, loaded as)
     repository.say_refused(server.log.warning, settings)
     repository.follow(server.log, settings)
+    if settings.controls_explicitly() and _boot is not None:
+        control.begin(_boot.board, sorted({spec.name for spec in settings.entries() or ()}))
     if sharing.load_in_master(settings, server.log.info, server.log.error) == "timed_out":
         print(
             f"serving: the master's load of model {settings.model_settings()[0].name!r} took "

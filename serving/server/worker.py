@@ -22,7 +22,8 @@ socket inwards:
    unread body by the same deadline, each write by ``SERVING_HEADER_TIMEOUT_S`` of a
    client not reading (then the connection is closed), and the response a
    ``ServingResponse`` (``serving.server.response``: headers and body in one write,
-   ``Connection: close`` when the body is left undrained).
+   ``Connection: close`` when the body is left undrained, or when the application asked
+   for it: ``serving.context.CLOSE_CONNECTION``).
 4. ``handle_error``: a response Gunicorn writes itself (a malformed request line, 431, a
    500 for an exception outside the app) counted in ``http_requests_total`` and the access
    log like the app's own answers, route ``(gunicorn)``.
@@ -62,7 +63,7 @@ from gunicorn import util  # type: ignore[import-untyped]
 from gunicorn.http import wsgi  # type: ignore[import-untyped]
 
 from serving.batching.arrivals import Arrivals
-from serving.context import BODY_OVER_LIMIT
+from serving.context import BODY_OVER_LIMIT, CLOSE_CONNECTION
 from serving.server.arrivals import ready_in_poller
 from serving.server.connection import ServingConn
 from serving.server.heads import ConnectionLimits, HeadReadingWorker
@@ -226,6 +227,8 @@ class ServingWorker(HeadReadingWorker):
         """Call the app and write its answer, logged in Gunicorn's access log."""
         request_start = datetime.now()
         respiter = self.wsgi(environ, resp.start_response)
+        if environ.get(CLOSE_CONNECTION):  # before the headers are written
+            resp.force_close()
         try:
             if isinstance(respiter, environ["wsgi.file_wrapper"]):
                 resp.write_file(respiter)

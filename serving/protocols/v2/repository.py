@@ -8,9 +8,12 @@ Triton's ``ModelConfig`` JSON: ``max_batch_size``, each input and output with it
 ``max_queue_size`` is ``SERVING_MAX_QUEUE_DEPTH`` in instances) and one CPU or GPU
 ``instance_group`` per Gunicorn worker. ``POST /v2/repository/index`` lists every model
 version with its state, and after them each entry of a model repository
-(``SERVING_MODEL_REPOSITORY``) that cannot be served, ``UNAVAILABLE`` with the reason.
-Loading and unloading through the API are not offered: models are set by
-``SERVING_MODELS`` or the repository. Source: Triton's
+(``SERVING_MODEL_REPOSITORY``) that cannot be served, ``UNAVAILABLE`` with the reason
+(``unloaded`` for a model explicit control does not serve).
+``POST /v2/repository/models/{name}/load`` and ``/unload`` change which models a
+repository serves under ``SERVING_MODEL_CONTROL=explicit`` (``serving.server.control``);
+``parameters.config``, a JSON string of ``config.json`` fields, replaces the model's
+file for that load, as Triton's config override does. Source: Triton's
 ``docs/protocol/extension_model_configuration.md`` and ``extension_model_repository.md``.
 """
 
@@ -29,10 +32,12 @@ from serving.repository import Refusal
 from serving.runtime import ModelRuntime
 
 __all__ = [
+    "V2LoadRequest",
     "V2ModelConfig",
     "V2RepositoryIndex",
     "V2RepositoryIndexRequest",
     "V2RepositoryModel",
+    "V2UnloadRequest",
     "model_config",
     "repository_index",
 ]
@@ -66,6 +71,32 @@ class V2RepositoryIndexRequest(Strict):
     """``POST /v2/repository/index`` body (optional): ``ready`` lists only ready models."""
 
     ready: bool | None = None
+
+
+class V2LoadParameters(Strict):
+    config: str | None = Field(
+        None,
+        description="A JSON string of config.json fields serving the model instead of "
+        "its file's (Triton's config override); files are not taken",
+    )
+
+
+class V2LoadRequest(Strict):
+    """``POST /v2/repository/models/{model_name}/load`` body (optional)."""
+
+    parameters: V2LoadParameters | None = None
+
+
+class V2UnloadParameters(Strict):
+    unload_dependents: bool | None = Field(
+        None, description="Taken and ignored: no model here depends on another"
+    )
+
+
+class V2UnloadRequest(Strict):
+    """``POST /v2/repository/models/{model_name}/unload`` body (optional)."""
+
+    parameters: V2UnloadParameters | None = None
 
 
 class V2RepositoryModel(BaseModel):

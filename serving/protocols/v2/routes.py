@@ -23,9 +23,9 @@ import orjson
 from flask import Blueprint, Response, request
 
 from serving import __version__
-from serving.context import Call
+from serving.context import CLOSE_CONNECTION, Call
 from serving.dataplane import DataPlane
-from serving.errors import ServingError
+from serving.errors import InvalidInput, ServingError
 from serving.model.handle import ModelHandle, TensorSpec
 from serving.openapi import Operation, errors
 from serving.protocols.base import (
@@ -49,9 +49,11 @@ from serving.protocols.v2.codec import (
     split_body,
 )
 from serving.protocols.v2.repository import (
+    V2LoadRequest,
     V2ModelConfig,
     V2RepositoryIndex,
     V2RepositoryIndexRequest,
+    V2UnloadRequest,
     model_config,
     platform_of,
     repository_index,
@@ -67,6 +69,8 @@ from serving.protocols.v2.schemas import (
     V2ServerMetadata,
 )
 from serving.protocols.v2.stats import V2InferenceStatistics, model_statistics
+from serving.repository import config_of
+from serving.server import control
 from serving.server.board import readiness
 
 __all__ = ["EXTENSIONS", "OPERATIONS", "PROTOCOL", "bp"]
@@ -126,6 +130,22 @@ OPERATIONS = [
               "and its state (READY, LOADING, UNAVAILABLE, UNLOADING)",
               {200: V2RepositoryIndex} | errors(V2Error, 400, 401, 413, 501),
               request=V2RepositoryIndexRequest, tag="kserve-v2"),
+    Operation("post", "/v2/repository/models/{model_name}/load", "Model repository "
+              "extension: serve the model (again, with its versions now, or with "
+              "parameters.config); answers once every worker serves it. "
+              "SERVING_MODEL_CONTROL=explicit only",
+              {200: None} | errors(V2Error, 400, 401, 404, 409, 413, 501, 503, 504),
+              request=V2LoadRequest, tag="kserve-v2",
+              descriptions={400: "Invalid request, or the model could not be loaded (the "
+                            "server serves on as before)",
+                            409: "Model control is not explicit"}),
+    Operation("post", "/v2/repository/models/{model_name}/unload", "Model repository "
+              "extension: stop serving the model; answers once no worker serves it. "
+              "SERVING_MODEL_CONTROL=explicit only",
+              {200: None} | errors(V2Error, 400, 401, 404, 409, 413, 501, 503, 504),
+              request=V2UnloadRequest, tag="kserve-v2",
+              descriptions={409: "Model control is not explicit, or it is the last model "
+                            "served"}),
 ]  # fmt: skip
 
 
@@ -301,6 +321,51 @@ def repository() -> Response:
     index = repository_index(plane.models, bool(wanted and wanted.ready), refused)
     data = orjson.dumps(index)
     return Response(data, mimetype="application/json")
+
+
+@bp.post("/v2/repository/models/<model_name>/load", provide_automatic_options=False)
+def load(model_name: str) -> Response:
+    """Serve ``model_name`` of the repository, with ``parameters.config`` when sent.
+
+    :raises ControlRefused: (409) unless ``SERVING_MODEL_CONTROL=explicit``. :raises
+        InvalidInput: (400) a body or config that is not valid. :raises ModelNotFound,
+        LoadFailed, ControlTimeout: as ``serving.server.control.load``.
+    """
+    settings = dataplane().settings
+    body = read_body(request.environ, settings)
+    wanted = parse_body(V2LoadRequest, body) if body else None
+    text = wanted.parameters.config if wanted and wanted.parameters else None
+    config = None
+    if text is not None:
+        try:
+            config = orjson.loads(text)
+            config_of(config, "parameters.config")
+        except (orjson.JSONDecodeError, ValueError) as exc:
+            message = (
+                str(exc)
+                if isinstance(exc, ValueError) and not isinstance(exc, orjson.JSONDecodeError)
+                else "parameters.config: not JSON"
+            )
+            raise InvalidInput.at("parameters.config", message, "value_error") from None
+    request.environ[CLOSE_CONNECTION] = True  # this worker may be on its way out
+    control.load(settings, model_name, config)
+    return Response(b"", 200)
+
+
+@bp.post("/v2/repository/models/<model_name>/unload", provide_automatic_options=False)
+def unload(model_name: str) -> Response:
+    """Stop serving ``model_name``.
+
+    :raises ControlRefused: (409) unless ``SERVING_MODEL_CONTROL=explicit``, or for the
+        last model served. :raises InvalidInput: (400) a body that is not valid.
+    """
+    settings = dataplane().settings
+    body = read_body(request.environ, settings)
+    if body:
+        parse_body(V2UnloadRequest, body)
+    request.environ[CLOSE_CONNECTION] = True
+    control.unload(settings, model_name)
+    return Response(b"", 200)
 
 
 #: Errors as ``{"error": message, "code"}``; every invalid request is a 400 (Triton's).

@@ -1,0 +1,87 @@
+"""serving.server.control: when a load or unload call is over, read from the board the
+master and the workers write (real processes standing for workers: the board skips dead
+pids)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from serving.server import control
+from serving.server.board import Board
+from tests.conftest import sleeping_processes
+
+
+@pytest.fixture
+def workers() -> Iterator[list[int]]:
+    yield from sleeping_processes(3)
+
+
+def board_of(tmp_path: Path) -> Board:
+    board = Board(tmp_path)
+    control.begin(board, ["cancer", "churn"])
+    return board
+
+
+def test_control_outcome_waits_until_every_worker_staying_is_of_the_new_generation(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    old, new, newer = workers
+    board = board_of(tmp_path)
+    board.generation = 0
+    board.write(old, "ready")
+    board.generation = 1
+    board.write(new, "ready")
+    control.note_applied(board, 0, 1, None)
+
+    with pytest.raises(TimeoutError):  # the old worker still serves
+        control.outcome(board, 0, deadline_s=0.2)
+    with pytest.raises(TimeoutError):  # a change not applied yet
+        control.outcome(board, 1, deadline_s=0.2)
+    board.generation = None
+    board.write(old, "stopping")  # the master stops it: on its way out
+    board.generation = 2
+    board.write(newer, "warming")
+    control.note_applied(board, 1, 2, None)
+    with pytest.raises(TimeoutError):  # the newer generation still loads
+        control.outcome(board, 1, deadline_s=0.2)
+    board.write(newer, "ready")
+    with pytest.raises(TimeoutError):  # the generation-1 worker still serves
+        control.outcome(board, 1, deadline_s=0.2)
+    board.generation = None
+    board.write(new, "stopping")
+
+    assert control.outcome(board, 1, deadline_s=1) is None
+    assert control.outcome(board, 0, deadline_s=1) is None  # a later reload applied it too
+
+
+def test_control_outcome_answers_a_new_workers_load_error_or_a_refused_reload(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    old, new, _ = workers
+    board = board_of(tmp_path)
+    board.generation = 0
+    board.write(old, "ready")
+    board.generation = 1
+    board.write(new, "failed", error="cannot load model broken/1/m.joblib: EOF")
+    control.note_applied(board, 3, 1, None)
+
+    assert control.outcome(board, 3, deadline_s=1) == (
+        f"worker {new}: cannot load model broken/1/m.joblib: EOF"
+    )
+    control.note_applied(board, 4, 2, "invalid setting SERVING_MODEL_REPOSITORY: ...")
+    assert control.outcome(board, 4, deadline_s=1) == (
+        "invalid setting SERVING_MODEL_REPOSITORY: ..."
+    )
+
+
+def test_control_begin_wants_the_models_served_at_start_and_counts_no_change(
+    tmp_path: Path,
+) -> None:
+    board = board_of(tmp_path)
+
+    assert control.wanted(board) == control.Wanted({"cancer": None, "churn": None}, 0)
+    assert control.changes(board) == 0
+    assert control.wanted(Board(tmp_path / "elsewhere")) is None
