@@ -101,14 +101,17 @@ def load(settings: Settings, name: str, config: Mapping[str, Any] | None) -> Non
     :raises ModelNotFound: no such model folder. :raises LoadFailed: it has no version
         to serve (each reason), or a worker could not load it. :raises ControlTimeout:
         past ``deadline_s(settings)``. :raises NotReady: outside the server's Gunicorn
-        master.
+        master, or when the repository cannot be read.
     """
     root, board = _root(settings, name), _board()
     _folder(root, name)
-    found = scan(
-        root, loaded={name: config}, max_models=settings.max_models,
-        allow_world_writable=settings.allow_world_writable_model,
-    )  # fmt: skip
+    try:
+        found = scan(
+            root, loaded={name: config}, max_models=settings.max_models,
+            allow_world_writable=settings.allow_world_writable_model,
+        )  # fmt: skip
+    except OSError as exc:
+        raise NotReady(f"model control: cannot read {root}: {exc.strerror or exc}") from None
     if not found.specs:
         reasons = [f"{r.version}: {r.reason}" if r.version else r.reason for r in found.refused]
         raise LoadFailed(name, "nothing to serve (" + "; ".join(reasons or ["no version"]) + ")")
@@ -212,12 +215,21 @@ def _current(board: Board) -> Wanted:
 
 
 def _folders(root: Path) -> list[str]:
-    """The model folders of ``root``, by name (hidden ones are not models)."""
-    return sorted(
-        entry.name
-        for entry in os.scandir(root)
-        if not entry.name.startswith(".") and entry.is_dir()
-    )  # fmt: skip
+    """The model folders of ``root``, by name (hidden ones are not models).
+
+    :raises NotReady: when ``root`` cannot be listed (a storage outage: nothing changes).
+    """
+    try:
+        return sorted(
+            entry.name
+            for entry in os.scandir(root)
+            if not entry.name.startswith(".") and entry.is_dir()
+        )  # fmt: skip
+    except OSError as exc:
+        raise NotReady(
+            f"model control: cannot list the repository {root}: {exc.strerror or exc}; "
+            "nothing changed"
+        ) from None
 
 
 def _folder(root: Path, name: str) -> None:
