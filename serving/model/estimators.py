@@ -20,9 +20,10 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InvalidInput, ModelLoadError
+from serving.model.frames import frame_builder
 from serving.model.handle import ModelHandle, Outputs, Predictor
 from serving.model.labels import OnePass, label_rule
-from serving.model.schema import Feature, feature, frame_builder, merge_features
+from serving.model.schema import Feature, feature, merge_features
 from serving.model.schema_sklearn import estimator_features, estimator_missing
 
 __all__ = ["estimator_handle"]
