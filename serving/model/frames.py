@@ -29,13 +29,25 @@ def frame_builder(features: Sequence[Feature]) -> Callable[[npt.NDArray[Any]], A
     NaN for a missing value, so a request with a null category was answered one way alone
     and another way batched with others (found by a new user's trial). A feature whose
     encoder was fitted on ``None`` (``Feature.missing_is_none``) gets ``None`` instead,
-    in an object column, in every batch (found by the next trial)."""
+    in an object column, in every batch (found by the next trial).
+
+    A feature the model took as a pandas ``category`` column (``Feature.pandas_categories``:
+    LightGBM, XGBoost) is one again, of exactly the model's categories in its order, as
+    ``pd.Categorical(values, categories=...)`` makes it in-process: a value not among them,
+    like a missing one, is NaN (code -1). The codes are looked up here, so pandas never
+    sees a value outside the categories (which it deprecates)."""
     import pandas as pd
 
     columns = [f.name for f in features]
+    categorical = {
+        f.name: pd.CategoricalDtype(list(f.pandas_categories))
+        for f in features
+        if f.pandas_categories is not None
+    }
     strings = [
         f.name for f in features
         if f.dtype.kind == "O" and f.kind == "string" and not f.missing_is_none
+        and f.name not in categorical
     ]  # fmt: skip
     nones = [f.name for f in features if f.dtype.kind == "O" and f.missing_is_none]
     # pandas 3 infers its str dtype (NaN for missing) from strings; pandas 2 keeps object
@@ -59,8 +71,12 @@ def frame_builder(features: Sequence[Feature]) -> Callable[[npt.NDArray[Any]], A
             values[nan] = None
         return pd.Series(values, dtype=object, copy=False)  # not inferred as str: None stays
 
+    def as_category(values: npt.NDArray[Any], dtype: Any) -> Any:
+        codes = dtype.categories.get_indexer(values)  # -1: missing, or not a category
+        return pd.Categorical.from_codes(codes, dtype=dtype)
+
     def to_frame(batch: npt.NDArray[Any]) -> Any:
-        if batch.dtype.names is None and not nones:
+        if batch.dtype.names is None and not nones and not categorical:
             return pd.DataFrame(batch, columns=columns, copy=False)
         if batch.dtype.names is None:
             data = {name: batch[:, j] for j, name in enumerate(columns)}
@@ -70,6 +86,8 @@ def frame_builder(features: Sequence[Feature]) -> Callable[[npt.NDArray[Any]], A
             data[name] = missing_as_nan(data[name])
         for name in nones:
             data[name] = missing_as_none(data[name])
+        for name, dtype in categorical.items():
+            data[name] = as_category(data[name], dtype)
         return pd.DataFrame(data)
 
     return to_frame

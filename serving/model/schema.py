@@ -65,6 +65,9 @@ class Feature:
     :param missing_is_none: a missing string reaches the model as ``None`` (in an object
         column), not NaN: its encoder was fitted on ``None``, which it knows as a
         category, and would take NaN for an unknown one.
+    :param pandas_categories: the categories, in order, of the pandas ``category`` column
+        the model was fitted on and encodes itself (LightGBM, XGBoost): the column reaches
+        it as that dtype again, a value not among them as NaN (``serving.model.frames``).
     """
 
     name: str
@@ -74,6 +77,7 @@ class Feature:
     categories: frozenset[Any] | None = None
     booleans: bool = False
     missing_is_none: bool = False
+    pandas_categories: tuple[Any, ...] | None = None
 
 
 _MLFLOW_TYPES: dict[str, tuple[Kind, type[np.generic] | type[object]]] = {
@@ -197,8 +201,8 @@ def merge_features(
     declared: Sequence[Feature] | None, inferred: Sequence[Feature] | None
 ) -> tuple[Feature, ...] | None:
     """A schema file's features, with the categories the estimator knows for each (and
-    whether its encoder takes a missing string as ``None``); the estimator's when there
-    is no file.
+    whether its encoder takes a missing string as ``None``, the pandas categories it
+    encodes itself); the estimator's when there is no file.
 
     :raises ValueError: when the file names features the estimator was not fitted on.
     """
@@ -216,6 +220,7 @@ def merge_features(
         replace(
             f, categories=known[f.name].categories,
             missing_is_none=known[f.name].missing_is_none and f.dtype.kind == "O",
+            pandas_categories=known[f.name].pandas_categories,
         )
         for f in declared
     ]  # fmt: skip
@@ -299,7 +304,10 @@ def sample_batch(features: Sequence[Feature], n: int) -> npt.NDArray[Any]:
 
 def _sample_value(f: Feature) -> Any:
     """The smallest of ``f``'s categories (a string for a string feature, when it has
-    one), else 0 (numbers, false) or ``""`` (strings, anything)."""
+    one), else the first of its pandas categories, else 0 (numbers, false) or ``""``
+    (strings, anything)."""
+    if f.pandas_categories:
+        return f.pandas_categories[0]
     if f.categories:
         strings = sorted(c for c in f.categories if isinstance(c, str))
         numbers = sorted(c for c in f.categories if not isinstance(c, str))
