@@ -157,16 +157,19 @@ def boosting_model(library: str) -> tuple[Any, pd.DataFrame]:
 
 
 def boosting_rows(frame: pd.DataFrame, n: int = 60) -> list[dict[str, Any]]:
-    """Rows as clients send them, drawn from ``frame`` (NaN as null), with known, unknown
-    (``"gold"``, ``"mars"``) and missing categories."""
+    """The first ``n`` rows of ``frame`` as clients send them (NaN as null), with unknown
+    (``"gold"``, ``"mars"``) and missing categories in some (rows 1, 2, 3 among them)."""
     rows: list[dict[str, Any]] = [
         {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in row.items()}
         for row in frame.head(n).astype({"plan": object, "region": object}).to_dict("records")
     ]
-    rows[1]["plan"] = "gold"  # not a training category
-    rows[2]["region"] = None
-    rows[3]["plan"], rows[3]["region"], rows[3]["seats"] = None, "mars", None
-    rows[4]["usage"] = None
+    for i, row in enumerate(rows):
+        if i % 9 == 1:
+            row["plan"] = "gold"  # not a training category
+        if i % 11 == 2:
+            row["region"] = None
+        if i % 13 == 3:
+            row["plan"], row["region"], row["seats"] = None, "mars", None
     return rows
 
 
