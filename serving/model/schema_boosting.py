@@ -137,7 +137,7 @@ def _xgboost_categories(model: Any, names: Sequence[str]) -> dict[str, list[Any]
         return {}
     try:
         booster = get_booster()
-    except Exception:  # XGBoost's NotFittedError: a model never fitted has no schema
+    except (AttributeError, ValueError):  # scikit-learn's NotFittedError is both
         return {}
     types = list(getattr(booster, "feature_types", None) or [])
     if "c" not in types:
@@ -159,7 +159,8 @@ def _xgboost_categories(model: Any, names: Sequence[str]) -> dict[str, list[Any]
 
 
 def _json_categories(booster: Any) -> list[Any]:
-    """The per-feature category entries of the model's JSON (``[]`` when it has none)."""
+    """The per-feature category entries of the model's JSON (``[]`` when it has none): the
+    whole model is written once, at load, to read them."""
     learner = json.loads(booster.save_raw("json")).get("learner", {})
     gradient_booster = learner.get("gradient_booster", {})
     model = gradient_booster.get("model") or gradient_booster.get("gbtree", {}).get("model", {})
