@@ -118,3 +118,70 @@ def tier_pipeline() -> tuple[Any, pd.DataFrame]:
     )
     model = Pipeline([("columns", columns), ("model", LogisticRegression())])
     return model.fit(frame, target), frame
+
+
+def boosting_frame(n: int = 400, seed: int = 13) -> tuple[pd.DataFrame, pd.Series]:
+    """A DataFrame of two pandas ``category`` columns of strings (``plan``, ``region``) and
+    two float columns with NaN (``seats``, ``usage``), and a 0/1 target that depends on
+    all four: the training data of ``boosting_model``."""
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame({
+        "plan": pd.Categorical(rng.choice(["basic", "pro", "team"], n)),
+        "region": pd.Categorical(rng.choice(["amer", "apac", "emea", "latam"], n)),
+        "seats": rng.integers(1, 60, n).astype(float),
+        "usage": rng.gamma(2.0, 10.0, n),
+    })  # fmt: skip
+    score = (
+        (frame["plan"] == "pro").to_numpy() * 1.5 + (frame["region"] == "apac").to_numpy()
+        + frame["usage"].to_numpy() / 20 - frame["seats"].to_numpy() / 40
+        + rng.normal(0, 0.5, n)
+    )  # fmt: skip
+    frame.loc[rng.random(n) < 0.1, "seats"] = np.nan
+    frame.loc[rng.random(n) < 0.1, "usage"] = np.nan
+    return frame, pd.Series((score > 1).astype(int))
+
+
+def boosting_model(library: str) -> tuple[Any, pd.DataFrame]:
+    """``LGBMClassifier`` (``library="lightgbm"``) or ``XGBClassifier(enable_categorical=True,
+    tree_method="hist")`` (``"xgboost"``) fitted on ``boosting_frame()``, and that frame."""
+    frame, target = boosting_frame()
+    if library == "lightgbm":
+        from lightgbm import LGBMClassifier
+
+        model: Any = LGBMClassifier(n_estimators=30, min_child_samples=5, verbose=-1)
+    else:
+        from xgboost import XGBClassifier
+
+        model = XGBClassifier(n_estimators=30, enable_categorical=True, tree_method="hist")
+    return model.fit(frame, target), frame
+
+
+def boosting_rows(frame: pd.DataFrame, n: int = 60) -> list[dict[str, Any]]:
+    """The first ``n`` rows of ``frame`` as clients send them (NaN as null), with unknown
+    (``"gold"``, ``"mars"``) and missing categories in some (rows 1, 2, 3 among them)."""
+    rows: list[dict[str, Any]] = [
+        {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in row.items()}
+        for row in frame.head(n).astype({"plan": object, "region": object}).to_dict("records")
+    ]
+    for i, row in enumerate(rows):
+        if i % 9 == 1:
+            row["plan"] = "gold"  # not a training category
+        if i % 11 == 2:
+            row["region"] = None
+        if i % 13 == 3:
+            row["plan"], row["region"], row["seats"] = None, "mars", None
+    return rows
+
+
+def boosting_frame_of(rows: list[dict[str, Any]], like: pd.DataFrame) -> pd.DataFrame:
+    """The DataFrame an in-process caller builds for ``rows``: ``like``'s columns and
+    dtypes, each category column ``pd.Categorical`` of the training categories (a value
+    not among them NaN, as pandas makes it; pandas deprecates passing it through)."""
+    frame = pd.DataFrame(rows, columns=like.columns)
+    for name, dtype in like.dtypes.items():
+        if isinstance(dtype, pd.CategoricalDtype):
+            known = frame[name].where(frame[name].isin(dtype.categories))
+            frame[name] = pd.Categorical(known, dtype=dtype)
+        else:
+            frame[name] = frame[name].astype(dtype)
+    return frame

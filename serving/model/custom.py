@@ -44,13 +44,13 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import ModelLoadError
+from serving.model.frames import frame_builder
 from serving.model.handle import ModelHandle, ModelLoader, Outputs
 from serving.model.schema import (
     Feature,
     feature,
     features_from_file,
     features_from_specs,
-    frame_builder,
     schema_file,
 )
 

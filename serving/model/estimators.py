@@ -20,9 +20,10 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InvalidInput, ModelLoadError
+from serving.model.frames import frame_builder
 from serving.model.handle import ModelHandle, Outputs, Predictor
 from serving.model.labels import OnePass, label_rule
-from serving.model.schema import Feature, feature, frame_builder, merge_features
+from serving.model.schema import Feature, feature, merge_features
 from serving.model.schema_sklearn import estimator_features, estimator_missing
 
 __all__ = ["estimator_handle"]
@@ -122,14 +123,15 @@ def _estimator_features(
     """The input schema: ``declared`` merged with what the estimator tells (its columns, or
     ``n_features`` float64 features named by position).
 
-    :raises ModelLoadError: when ``declared`` names features the model was not fitted on.
+    :raises ModelLoadError: when ``declared`` names features the model was not fitted on,
+        or the model's own categories cannot be read.
     """
-    inferred = estimator_features(model)
-    if inferred is None and n_features is not None:
-        missing = estimator_missing(model)
-        inferred = tuple(feature(str(j), "float", np.float64, missing=missing)
-                         for j in range(int(n_features)))  # fmt: skip
     try:
+        inferred = estimator_features(model)
+        if inferred is None and n_features is not None:
+            missing = estimator_missing(model)
+            inferred = tuple(feature(str(j), "float", np.float64, missing=missing)
+                             for j in range(int(n_features)))  # fmt: skip
         return merge_features(declared, inferred)
     except ValueError as exc:
         raise ModelLoadError(source, str(exc)) from None

@@ -14,8 +14,8 @@ Known at load, from (in this order of precedence):
    their ``categories_``, and scikit-learn's estimator tags for missing values;
 3. an ONNX graph's input types (``serving.model.onnx_loader``).
 
-Boundary: standard library and numpy; PyYAML is imported only to read an ``MLmodel`` file,
-pandas only to build a DataFrame (``frame_builder``).
+Boundary: standard library and numpy; PyYAML is imported only to read an ``MLmodel`` file.
+The DataFrame a model fitted on one is called with: ``serving.model.frames``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ __all__ = [
     "column_dtype",
     "features_from_file",
     "features_from_specs",
-    "frame_builder",
     "instance_json_schema",
     "merge_features",
     "sample_batch",
@@ -66,6 +65,9 @@ class Feature:
     :param missing_is_none: a missing string reaches the model as ``None`` (in an object
         column), not NaN: its encoder was fitted on ``None``, which it knows as a
         category, and would take NaN for an unknown one.
+    :param pandas_categories: the categories, in order, of the pandas ``category`` column
+        the model was fitted on and encodes itself (LightGBM, XGBoost): the column reaches
+        it as that dtype again, a value not among them as NaN (``serving.model.frames``).
     """
 
     name: str
@@ -75,6 +77,7 @@ class Feature:
     categories: frozenset[Any] | None = None
     booleans: bool = False
     missing_is_none: bool = False
+    pandas_categories: tuple[Any, ...] | None = None
 
 
 _MLFLOW_TYPES: dict[str, tuple[Kind, type[np.generic] | type[object]]] = {
@@ -194,69 +197,12 @@ def features_from_specs(specs: Any, where: str) -> tuple[Feature, ...] | None:
     return tuple(features)
 
 
-def frame_builder(features: Sequence[Feature]) -> Callable[[npt.NDArray[Any]], Any]:
-    """``batch -> pandas DataFrame`` with the features' names as columns, one column per
-    feature of its type (float64, int64, bool, or strings).
-
-    A missing string is NaN, as pandas reads a missing cell, in every batch: in a column of
-    pandas' own string dtype where pandas infers one (pandas 3), else in an object column.
-    Left to inference, a column of missing values only stayed object ``None`` while one
-    holding a string became NaN: scikit-learn takes ``None`` for an unknown category and
-    NaN for a missing value, so a request with a null category was answered one way alone
-    and another way batched with others (found by a new user's trial). A feature whose
-    encoder was fitted on ``None`` (``Feature.missing_is_none``) gets ``None`` instead,
-    in an object column, in every batch (found by the next trial)."""
-    import pandas as pd
-
-    columns = [f.name for f in features]
-    strings = [
-        f.name for f in features
-        if f.dtype.kind == "O" and f.kind == "string" and not f.missing_is_none
-    ]  # fmt: skip
-    nones = [f.name for f in features if f.dtype.kind == "O" and f.missing_is_none]
-    # pandas 3 infers its str dtype (NaN for missing) from strings; pandas 2 keeps object
-    inferred = pd.Series(np.array(["a"], dtype=object)).dtype
-    string_dtype = inferred if inferred != np.dtype(object) else None
-
-    def missing_as_nan(values: npt.NDArray[Any]) -> Any:
-        if string_dtype is not None:
-            return pd.array(values, dtype=string_dtype)  # None -> NaN
-        nan = values == None  # noqa: E711 (elementwise, on an object array)
-        if not nan.any():
-            return values
-        values = values.copy()
-        values[nan] = np.nan
-        return values
-
-    def missing_as_none(values: npt.NDArray[Any]) -> Any:
-        nan = pd.isna(values)
-        if nan.any():
-            values = values.copy()
-            values[nan] = None
-        return pd.Series(values, dtype=object, copy=False)  # not inferred as str: None stays
-
-    def to_frame(batch: npt.NDArray[Any]) -> Any:
-        if batch.dtype.names is None and not nones:
-            return pd.DataFrame(batch, columns=columns, copy=False)
-        if batch.dtype.names is None:
-            data = {name: batch[:, j] for j, name in enumerate(columns)}
-        else:
-            data = {name: batch[name] for name in columns}
-        for name in strings:
-            data[name] = missing_as_nan(data[name])
-        for name in nones:
-            data[name] = missing_as_none(data[name])
-        return pd.DataFrame(data)
-
-    return to_frame
-
-
 def merge_features(
     declared: Sequence[Feature] | None, inferred: Sequence[Feature] | None
 ) -> tuple[Feature, ...] | None:
     """A schema file's features, with the categories the estimator knows for each (and
-    whether its encoder takes a missing string as ``None``); the estimator's when there
-    is no file.
+    whether its encoder takes a missing string as ``None``, the pandas categories it
+    encodes itself); the estimator's when there is no file.
 
     :raises ValueError: when the file names features the estimator was not fitted on.
     """
@@ -274,6 +220,7 @@ def merge_features(
         replace(
             f, categories=known[f.name].categories,
             missing_is_none=known[f.name].missing_is_none and f.dtype.kind == "O",
+            pandas_categories=known[f.name].pandas_categories,
         )
         for f in declared
     ]  # fmt: skip
@@ -357,7 +304,10 @@ def sample_batch(features: Sequence[Feature], n: int) -> npt.NDArray[Any]:
 
 def _sample_value(f: Feature) -> Any:
     """The smallest of ``f``'s categories (a string for a string feature, when it has
-    one), else 0 (numbers, false) or ``""`` (strings, anything)."""
+    one), else the first of its pandas categories, else 0 (numbers, false) or ``""``
+    (strings, anything)."""
+    if f.pandas_categories:
+        return f.pandas_categories[0]
     if f.categories:
         strings = sorted(c for c in f.categories if isinstance(c, str))
         numbers = sorted(c for c in f.categories if not isinstance(c, str))

@@ -6,8 +6,9 @@
   ``categories_`` give the kind (string or integer categories) and, when the encoder's
   ``handle_unknown`` is ``"error"``, the values it accepts. Dropped columns take any
   value. A ``HistGradientBoosting*`` fitted on pandas ``category`` columns
-  (``categorical_features="from_dtype"``) keeps its own such transformer. Every other
-  column is a float.
+  (``categorical_features="from_dtype"``) keeps its own such transformer; LightGBM and
+  XGBoost keep their pandas categories themselves (``serving.model.schema_boosting``).
+  Every other column is a float.
 - Missing values: a column may be missing when the steps it passes through accept NaN
   (scikit-learn's ``allow_nan`` estimator tag) until one of them fills it in (an imputer,
   or an encoder that saw missing values or ignores unknown ones), walking the pipeline.
@@ -24,6 +25,7 @@ from typing import Any, Literal
 import numpy as np
 
 from serving.model.schema import Feature, Kind, feature
+from serving.model.schema_boosting import boosting_features
 
 __all__ = ["estimator_features", "estimator_missing"]
 
@@ -111,12 +113,16 @@ def _guessed(name: str, missing: bool) -> Feature:
 
 def estimator_features(model: Any) -> tuple[Feature, ...] | None:
     """The features of a fitted estimator or pipeline fitted on a DataFrame, in its column
-    order; None when it was fitted on an array (it knows no feature names)."""
+    order; None when it was fitted on an array (it knows no feature names).
+
+    :raises ValueError: for a LightGBM or XGBoost model whose pandas categories cannot be
+        read from it (``serving.model.schema_boosting``).
+    """
     names = getattr(model, "feature_names_in_", None)
     if names is None:
         return None
     names = [str(name) for name in names]
-    native = _native_categories(model, names)
+    native = boosting_features(model, names) or _native_categories(model, names)
     if native is not None:
         return native
     steps = _steps(model)

@@ -67,13 +67,14 @@ class SweepPoint:
 def schema_rows(features: Sequence[Feature], n: int, seed: int = 0) -> npt.NDArray[Any]:
     """``n`` valid, varied instances of a typed model as the batcher hands them (a record
     array, one field per feature): a known category drawn at random where the schema lists
-    them, else standard normal floats, integers 0-99, ``"a"`` for strings, random booleans.
-    Varied so that a tree walks different paths, as on real traffic."""
+    them (the only ones taken, or a LightGBM/XGBoost model's pandas categories), else
+    standard normal floats, integers 0-99, ``"a"`` for strings, random booleans. Varied so
+    that a tree walks different paths, as on real traffic."""
     rng = np.random.default_rng(seed)
     batch = np.zeros(n, dtype=structured_dtype(features))
     for f in features:
-        if f.categories:
-            known = sorted(f.categories, key=repr)
+        if f.categories or f.pandas_categories:
+            known = sorted(f.categories or f.pandas_categories or (), key=repr)
             batch[f.name] = [known[i] for i in rng.integers(0, len(known), n)]
         elif f.kind == "float":
             batch[f.name] = rng.normal(size=n)
