@@ -407,7 +407,11 @@ class ModelFields(BaseSettings):
         self._repository = self._scan(None)
         return self
 
-    def _scan(self, loaded: Mapping[str, Mapping[str, Any] | None] | None) -> Any:
+    def _scan(
+        self,
+        loaded: Mapping[str, Mapping[str, Any] | None] | None,
+        excluded: Mapping[tuple[str, str], str] | None = None,
+    ) -> Any:
         """``serving.repository.read`` of ``model_repository`` with these settings."""
         from serving.repository import read
 
@@ -415,17 +419,24 @@ class ModelFields(BaseSettings):
         return read(
             self.model_repository, max_models=self.max_models,
             allow_world_writable=self.allow_world_writable_model, loaded=loaded,
+            excluded=excluded,
         )  # fmt: skip
 
-    def selecting(self, loaded: Mapping[str, Mapping[str, Any] | None]) -> Self:
-        """These settings serving only the repository models ``loaded`` names, each with
-        its ``config.json`` fields or those given (explicit model control: what the load
-        and unload calls left). Reads the repository again.
+    def selecting(
+        self,
+        loaded: Mapping[str, Mapping[str, Any] | None] | None,
+        excluded: Mapping[tuple[str, str], str] | None = None,
+    ) -> Self:
+        """These settings serving only the repository models ``loaded`` names (None:
+        all), each with its ``config.json`` fields or those given (explicit model control:
+        what the load and unload calls left), and none of the versions ``excluded``
+        (``(model, version)`` -> why: a worker could not load it). Reads the repository
+        again.
 
         :raises ValueError: naming the variable, as when the settings are read.
         """
         copy = self.model_copy()
-        copy._repository = self._scan(loaded)
+        copy._repository = self._scan(loaded, excluded)
         return copy
 
     def polls_repository(self) -> bool:

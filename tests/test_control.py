@@ -85,3 +85,58 @@ def test_control_begin_wants_the_models_served_at_start_and_counts_no_change(
     assert control.wanted(board) == control.Wanted({"cancer": None, "churn": None}, 0)
     assert control.changes(board) == 0
     assert control.wanted(Board(tmp_path / "elsewhere")) is None
+
+
+def test_quarantine_leaves_out_a_new_version_a_worker_could_not_load_until_it_changes(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    """Issue 32 item 3: a version a reload brought that a worker of that reload could not
+    load is left out (one reload asked for), until its files change."""
+    from serving.server.repository import Quarantine
+
+    root = tmp_path / "models"
+    (root / "churn" / "2").mkdir(parents=True)
+    (root / "churn" / "2" / "m.joblib").write_bytes(b"cut short")
+    board = Board(tmp_path / "board")
+    (tmp_path / "board").mkdir()
+    reloads: list[int] = []
+    lines: list[str] = []
+    at_start = {("churn", "1"), ("cancer", "1")}
+    quarantine = Quarantine(root, board, lambda: reloads.append(1), lines.append, at_start)
+    old, new, _ = workers
+    board.generation = 0
+    board.write(old, "ready")
+    board.generation = 1
+    board.write(new, "failed", "cannot load model churn/2/m.joblib: EOF", model=("churn", "2"))
+    served = {("churn", "2"), ("cancer", "1")}
+
+    assert quarantine.look(1, served) is True
+    assert quarantine.look(1, served) is False  # once
+    assert reloads == [1]
+    assert quarantine.excluded() == {
+        ("churn", "2"): "a worker could not load it: cannot load model churn/2/m.joblib: EOF"
+    }
+    assert lines == [
+        "model repository: churn/2 left out until its files change: a worker could not "
+        "load it: cannot load model churn/2/m.joblib: EOF"
+    ]
+    (root / "churn" / "2" / "m.joblib").write_bytes(b"a whole file now")
+    assert quarantine.excluded() == {}  # tried again
+
+
+def test_quarantine_never_leaves_out_a_version_that_served_before(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    """A version the last all-ready generation served that fails in a new worker (short of
+    memory) is not left out: a glitch unloads nothing, the old workers serve on."""
+    from serving.server.repository import Quarantine
+
+    board = Board(tmp_path)
+    quarantine = Quarantine(tmp_path, board, lambda: None, lambda line: None, {("churn", "1")})
+    old, new, _ = workers
+    board.generation = 2
+    board.write(new, "failed", "MemoryError", model=("churn", "1"))
+    board.write(old, "ready")
+
+    assert quarantine.look(2, {("churn", "1")}) is False
+    assert quarantine.excluded() == {}

@@ -417,3 +417,14 @@ def test_repository_settings_selecting_rereads_it_serving_only_those_named(
     assert chosen.controls_explicitly() and not chosen.polls_repository()
     with pytest.raises(ValueError, match="SERVING_MODEL_REPOSITORY: nothing to serve"):
         settings.selecting({})
+
+
+@pytest.mark.unit
+def test_repository_a_version_excluded_leaves_the_one_before_it_serving(tmp_path: Path) -> None:
+    version(tmp_path, "churn", "1")
+    version(tmp_path, "churn", "2")
+
+    result = scan(tmp_path, excluded={("churn", "2"): "a worker could not load it: EOF"})
+
+    assert [(s.name, s.version) for s in result.specs] == [("churn", "1")]
+    assert result.refused == (Refusal("churn", "2", "a worker could not load it: EOF"),)

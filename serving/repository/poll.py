@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-__all__ = ["Fingerprint", "Poller", "fingerprint"]
+__all__ = ["Fingerprint", "Poller", "fingerprint", "folder_state"]
 
 #: Most files looked at in one version folder (an MLflow folder holds a few).
 MAX_FILES: Final = 1000
@@ -56,14 +56,14 @@ def fingerprint(root: Path) -> Fingerprint:
                     info = entry.stat()
                     config = (info.st_size, info.st_mtime_ns)
                 elif not entry.name.startswith(".") and entry.is_dir():
-                    versions[entry.name] = _files(Path(entry.path))
+                    versions[entry.name] = folder_state(Path(entry.path))
         except OSError:  # gone between the listing and the look: as if gone
             continue
         state[model.name] = (config, versions)
     return state
 
 
-def _files(folder: Path) -> tuple[tuple[str, int, int], ...]:
+def folder_state(folder: Path) -> tuple[tuple[str, int, int], ...]:
     """Each file and folder under ``folder`` (itself too): its path, and a number of its
     size, mtime, mode and owner (a permission fixed changes what the scan refuses)."""
     found = []

@@ -72,12 +72,15 @@ def scan(
     max_models: int = 8,
     allow_world_writable: bool = False,
     loaded: Mapping[str, Mapping[str, Any] | None] | None = None,
+    excluded: Mapping[tuple[str, str], str] | None = None,
 ) -> Scan:
     """Read ``root`` (``SERVING_MODEL_REPOSITORY``). At most ``max_models`` versions in
     all are served (``SERVING_MAX_MODELS``): those past it, in order, are refused.
     ``loaded`` (explicit model control) names the models to serve, each with the
     ``config.json`` fields to serve it with instead of its file's (None: the file's); the
-    others are refused as ``UNLOADED``. None serves every model.
+    others are refused as ``UNLOADED``. None serves every model. ``excluded`` names
+    versions ``(model, version)`` refused for a reason found elsewhere (a worker could not
+    load it): the policy picks among the others.
 
     :raises OSError: when ``root`` itself cannot be listed.
     """
@@ -91,7 +94,7 @@ def scan(
             refused.append(Refusal(folder.name, "", UNLOADED))
             continue
         override = loaded.get(folder.name) if loaded is not None else None
-        found, problems = _model(folder, real_root, allow_world_writable, override)
+        found, problems = _model(folder, real_root, allow_world_writable, override, excluded or {})
         refused.extend(problems)
         for spec in found:
             if len(specs) < max_models:
@@ -108,6 +111,7 @@ def read(
     max_models: int,
     allow_world_writable: bool,
     loaded: Mapping[str, Mapping[str, Any] | None] | None,
+    excluded: Mapping[tuple[str, str], str] | None = None,
 ) -> Scan:
     """``scan`` as the settings read ``SERVING_MODEL_REPOSITORY``: any failure, or nothing
     to serve, is one ``ValueError`` naming the variable (out of the settings, it would stop
@@ -117,8 +121,9 @@ def read(
     """
     try:
         found = scan(
-            root, max_models=max_models, allow_world_writable=allow_world_writable, loaded=loaded
-        )
+            root, max_models=max_models, allow_world_writable=allow_world_writable,
+            loaded=loaded, excluded=excluded,
+        )  # fmt: skip
     except OSError as exc:
         raise ValueError(
             f"SERVING_MODEL_REPOSITORY: cannot list {root}: {exc.strerror or exc}"
@@ -145,6 +150,7 @@ def _model(
     real_root: Path,
     allow_world_writable: bool,
     override: Mapping[str, Any] | None = None,
+    excluded: Mapping[tuple[str, str], str] | None = None,
 ) -> tuple[list[ModelSpec], list[Refusal]]:
     name = folder.name
     if not re.fullmatch(NAME_PATTERN, name) or only_dots(name):
@@ -157,6 +163,9 @@ def _model(
     except ValueError as exc:
         return [], [Refusal(name, "", _cut(str(exc)))]
     servable, refused = _versions(folder, real_root, config, allow_world_writable)
+    for number in [n for n in servable if (name, str(n)) in (excluded or {})]:
+        del servable[number]
+        refused.append(Refusal(name, str(number), (excluded or {})[name, str(number)]))
     policy = config.version_policy
     chosen = policy.select(list(servable))
     seen = {r.version for r in refused}

@@ -78,6 +78,8 @@ class Fleet:
     generations: dict[int, int] = field(default_factory=dict)
     #: The last reload the master refused, ``(its pid, why)``, until the next reload.
     refused: tuple[int, str] | None = None
+    #: The model version each failed worker could not load, ``(name, version)``.
+    failed_models: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def ready_count(self) -> int:
@@ -170,13 +172,23 @@ class Board:
         return cls(Path(tempfile.mkdtemp(prefix="serving-workers-")))
 
     def write(
-        self, pid: int, state: WorkerState, error: str | None = None, stage: str | None = None
+        self,
+        pid: int,
+        state: WorkerState,
+        error: str | None = None,
+        stage: str | None = None,
+        *,
+        model: tuple[str, str] | None = None,
     ) -> None:
         """Publish ``pid``'s state atomically (write, then rename over the old file), with
-        its load error or, while it loads, the stage it is at."""
+        its load error and the model version ``(name, version)`` it failed on or, while it
+        loads, the stage it is at."""
         generation = self.generation if self.generation is not None else self._generation(pid)
         temporary = self.path / f".{pid}.tmp"
-        entry = {"state": state, "error": error, "stage": stage, "generation": generation}
+        entry = {
+            "state": state, "error": error, "stage": stage, "generation": generation,
+            "model": list(model) if model is not None else None,
+        }  # fmt: skip
         temporary.write_text(json.dumps(entry))
         os.replace(temporary, self.path / str(pid))
 
@@ -209,6 +221,7 @@ class Board:
         errors: dict[int, str] = {}
         stages: dict[int, str] = {}
         generations: dict[int, int] = {}
+        failed: dict[int, tuple[str, str]] = {}
         try:
             entries = list(self.path.iterdir())
         except OSError:
@@ -227,7 +240,9 @@ class Board:
                 stages[int(entry.name)] = data["stage"]
             if isinstance(data.get("generation"), int):
                 generations[int(entry.name)] = data["generation"]
-        return Fleet(states, errors, stages, generations, self._refused())
+            if isinstance(model := data.get("model"), list) and len(model) == 2:
+                failed[int(entry.name)] = (str(model[0]), str(model[1]))
+        return Fleet(states, errors, stages, generations, self._refused(), failed)
 
     def _refused(self) -> tuple[int, str] | None:
         """The master's note of the last reload it refused: ``(pid, error)``, or None."""

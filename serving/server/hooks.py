@@ -79,6 +79,8 @@ _boot: Boot | None = None
 # The settings this master runs with, once read (a reload that finds them invalid keeps
 # these).
 _settings: Settings | None = None
+# The master's record of repository versions its workers could not load (poll, none).
+_quarantine: repository.Quarantine | None = None
 # Reloads (SIGHUP) the master has done; a worker's copy, taken at its fork, is its
 # generation (on the board: /healthz shows a fleet serving two at once).
 _generation = 0
@@ -106,19 +108,32 @@ def checked_settings() -> Settings:
 
     :raises SettingsError: naming the variable.
     """
-    settings = load_settings()
-    if settings.controls_explicitly() and _boot is not None:
-        wanted = control.wanted(_boot.board)  # what the load and unload calls left
-        if wanted is not None:
-            try:
-                settings = settings.selecting(wanted.models)
-            except ValueError as exc:
-                raise SettingsError("SERVING_MODEL_CONTROL", str(exc)) from None
+    settings = _selected(load_settings())
     load_api_keys(settings)  # an unreadable keys file stops start-up here, not per worker
     check_sink(settings)  # so does a payload log file that cannot be written
     if tracing.enabled() and (problem := tracing_guards.environment_problem()):
         raise SettingsError(*problem)  # the SDK's OTEL_* (it crashed each worker)
     return settings
+
+
+def _selected(settings: Settings) -> Settings:
+    """``settings`` serving, of a model repository, what the load and unload calls left
+    (explicit control) and none of the versions its workers could not load (the
+    quarantine): both known to the master after its first fork only.
+
+    :raises SettingsError: when that leaves nothing to serve.
+    """
+    if settings.model_repository is None or _boot is None:
+        return settings
+    wanted = control.wanted(_boot.board) if settings.controls_explicitly() else None
+    excluded = _quarantine.excluded() if _quarantine is not None else {}
+    if wanted is None and not excluded:
+        return settings
+    try:
+        return settings.selecting(wanted.models if wanted else None, excluded)
+    except ValueError as exc:
+        problem = str(exc).removeprefix("SERVING_MODEL_REPOSITORY: ")
+        raise SettingsError("SERVING_MODEL_REPOSITORY", problem) from None
 
 
 def settings_or_exit() -> Settings:
@@ -263,9 +278,13 @@ def when_ready(server: Any, settings: Settings) -> None:
     (``serving.server.sharing``), saying which and why in one line. A load past
     ``SERVING_LOAD_TIMEOUT_S`` stops the start (exit status 3) with a line naming the
     model."""
+    global _quarantine
     _log_to_gunicorn(server)  # the loader's own lines (read and checked, loaded as)
     repository.say_refused(server.log.warning, settings)
-    repository.follow(server.log, settings)
+    _quarantine = repository.follow(
+        server.log, settings, _boot.board if _boot is not None else None,
+        lambda: _generation, running_settings,
+    )  # fmt: skip
     if settings.controls_explicitly() and _boot is not None:
         control.begin(_boot.board, sorted({spec.name for spec in settings.entries() or ()}))
     if sharing.load_in_master(settings, server.log.info, server.log.error) == "timed_out":

@@ -1,17 +1,30 @@
 """What the master does with a model repository (``SERVING_MODEL_REPOSITORY``): say once
-what it cannot serve, and follow it (``SERVING_MODEL_CONTROL=poll``)."""
+what it cannot serve, follow it (``SERVING_MODEL_CONTROL=poll``), and leave out a version
+that a reload brought and its workers could not load (``Quarantine``, under ``poll`` and
+``none``)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from serving.repository.poll import Poller
+from serving.repository.poll import Poller, folder_state
+from serving.server.board import GOING, Board
 from serving.settings import Settings
 
-__all__ = ["follow", "say_refused"]
+__all__ = ["LOOK_S", "Quarantine", "follow", "say_refused", "served_keys"]
+
+#: Longest load error kept in a left-out version's reason.
+_REASON_CHARS = 300
+#: Seconds between two looks at the board for workers that could not load.
+LOOK_S = 1.0
+
+Key = tuple[str, str]
 
 
 def say_refused(warn: Callable[..., None], settings: Settings) -> None:
@@ -22,24 +35,132 @@ def say_refused(warn: Callable[..., None], settings: Settings) -> None:
         warn("model repository: %s not served: %s", where, refusal.reason)
 
 
-def follow(log: Any, settings: Settings) -> Poller | None:
+class Quarantine:
+    """Master: the repository versions a reload brought that a worker of that reload could
+    not load (a truncated file, a class that raises), left out of every reload after it
+    until their files change; then they are tried again.
+
+    Only versions new since the last generation that was all ready count: a version that
+    served before and fails now (the machine short of memory) is never left out, so a
+    glitch unloads nothing; the old workers serve on, as before. Each finding asks the
+    master for a reload (``on_found``), whose settings leave the version out
+    (``excluded``): the policy picks among the others, so the version it would replace
+    serves on, and the rest of the change goes through.
+
+    Usage::
+
+        quarantine = Quarantine(Path("models"), board, on_found=ask_reload, say=log.warning)
+        quarantine.look(generation=3, served={("churn", "2"), ("cancer", "1")})  # each second
+        settings.selecting(None, quarantine.excluded())                        # at a reload
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        board: Board,
+        on_found: Callable[[], None],
+        say: Callable[[str], None],
+        served: set[Key],
+    ) -> None:
+        self.root, self.board, self._on_found, self._say = root, board, on_found, say
+        self._lock = threading.Lock()
+        self._failed: dict[Key, tuple[object, str]] = {}
+        #: What the last generation that was all ready served (at start: what it serves).
+        self._proven = set(served)
+
+    def look(self, generation: int, served: set[Key]) -> bool:
+        """One look at the board; True when it found a version to leave out."""
+        fleet = self.board.read()
+        staying = [pid for pid, state in fleet.states.items() if state not in GOING]
+        if staying and all(
+            fleet.states[p] == "ready" and fleet.generations.get(p) == generation for p in staying
+        ):
+            self._proven = set(served)
+        found = []
+        for pid, key in fleet.failed_models.items():
+            if fleet.states.get(pid) != "failed" or fleet.generations.get(pid) != generation:
+                continue
+            if key not in served or key in self._proven:
+                continue
+            reason = f"a worker could not load it: {fleet.errors.get(pid, '')}"
+            reason = reason if len(reason) <= _REASON_CHARS else reason[:297] + "..."
+            with self._lock:
+                if key in self._failed:
+                    continue
+                self._failed[key] = (folder_state(self.root / key[0] / key[1]), reason)
+            found.append(key)
+            self._say(
+                f"model repository: {key[0]}/{key[1]} left out until its files change: {reason}"
+            )
+        if found:
+            self._on_found()
+        return bool(found)
+
+    def excluded(self) -> dict[Key, str]:
+        """The versions left out, and why; one whose files changed since is tried again."""
+        with self._lock:
+            for key, (state, _) in list(self._failed.items()):
+                if folder_state(self.root / key[0] / key[1]) != state:
+                    del self._failed[key]
+            return {key: reason for key, (_, reason) in self._failed.items()}
+
+    def start(self, generation: Callable[[], int], served: Callable[[], set[Key]]) -> None:
+        """A daemon thread looking every ``LOOK_S`` seconds (it lists a few small files)."""
+
+        def run() -> None:
+            while True:
+                time.sleep(LOOK_S)
+                try:
+                    self.look(generation(), served())
+                except Exception as exc:  # a thread that dies would stop leaving out silently
+                    self._say(f"model repository: a look at the workers failed: {exc!r}")
+
+        threading.Thread(target=run, name="serving-repository-quarantine", daemon=True).start()
+
+
+def served_keys(settings: Settings | None) -> set[Key]:
+    """The ``(model, version)`` of every repository version ``settings`` serve."""
+    if settings is None or settings.model_repository is None:
+        return set()
+    return {(spec.name, spec.version) for spec in settings.entries() or ()}
+
+
+def follow(
+    log: Any,
+    settings: Settings,
+    board: Board | None,
+    generation: Callable[[], int],
+    current: Callable[[], Settings | None],
+) -> Quarantine | None:
     """Master, once, before the first fork: under ``poll``, a thread that looks at the
     repository and, when it has changed and stood still, sends the master ``SIGHUP``: the
     reload every change goes through (settings read again, the repository with them, the
-    workers rolled over one by one). A thread that holds no lock a forked worker needs
-    (it lists and stats files, and logs)."""
-    if not settings.polls_repository() or settings.model_repository is None:
+    workers rolled over one by one). Under ``poll`` and ``none``, the ``Quarantine`` and
+    its thread (returned). Threads that hold no lock a forked worker needs (they list
+    and stat files, and log)."""
+    if settings.model_repository is None or settings.controls_explicitly():
         return None
     master = os.getpid()
 
     def reload() -> None:
-        log.info("model repository: changed; reloading")
         os.kill(master, signal.SIGHUP)
 
-    poller = Poller(settings.model_repository, settings.repository_poll_s, reload, log.warning)
-    poller.start()
-    log.info(
-        "model repository: looking at %s every %g s", settings.model_repository,
-        settings.repository_poll_s,
-    )  # fmt: skip
-    return poller
+    quarantine = None
+    if board is not None:
+        quarantine = Quarantine(
+            settings.model_repository, board, reload, log.warning, served_keys(settings)
+        )
+        quarantine.start(generation, lambda: served_keys(current()))
+    if settings.polls_repository():
+
+        def changed() -> None:
+            log.info("model repository: changed; reloading")
+            reload()
+
+        poller = Poller(settings.model_repository, settings.repository_poll_s, changed, log.warning)
+        poller.start()
+        log.info(
+            "model repository: looking at %s every %g s", settings.model_repository,
+            settings.repository_poll_s,
+        )  # fmt: skip
+    return quarantine

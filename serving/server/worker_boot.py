@@ -195,6 +195,7 @@ def load_before_accepting(
         cache, error = _load_once(worker, settings, slot, board, last_error)
         if error is None:
             return cache, None
+        failed_on = _failed_model(cache)
         last_error = str(error)
         if cache is not None and board is not None and board.read().ready_count == 0:
             server.log.error(
@@ -214,7 +215,7 @@ def load_before_accepting(
             delay_s,
         )
         if board is not None:
-            board.write(pid, "failed", str(error))
+            board.write(pid, "failed", str(error), model=failed_on)
         _wait_alive(worker, delay_s)
         delay_s = min(delay_s * 2, RETRY_MAX_S)
 
@@ -306,11 +307,18 @@ def _load_once(
         done.wait(0.5)
     if not failures:
         return cache, None
-    for runtime in cache.runtimes:
-        if runtime.error is not None or runtime.state == "loading":
-            metrics.model_load_failed(runtime.model_name, runtime.model_version)
-            break
+    if (failed := _failed_model(cache)) is not None:
+        metrics.model_load_failed(*failed)
     return cache, failures[0]
+
+
+def _failed_model(cache: Any) -> tuple[str, str] | None:
+    """The ``(name, version)`` of the first model of ``cache`` whose load failed (or did
+    not end: its warm-up timed out), or None (no cache: the settings' paths vanished)."""
+    for runtime in cache.runtimes if cache is not None else ():
+        if runtime.error is not None or runtime.state == "loading":
+            return runtime.model_name, runtime.model_version
+    return None
 
 
 def _wait_alive(worker: Any, delay_s: float) -> None:

@@ -246,31 +246,55 @@ def test_repository_poll_serves_a_published_version_and_rides_out_an_emptied_rep
 
 
 @pytest.mark.usefixtures("cpu_hog")
-def test_repository_poll_a_truncated_version_keeps_the_one_before_serving_until_removed(
+def test_repository_poll_a_version_that_cannot_load_is_left_out_and_the_rest_goes_through(
     tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
 ) -> None:
-    X, _ = breast_cancer
+    """Issue 32 item 3: churn/2 (cut short) and cancer/2 published together; the workers of
+    that reload cannot load churn/2, so it is left out (the index says why), cancer/2 is
+    served and churn/1 serves on, every request answered; once churn/2's files change
+    it is tried again, and served."""
+    X, y = breast_cancer
     root = one_version(tmp_path / "models")
+    (root / "cancer" / "1").mkdir(parents=True)
+    shutil.copy(DEMO_MODEL_PATH, root / "cancer" / "1" / "m.joblib")
+    other = make_pipeline(StandardScaler(), LogisticRegression(C=0.002)).fit(X, y)
     server = GunicornServer(tmp_path, model_repository=root, repository_poll_s=0.3)
     server.start()
     try:
         server.wait_ready()
-        staging = root / "churn" / ".2"
-        staging.mkdir()
-        (staging / "m.joblib").write_bytes(DEMO_MODEL_PATH.read_bytes()[:300])  # cut short
-        staging.rename(root / "churn" / "2")
+        for model, body in (("churn", DEMO_MODEL_PATH.read_bytes()[:300]), ("cancer", None)):
+            staging = root / model / ".2"
+            staging.mkdir()
+            if body is None:
+                joblib.dump(other, staging / "m.joblib")
+            else:
+                (staging / "m.joblib").write_bytes(body)  # cut short
+            staging.rename(root / model / "2")
 
-        def failed() -> bool:
-            workers = requests.get(f"{server.url}/healthz", timeout=5).json().get("workers", {})
-            return workers.get("rollout") == "failed"
+        def version_of(model: str) -> str:
+            answer = requests.post(
+                f"{server.url}/predict/{model}", json={"instances": X[:3].tolist()}, timeout=30
+            )
+            assert answer.status_code == 200, answer.text
+            return str(answer.json()["model_version"])
 
-        until(failed)
-        during = [churn_version(server, X[:3]) for _ in range(20)]
-        shutil.rmtree(root / "churn" / "2")
-        until(lambda: not failed())
-        after = churn_version(server, X[:3])
+        during = [version_of("churn")]
+        until(lambda: during.append(version_of("churn")) or version_of("cancer") == "2", 120)
+        index = {
+            (e["name"], e["version"]): (e["state"], e["reason"])
+            for e in requests.post(f"{server.url}/v2/repository/index", timeout=30).json()
+        }
+        health = requests.get(f"{server.url}/healthz", timeout=30)
+        joblib.dump(other, root / "churn" / "2" / "m.joblib")  # fixed: tried again
+        until(lambda: version_of("churn") == "2", 120)
+        log = server.output()
     finally:
         server.kill()
 
-    assert during == ["1"] * 20  # the version before it served on, every request answered
-    assert after == "1"
+    assert set(during) == {"1"}  # the version before it served on, every request answered
+    assert index["churn", "1"] == index["cancer", "2"] == ("READY", "")
+    assert index["churn", "2"][0] == "UNAVAILABLE"
+    assert index["churn", "2"][1].startswith("a worker could not load it: cannot load model")
+    assert "churn/2/m.joblib" in index["churn", "2"][1]
+    assert health.status_code == 200 and "rollout" not in health.json()["workers"]
+    assert "model repository: churn/2 left out until its files change" in log
