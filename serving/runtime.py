@@ -76,6 +76,8 @@ class ModelRuntime:
         self.stage: Stage | None = None
         #: Called with each stage a load enters (``model 'churn': warming up``).
         self.on_stage: Callable[[str], None] | None = None
+        #: When it became ready to serve (``time.time()``), or None.
+        self.loaded_at: float | None = None
         self._stopping = False
 
     @property
@@ -152,7 +154,8 @@ class ModelRuntime:
             self.handle = handle
             self.batcher = batcher.start()
             self.stage = None
-            self.metrics.model_loaded(handle)
+            self.loaded_at = time.time()
+            self.metrics.model_loaded(handle, time.perf_counter() - started)
         except BaseException as exc:
             self.error = exc
             raise

@@ -251,6 +251,8 @@ def test_healthz_is_503_until_the_model_is_ready_then_200(settings: Settings) ->
     }
     info = {"model": "s", "version": "1", "format": "callable", "execution_provider": "cpu"}
     assert metrics.registry.get_sample_value("serving_model_info", {**info, "device": "cpu"}) == 1
+    loads = {"model": "s", "version": "1"}
+    assert metrics.registry.get_sample_value("serving_model_load_seconds_count", loads) == 1
 
     runtime.stop(timeout_s=10)
     assert client.get("/healthz").get_json()["status"] == "stopping"

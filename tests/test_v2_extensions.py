@@ -4,6 +4,8 @@ tests/e2e/test_v2_extensions.py."""
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 from flask.testing import FlaskClient
@@ -88,6 +90,9 @@ def test_v2_repository_index_lists_models_with_their_state(client: FlaskClient) 
     assert blank.status_code == 400  # whitespace is no JSON (found by schemathesis)
     index = V2RepositoryIndex.model_validate(every.get_json()).root
     assert [(m.name, m.version, m.state, m.reason) for m in index] == [("echo", "7", "READY", "")]
+    assert index[0].path is None  # a model handed over in memory: no file
+    loaded = datetime.strptime(index[0].loaded_at or "", "%Y-%m-%dT%H:%M:%SZ")
+    assert abs(loaded.replace(tzinfo=UTC).timestamp() - time.time()) < 300
     assert ready.get_json() == every.get_json()
     assert bad.status_code == 400 and bad.get_json()["code"] == "invalid_input"
 

@@ -72,6 +72,7 @@ DURATION_BUCKETS_S = (
 MODEL_LABELS = ("model", "version")
 #: Powers of two up to the largest max_batch_size worth running (see docs/batching.md).
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+LOAD_BUCKETS_S = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 #: The HTTP methods counted under their own name (any other is ``other``).
 _METHODS = frozenset(method.value for method in HTTPMethod)
 
@@ -136,6 +137,14 @@ class ServingMetrics:
             "Failed model loads of workers started after the first boot (each is retried "
             "with backoff while the other workers serve).",
             MODEL_LABELS,
+            registry=registry,
+        )
+        self.load_duration = Histogram(
+            "serving_model_load_seconds",
+            "Seconds a worker took to load (or take from the master) and warm up a model "
+            "version, one per load: its _count is the loads.",
+            MODEL_LABELS,
+            buckets=LOAD_BUCKETS_S,
             registry=registry,
         )
         self.model_info = Gauge(
@@ -363,12 +372,13 @@ class ServingMetrics:
         return list(registry.collect())
 
     @never_raises
-    def model_loaded(self, handle: ModelHandle) -> None:
-        """Set ``serving_model_info`` for a model this worker now serves; ``device`` is
-        ``cuda:N`` on a GPU, else ``cpu``."""
+    def model_loaded(self, handle: ModelHandle, seconds: float) -> None:
+        """Set ``serving_model_info`` for a model this worker now serves (``device``:
+        ``cuda:N`` on a GPU, else ``cpu``) and count its load of ``seconds``."""
         device = f"cuda:{handle.device_id}" if handle.device_id is not None else "cpu"
         labels = (handle.name, handle.version, handle.format, handle.execution_provider, device)
         self.model_info.labels(*labels).set(1)
+        self.load_duration.labels(handle.name, handle.version).observe(seconds)
 
     def render(self) -> bytes:
         """The text exposition of all workers (multiprocess mode) or of ``registry``."""

@@ -20,6 +20,7 @@ file for that load, as Triton's config override does. Source: Triton's
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
@@ -104,6 +105,12 @@ class V2RepositoryModel(BaseModel):
     version: str
     state: str = Field(description="READY, LOADING, UNAVAILABLE or UNLOADING.")
     reason: str = Field(description="Why it is not ready, when it is not.")
+    path: str | None = Field(
+        None, description="The file (or folder) the version is served from, when served."
+    )
+    loaded_at: str | None = Field(
+        None, description="When the worker answering loaded it, RFC 3339 UTC; once ready."
+    )
 
 
 class V2RepositoryIndex(RootModel[list[V2RepositoryModel]]):
@@ -161,8 +168,9 @@ def _tensor(spec: TensorSpec) -> dict[str, Any]:
 def repository_index(
     models: ModelCache, ready_only: bool, refused: Sequence[Refusal] = ()
 ) -> list[dict[str, Any]]:
-    """Every model version served, in configuration order, with its state and the reason
-    it is not ready (``""`` when it is); then, unless ``ready_only``, each repository
+    """Every model version served, in configuration order, with its state, the reason
+    it is not ready (``""`` when it is), the path it is served from and when this worker
+    loaded it; then, unless ``ready_only``, each repository
     entry ``refused`` (``Settings.refused_models()``; version ``""`` for a whole model)."""
     index = []
     for runtime in models.runtimes:
@@ -170,14 +178,18 @@ def repository_index(
         if ready_only and state != "ready":
             continue
         reason = runtime.problem() or (str(runtime.error) if runtime.error is not None else "")
-        index.append(
-            {
-                "name": runtime.model_name,
-                "version": runtime.model_version,
-                "state": _STATES[state],
-                "reason": reason,
-            }
-        )
+        entry = {
+            "name": runtime.model_name,
+            "version": runtime.model_version,
+            "state": _STATES[state],
+            "reason": reason,
+        }
+        if runtime.settings.path is not None:
+            entry["path"] = str(runtime.settings.path)
+        if runtime.loaded_at is not None:
+            when = datetime.fromtimestamp(runtime.loaded_at, UTC)
+            entry["loaded_at"] = when.isoformat(timespec="seconds").replace("+00:00", "Z")
+        index.append(entry)
     if not ready_only:
         index.extend(
             {"name": r.model, "version": r.version, "state": "UNAVAILABLE", "reason": r.reason}
