@@ -175,7 +175,8 @@ def _install_request_hooks(
 ) -> None:
     """Per request Flask answers (the cold routes; the dispatcher answers the prediction
     routes with the same ``RequestHooks``): before it, the request's ``Call``
-    (``RequestHooks.start``; ``g.call``), its trace and the API key check; after it, the
+    (``RequestHooks.start``; ``g.call``, with the model its URL names for the access log),
+    its trace and the API key check; after it, the
     X-Request-ID header, then the request metrics and the access log line
     (``RequestHooks.finish``)."""
 
@@ -185,7 +186,10 @@ def _install_request_hooks(
         state, req = _current(g), _current(request)
         url_rule = req.url_rule
         rule = template(url_rule.rule) if url_rule is not None else "<unmatched>"
-        state.call = hooks.start(req.environ, req.blueprint or "", rule, predicts=False)
+        state.call = call = hooks.start(req.environ, req.blueprint or "", rule, predicts=False)
+        named = req.view_args or {}  # the model the URL names, else none (not the default)
+        call.timing.model = named.get("model_name", "")
+        call.timing.version = named.get("model_version")
         state.trace = tracing.start_request(req.environ, req.method[:16], rule) if (
             rule not in untraced and tracing.active()
         ) else None  # fmt: skip

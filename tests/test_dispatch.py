@@ -271,6 +271,27 @@ def test_the_access_log_names_the_model_asked_for_not_the_default_on_a_404(
     ]
 
 
+def test_the_access_log_names_a_cold_routes_model_from_its_url_and_none_for_the_rest(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the attack: a load, an unload, the index and a model's metadata were
+    logged as the default model's requests."""
+    lines: list[dict[str, Any]] = []
+    monkeypatch.setattr("serving.protocols.hooks.access_log.record", lines.append)
+
+    assert client.post("/v2/repository/models/churn/unload").status_code == 409
+    assert client.get("/v2/models/echo/versions/7").status_code == 200
+    assert client.post("/v2/repository/index").status_code == 200
+    assert client.get("/healthz").status_code == 200
+
+    assert [(line["model"], line["model_version"]) for line in lines] == [
+        ("churn", None),
+        ("echo", "7"),
+        (None, None),
+        (None, None),
+    ]
+
+
 def test_a_path_outside_wsgis_latin_1_is_answered_not_raised(app: Flask) -> None:
     """A WSGI server puts latin-1 in PATH_INFO; another caller's wider characters are
     replaced, as in werkzeug's decoding, and answered (a 404 here), not raised."""

@@ -77,7 +77,7 @@ class RequestHooks:
         self._metrics.observe_request(method, call.route, status, duration_s)
         if self._access_log:
             model, version = timing.model, timing.version  # asked for, or answered by
-            if model is None:  # none named: the default model's request
+            if model is None:  # a prediction naming none: the default model's request
                 served = self._plane.models
                 model, version = served.model_name, served.model_version
             fields = {
@@ -86,8 +86,8 @@ class RequestHooks:
                 "route": call.route,
                 "status": status,
                 "latency_ms": round(duration_s * 1000, 3),
-                "model": model,
-                "model_version": version,
+                "model": model or None,  # "": a route about no model (a probe, the index)
+                "model_version": version if model else None,
             }
             if trace is not None and trace[2]:
                 fields["trace_id"] = trace[2]
