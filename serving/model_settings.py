@@ -409,7 +409,7 @@ class ModelFields(BaseSettings):
 
     def _scan(
         self,
-        loaded: Mapping[str, Mapping[str, Any] | None] | None,
+        loaded: Mapping[str, Any] | None,
         excluded: Mapping[tuple[str, str], str] | None = None,
     ) -> Any:
         """``serving.repository.read`` of ``model_repository`` with these settings."""
@@ -424,12 +424,12 @@ class ModelFields(BaseSettings):
 
     def selecting(
         self,
-        loaded: Mapping[str, Mapping[str, Any] | None] | None,
+        loaded: Mapping[str, Any] | None,
         excluded: Mapping[tuple[str, str], str] | None = None,
     ) -> Self:
         """These settings serving only the repository models ``loaded`` names (None:
-        all), each with its ``config.json`` fields or those given (explicit model control:
-        what the load and unload calls left), and none of the versions ``excluded``
+        all; each a ``serving.repository.Loaded``: explicit model control's load config
+        and versions, what the load and unload calls left), and none of the versions ``excluded``
         (``(model, version)`` -> why: a worker could not load it). Reads the repository
         again.
 

@@ -4,13 +4,17 @@ pids)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from serving.model_settings import ModelSpec
+from serving.repository import Loaded
 from serving.server import control
 from serving.server.board import Board
+from serving.settings import DEMO_MODEL_PATH
 from tests.conftest import sleeping_processes
 
 
@@ -21,13 +25,18 @@ def workers() -> Iterator[list[int]]:
 
 def board_of(tmp_path: Path) -> Board:
     board = Board(tmp_path)
-    control.begin(board, ["cancer", "churn"])
+    control.begin(board, [spec("cancer", "2"), spec("cancer", "1"), spec("churn", "1")])
     return board
 
 
+def spec(name: str, version: str) -> ModelSpec:
+    return ModelSpec(name=name, version=version, path=DEMO_MODEL_PATH)
+
+
 def test_control_outcome_waits_until_every_worker_staying_is_of_the_new_generation(
-    tmp_path: Path, workers: list[int]
+    tmp_path: Path, workers: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(control, "OLD_WAIT_S", 0.3)
     old, new, newer = workers
     board = board_of(tmp_path)
     board.generation = 0
@@ -53,36 +62,64 @@ def test_control_outcome_waits_until_every_worker_staying_is_of_the_new_generati
     board.generation = None
     board.write(new, "stopping")
 
-    assert control.outcome(board, 1, deadline_s=1) is None
-    assert control.outcome(board, 0, deadline_s=1) is None  # a later reload applied it too
+    started = time.monotonic()
+    assert control.outcome(board, 1, deadline_s=5) is None  # the old ones left to go
+    assert time.monotonic() - started >= 0.3  # waited for them, a while
+    assert control.outcome(board, 0, deadline_s=5) is None  # a later reload applied it too
+
+
+def test_control_outcome_does_not_wait_for_an_old_worker_waiting_on_a_call(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    """Found by the attack's concurrent calls, by reading: two old workers each waiting
+    on a call would each wait for the other to exit."""
+    old, new, _ = workers
+    board = board_of(tmp_path)
+    board.generation = 0
+    board.write(old, "ready")
+    board.generation = 1
+    board.write(new, "ready")
+    board.generation = None
+    board.write(old, "stopping")
+    control.note_applied(board, 1, 1, None)
+    (tmp_path / f"waiting.{old}").touch()  # as control.outcome marks the worker waiting
+
+    started = time.monotonic()
+    assert control.outcome(board, 1, deadline_s=5) is None
+    assert time.monotonic() - started < control.OLD_WAIT_S
 
 
 def test_control_outcome_answers_a_new_workers_load_error_or_a_refused_reload(
-    tmp_path: Path, workers: list[int]
+    tmp_path: Path, workers: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     old, new, _ = workers
     board = board_of(tmp_path)
     board.generation = 0
     board.write(old, "ready")
     board.generation = 1
-    board.write(new, "failed", error="cannot load model broken/1/m.joblib: EOF")
+    error = "cannot load model broken/1/m.joblib: EOF"
+    board.write(new, "failed", error, model=("broken", "1"))
     control.note_applied(board, 3, 1, None)
 
-    assert control.outcome(board, 3, deadline_s=1) == (
-        f"worker {new}: cannot load model broken/1/m.joblib: EOF"
-    )
+    assert control.outcome(board, 3, 1, "broken") == f"worker {new}: {error}"
+    with pytest.raises(TimeoutError):  # another call's failure: its own to undo
+        control.outcome(board, 3, deadline_s=0.3, name="churn")
+    monkeypatch.setattr(control, "OTHER_WAIT_S", 0.2)  # nobody undid it: ours too
+    assert control.outcome(board, 3, 5, "churn") == f"worker {new}: {error}"
     control.note_applied(board, 4, 2, "invalid setting SERVING_MODEL_REPOSITORY: ...")
     assert control.outcome(board, 4, deadline_s=1) == (
         "invalid setting SERVING_MODEL_REPOSITORY: ..."
     )
 
 
-def test_control_begin_wants_the_models_served_at_start_and_counts_no_change(
+def test_control_begin_wants_the_versions_served_at_start_and_counts_no_change(
     tmp_path: Path,
 ) -> None:
     board = board_of(tmp_path)
 
-    assert control.wanted(board) == control.Wanted({"cancer": None, "churn": None}, 0)
+    assert control.wanted(board) == control.Wanted(
+        {"cancer": Loaded(None, ("2", "1")), "churn": Loaded(None, ("1",))}, 0
+    )
     assert control.changes(board) == 0
     assert control.wanted(Board(tmp_path / "elsewhere")) is None
 

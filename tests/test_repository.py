@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from serving.errors import SettingsError
-from serving.repository import Refusal, scan
+from serving.repository import Loaded, Refusal, scan
 from serving.repository.poll import Poller
 from serving.settings import DEMO_MODEL_PATH, Settings, load_settings
 
@@ -380,11 +380,48 @@ def test_repository_explicit_control_serves_the_models_loaded_with_their_config(
     version(tmp_path, "fraud", "1")
     config(tmp_path, "cancer", {"version_policy": {"all": {}}})
 
-    result = scan(tmp_path, loaded={"cancer": {"labels": {"stable": 2}}, "churn": None})
+    loaded = {"cancer": Loaded({"labels": {"stable": 2}}), "churn": Loaded()}
+    result = scan(tmp_path, loaded=loaded)
 
-    assert [(s.name, s.version) for s in result.specs] == [("cancer", "2"), ("churn", "1")]
-    assert result.specs[0].labels == {"stable": "2"}  # the load's config, not the file's
+    # the file's policy ("all") and the load's labels
+    assert [(s.name, s.version) for s in result.specs] == [
+        ("cancer", "2"), ("cancer", "1"), ("churn", "1")
+    ]  # fmt: skip
+    assert result.specs[0].labels == {"stable": "2"}
     assert result.refused == (Refusal("fraud", "", "unloaded"),)
+
+
+@pytest.mark.unit
+def test_repository_explicit_control_serves_the_versions_its_load_picked(
+    tmp_path: Path,
+) -> None:
+    """A version added after a model's load is not served until the next load names it
+    (a broken new version of one model cannot fail the calls about another)."""
+    version(tmp_path, "churn", "1")
+    version(tmp_path, "churn", "2")  # added since the load picked 1
+
+    result = scan(tmp_path, loaded={"churn": Loaded(None, ("1",))})
+
+    assert [(s.name, s.version) for s in result.specs] == [("churn", "1")]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("field", ["sha256", "class", "format"])
+def test_repository_a_loads_config_may_not_set_what_pins_the_files_or_names_code(
+    tmp_path: Path, field: str
+) -> None:
+    """Found by the attack: a load's parameters.config replaced config.json whole, so
+    ``{}`` dropped its SHA-256 pins and ``{"class": "this:s"}`` imported any module."""
+    value = {"sha256": {}, "class": "this:s", "format": "pickle"}[field]
+    digest = hashlib.sha256(version(tmp_path, "churn", "1").read_bytes()).hexdigest()
+    config(tmp_path, "churn", {"sha256": {"1": digest.replace(digest[0], "0")}})
+
+    refused = scan(tmp_path, loaded={"churn": Loaded({field: value})}).refused
+    pinned = scan(tmp_path, loaded={"churn": Loaded({"max_batch_size": 4})}).specs
+
+    assert [(r.model, r.version) for r in refused] == [("churn", "")]
+    assert refused[0].reason.startswith(f"parameters.config: {field}: set in the model's")
+    assert pinned[0].sha256 == digest.replace(digest[0], "0")  # the file's pin kept
 
 
 @pytest.mark.unit
@@ -393,11 +430,11 @@ def test_repository_explicit_control_refuses_a_bad_config_of_a_load_naming_the_f
 ) -> None:
     version(tmp_path, "churn", "1")
 
-    result = scan(tmp_path, loaded={"churn": {"version_policy": {"newest": {}}}})
+    result = scan(tmp_path, loaded={"churn": Loaded({"version_policy": {"newest": {}}})})
 
     assert result.specs == ()
     assert [(r.model, r.version) for r in result.refused] == [("churn", "")]
-    assert result.refused[0].reason.startswith("config: version_policy.newest:")
+    assert result.refused[0].reason.startswith("parameters.config: version_policy.newest:")
 
 
 @pytest.mark.unit
@@ -410,7 +447,7 @@ def test_repository_settings_selecting_rereads_it_serving_only_those_named(
     monkeypatch.setenv("SERVING_MODEL_CONTROL", "explicit")
     settings = load_settings()
 
-    chosen = settings.selecting({"churn": None})
+    chosen = settings.selecting({"churn": Loaded()})
 
     assert [s.name for s in settings.entries() or ()] == ["cancer", "churn"]
     assert [s.name for s in chosen.entries() or ()] == ["churn"]

@@ -4,15 +4,28 @@ serve: ``scan`` (see README.md)."""
 from __future__ import annotations
 
 from serving.repository.config import ModelConfig, VersionPolicy
-from serving.repository.scan import UNLOADED, Refusal, Scan, config_of, read, scan
+from serving.repository.scan import (
+    OVER_LIMIT,
+    PINNED_FIELDS,
+    UNLOADED,
+    Loaded,
+    Refusal,
+    Scan,
+    overridden,
+    read,
+    scan,
+)
 
 __all__ = [
+    "OVER_LIMIT",
+    "PINNED_FIELDS",
     "UNLOADED",
+    "Loaded",
     "ModelConfig",
     "Refusal",
     "Scan",
     "VersionPolicy",
-    "config_of",
+    "overridden",
     "read",
     "scan",
 ]

@@ -35,10 +35,37 @@ from serving.model.names import NAME_PATTERN, only_dots
 from serving.model_settings import ModelSpec
 from serving.repository.config import VERSION_DIGITS, ModelConfig
 
-__all__ = ["UNLOADED", "Refusal", "Scan", "config_of", "read", "scan"]
+__all__ = [
+    "OVER_LIMIT",
+    "PINNED_FIELDS",
+    "UNLOADED",
+    "Loaded",
+    "Refusal",
+    "Scan",
+    "config_of",
+    "overridden",
+    "read",
+    "scan",
+]
 
 #: The reason of a model that explicit control has not loaded (Triton's word for it).
 UNLOADED: Final = "unloaded"
+#: How the reason of a version past ``SERVING_MAX_MODELS`` begins.
+OVER_LIMIT: Final = "over SERVING_MAX_MODELS"
+#: ``config.json`` fields a load's ``parameters.config`` may not set: they name the code
+#: to run and pin the files (set by whoever may write the repository, not by a caller).
+PINNED_FIELDS: Final = ("class", "format", "sha256")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model explicit control serves: the ``config.json`` fields its load gave in place
+    of the file's (None: the file's alone), and its versions served (None: those its
+    policy picks now; a load picks them, and they stay until the next load)."""
+
+    config: Mapping[str, Any] | None = None
+    versions: tuple[str, ...] | None = None
+
 
 #: Longest reason kept (a pydantic message can quote a whole file's worth of input).
 _REASON_CHARS = 300
@@ -71,16 +98,15 @@ def scan(
     *,
     max_models: int = 8,
     allow_world_writable: bool = False,
-    loaded: Mapping[str, Mapping[str, Any] | None] | None = None,
+    loaded: Mapping[str, Loaded] | None = None,
     excluded: Mapping[tuple[str, str], str] | None = None,
 ) -> Scan:
     """Read ``root`` (``SERVING_MODEL_REPOSITORY``). At most ``max_models`` versions in
     all are served (``SERVING_MAX_MODELS``): those past it, in order, are refused.
-    ``loaded`` (explicit model control) names the models to serve, each with the
-    ``config.json`` fields to serve it with instead of its file's (None: the file's); the
-    others are refused as ``UNLOADED``. None serves every model. ``excluded`` names
-    versions ``(model, version)`` refused for a reason found elsewhere (a worker could not
-    load it): the policy picks among the others.
+    ``loaded`` (explicit model control) names the models to serve, each with its load's
+    config and versions (``Loaded``); the others are refused as ``UNLOADED``. None serves
+    every model. ``excluded`` names versions ``(model, version)`` refused for a reason
+    found elsewhere (a worker could not load it): the policy picks among the others.
 
     :raises OSError: when ``root`` itself cannot be listed.
     """
@@ -93,14 +119,14 @@ def scan(
         if loaded is not None and folder.name not in loaded:
             refused.append(Refusal(folder.name, "", UNLOADED))
             continue
-        override = loaded.get(folder.name) if loaded is not None else None
-        found, problems = _model(folder, real_root, allow_world_writable, override, excluded or {})
+        chosen = loaded[folder.name] if loaded is not None else Loaded()
+        found, problems = _model(folder, real_root, allow_world_writable, chosen, excluded or {})
         refused.extend(problems)
         for spec in found:
             if len(specs) < max_models:
                 specs.append(spec)
             else:
-                reason = f"over SERVING_MAX_MODELS={max_models} model versions"
+                reason = f"{OVER_LIMIT}={max_models} model versions"
                 refused.append(Refusal(spec.name, spec.version, reason))
     return Scan(tuple(specs), tuple(refused))
 
@@ -110,7 +136,7 @@ def read(
     *,
     max_models: int,
     allow_world_writable: bool,
-    loaded: Mapping[str, Mapping[str, Any] | None] | None,
+    loaded: Mapping[str, Loaded] | None,
     excluded: Mapping[tuple[str, str], str] | None = None,
 ) -> Scan:
     """``scan`` as the settings read ``SERVING_MODEL_REPOSITORY``: any failure, or nothing
@@ -149,8 +175,8 @@ def _model(
     folder: Path,
     real_root: Path,
     allow_world_writable: bool,
-    override: Mapping[str, Any] | None = None,
-    excluded: Mapping[tuple[str, str], str] | None = None,
+    chosen: Loaded,
+    excluded: Mapping[tuple[str, str], str],
 ) -> tuple[list[ModelSpec], list[Refusal]]:
     name = folder.name
     if not re.fullmatch(NAME_PATTERN, name) or only_dots(name):
@@ -159,28 +185,27 @@ def _model(
     if not _inside(folder, real_root):
         return [], [Refusal(name, "", "a link to outside the repository")]
     try:
-        config = _config(folder, real_root) if override is None else config_of(override)
+        config = _config(folder, real_root)
+        if chosen.config is not None:
+            config = overridden(config, chosen.config)
     except ValueError as exc:
         return [], [Refusal(name, "", _cut(str(exc)))]
     servable, refused = _versions(folder, real_root, config, allow_world_writable)
-    for number in [n for n in servable if (name, str(n)) in (excluded or {})]:
-        del servable[number]
-        refused.append(Refusal(name, str(number), (excluded or {})[name, str(number)]))
+    picked = _pick(name, servable, refused, config, chosen=chosen, excluded=excluded)
     policy = config.version_policy
-    chosen = policy.select(list(servable))
     seen = {r.version for r in refused}
     for number in policy.specific.versions if policy.specific is not None else ():
         if number not in servable and str(number) not in seen:
             refused.append(Refusal(name, str(number), "named by version_policy, not found"))
     labels = {}
     for label, number in config.labels.items():
-        if number in chosen:
+        if number in picked:
             labels[label] = str(number)
         else:
             reason = f"label {label!r} names version {number}, which is not served"
             refused.append(Refusal(name, "", reason))
     specs = []
-    for number in chosen:
+    for number in picked:
         fields = {"class": config.class_, **config.batching()}
         try:
             spec = ModelSpec(
@@ -194,6 +219,25 @@ def _model(
         specs.append(spec)
         labels = {}  # the model's labels on its first entry
     return specs, refused
+
+
+def _pick(
+    name: str,
+    servable: dict[int, Path],
+    refused: list[Refusal],
+    config: ModelConfig,
+    *,
+    chosen: Loaded,
+    excluded: Mapping[tuple[str, str], str],
+) -> list[int]:
+    """The versions to serve, newest first: of the servable ones (less those ``excluded``,
+    each refused), those its load picked, or else those the policy picks."""
+    for number in [n for n in servable if (name, str(n)) in excluded]:
+        del servable[number]
+        refused.append(Refusal(name, str(number), excluded[name, str(number)]))
+    if chosen.versions is not None:  # the versions its load picked, while servable
+        return sorted((n for n in servable if str(n) in chosen.versions), reverse=True)
+    return config.version_policy.select(list(servable))
 
 
 def _versions(
@@ -242,6 +286,24 @@ def _config(folder: Path, real_root: Path) -> ModelConfig:
     except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         raise ValueError("config.json: not JSON") from None
     return config_of(data, "config.json")
+
+
+def overridden(config: ModelConfig, override: Mapping[str, Any]) -> ModelConfig:
+    """``config`` (a model's ``config.json``) with each field ``override`` (a load's
+    ``parameters.config``) sets in place of its own.
+
+    :raises ValueError: naming the field: one of ``PINNED_FIELDS``, or not valid.
+    """
+    if not isinstance(override, Mapping):
+        raise ValueError("parameters.config: the whole: must be a JSON object")
+    for name in PINNED_FIELDS:
+        if name in override:
+            raise ValueError(
+                f"parameters.config: {name}: set in the model's config.json only (it names "
+                "the code to run or pins the files)"
+            )
+    base = config.model_dump(by_alias=True, exclude_unset=True)
+    return config_of(base | dict(override), "parameters.config")
 
 
 def config_of(data: object, source: str = "config") -> ModelConfig:

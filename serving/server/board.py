@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +44,7 @@ __all__ = [
     "alive",
     "install_board",
     "installed_board",
+    "server_stopping",
     "readiness",
 ]
 
@@ -256,13 +258,24 @@ class Board:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def _never() -> bool:
+    return False
+
+
 _installed: Board | None = None
+_stopping: Callable[[], bool] = _never
 
 
-def install_board(board: Board) -> None:
-    """Make ``board`` this server's (the master, before the first fork)."""
-    global _installed
-    _installed = board
+def install_board(board: Board, stopping: Callable[[], bool] = _never) -> None:
+    """Make ``board`` this server's (the master, before the first fork); ``stopping()``
+    says whether the master is stopping the whole server (not a reload)."""
+    global _installed, _stopping
+    _installed, _stopping = board, stopping
+
+
+def server_stopping() -> bool:
+    """Whether the master is stopping the whole server (``install_board``'s)."""
+    return _stopping()
 
 
 def installed_board() -> Board | None:

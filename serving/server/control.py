@@ -2,24 +2,31 @@
 repository the server serves, changed only by ``POST /v2/repository/models/{name}/load``
 and ``/unload`` (Triton's model control mode of that name).
 
-What is wanted is one file on the board (``Wanted``: each model to serve, with the
-``config.json`` fields a load gave, and a number counting the changes). A call goes:
+What is wanted is one file on the board (``Wanted``): each model to serve with the
+``config.json`` fields its load gave and the versions its load picked, and a number
+counting the changes. A call goes:
 
-    worker   checks the call (``load`` and ``unload``), writes the new wanted set under a
-             lock (several workers may take calls at once) and sends the master SIGHUP:
-             the reload every change goes through
-    master   at the reload: serves what is wanted (``Settings.selecting``) and notes the
+    worker   checks the call (``load``, ``unload``), works out what the master will serve
+             with it (the versions a load picks; nothing past ``SERVING_MAX_MODELS``),
+             writes it under a lock (several workers may take calls at once) and sends
+             the master SIGHUP: the reload every change goes through
+    master   at the reload: serves what is wanted (``Settings.selecting``), and notes the
              change number it read and the generation it forks (``note_applied``)
-    worker   waits on the board (``outcome``): over when every worker not leaving is of
-             that generation or newer and ready; failed when the master refused the
-             reload or a worker of it could not load, and then its change is undone
-             (the old workers served on throughout) and the reason answered
+    worker   waits on the board (``outcome``): over when every worker is of that
+             generation or newer and ready (or, for an older one, gone; the answering
+             worker excepted); failed when the master refused the reload or a worker of
+             it could not load this model: its change is then undone (the old workers
+             served throughout) and the reason answered. A failure of another model (a
+             call at the same time) is that call's to undo: this one waits on.
 
-At start every model of the repository is served (as Triton's ``--load-model=*``) and
-wanted (``begin``); a model folder added later is served once a load names it. The board
-goes when the master exits, so a restart serves every model again.
+A model's versions are those its last load picked: a version added to the repository is
+served once a load names the model (a ``SIGHUP`` changes nothing), so a broken new version
+of one model cannot fail the calls about another. At start every model of the repository
+is served (as Triton's ``--load-model=*``) and wanted (``begin``). The board goes when
+the master exits, so a restart serves every model again.
 
-Imports only the standard library and ``serving.repository``.
+Imports only the standard library, ``serving.errors``, ``serving.repository`` and the
+settings.
 """
 
 from __future__ import annotations
@@ -30,10 +37,10 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from serving.errors import (
     ControlRefused,
@@ -42,11 +49,24 @@ from serving.errors import (
     ModelNotFound,
     NotReady,
 )
-from serving.repository import scan
-from serving.server.board import GOING, Board, installed_board
+from serving.model_settings import ModelSpec
+from serving.repository import OVER_LIMIT, Loaded, scan
+from serving.server.board import GOING, Board, installed_board, server_stopping
 from serving.settings import Settings
 
-__all__ = ["Wanted", "changes", "deadline_s", "load", "note_applied", "outcome", "unload", "wanted"]
+__all__ = [
+    "OLD_WAIT_S",
+    "OTHER_WAIT_S",
+    "Wanted",
+    "begin",
+    "changes",
+    "deadline_s",
+    "load",
+    "note_applied",
+    "outcome",
+    "unload",
+    "wanted",
+]
 
 _WANTED = "explicit.json"
 _APPLIED = "explicit-applied.json"
@@ -57,10 +77,10 @@ _LOOK_S = 0.05
 
 @dataclass(frozen=True)
 class Wanted:
-    """The models to serve (name -> the ``config.json`` fields a load gave, or None for
-    the file's) and the number of changes made so far."""
+    """The models to serve (name -> its load's config and versions) and the number of
+    changes made so far."""
 
-    models: dict[str, dict[str, Any] | None]
+    models: dict[str, Loaded]
     changes: int = 0
 
 
@@ -68,15 +88,23 @@ def wanted(board: Board) -> Wanted | None:
     """What is wanted (``begin``, then each call), or None without explicit control."""
     try:
         data = json.loads((board.path / _WANTED).read_text())
-        return Wanted(dict(data["models"]), int(data["changes"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        models = {
+            name: Loaded(entry["config"], tuple(entry["versions"]))
+            for name, entry in data["models"].items()
+        }
+        return Wanted(models, int(data["changes"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def begin(board: Board, served: list[str]) -> None:
-    """Master, once before the first fork: the models it serves at start are what is
-    wanted (a model folder added later is served once a load names it)."""
-    _replace(board.path / _WANTED, {"models": dict.fromkeys(served), "changes": 0})
+def begin(board: Board, served: Sequence[ModelSpec]) -> None:
+    """Master, once before the first fork: the model versions it serves at start are what
+    is wanted (a model folder added later is served once a load names it)."""
+    models: dict[str, Loaded] = {}
+    for spec in served:
+        before = models.get(spec.name, Loaded(None, ()))
+        models[spec.name] = Loaded(None, (*(before.versions or ()), spec.version))
+    _put(board, Wanted(models, 0))
 
 
 def changes(board: Board) -> int:
@@ -94,28 +122,43 @@ def note_applied(board: Board, changes: int, generation: int, problem: str | Non
 
 
 def load(settings: Settings, name: str, config: Mapping[str, Any] | None) -> None:
-    """Serve model ``name`` of the repository (again, picking up its versions now), with
-    ``config`` in place of its ``config.json`` when given; returns once every worker
+    """Serve model ``name`` of the repository with the versions its policy picks now (a
+    model served already: again, picking up its new versions and ``config.json``), with
+    ``config``'s fields in place of its file's when given; returns once every worker
     serves it.
 
     :raises ModelNotFound: no such model folder. :raises LoadFailed: it has no version
-        to serve (each reason), or a worker could not load it. :raises ControlTimeout:
-        past ``deadline_s(settings)``. :raises NotReady: outside the server's Gunicorn
-        master, or when the repository cannot be read.
+        to serve (each reason), or a worker could not load it. :raises ControlRefused:
+        it would pass ``SERVING_MAX_MODELS``. :raises ControlTimeout: past
+        ``deadline_s(settings)``. :raises NotReady: outside the server's Gunicorn
+        master, when the repository cannot be read, or when the server stops meanwhile.
     """
     root, board = _root(settings, name), _board()
     _folder(root, name)
-    try:
-        found = scan(
-            root, loaded={name: config}, max_models=settings.max_models,
-            allow_world_writable=settings.allow_world_writable_model,
-        )  # fmt: skip
-    except OSError as exc:
-        raise NotReady(f"model control: cannot read {root}: {exc.strerror or exc}") from None
-    if not found.specs:
-        reasons = [f"{r.version}: {r.reason}" if r.version else r.reason for r in found.refused]
-        raise LoadFailed(name, "nothing to serve (" + "; ".join(reasons or ["no version"]) + ")")
-    _change(board, root, name, dict(config) if config is not None else None, settings)
+    with _locked(board):
+        current = _current(board)
+        models = current.models | {name: Loaded(config, None)}
+        found = _scan(settings, root, models)
+        mine = [spec.version for spec in found.specs if spec.name == name]
+        if not mine:
+            reasons = [
+                f"{r.version}: {r.reason}" if r.version else r.reason
+                for r in found.refused
+                if r.model == name
+            ]
+            raise LoadFailed(
+                name, "nothing to serve (" + "; ".join(reasons or ["no version"]) + ")"
+            )
+        over = [f"{r.model}/{r.version}" for r in found.refused if r.reason.startswith(OVER_LIMIT)]
+        if over:
+            raise ControlRefused(
+                name, f"serving it would pass SERVING_MAX_MODELS={settings.max_models} model "
+                f"versions ({', '.join(over[:5])} left out): unload a model first"
+            )  # fmt: skip
+        before = current.models.get(name)
+        entry = Loaded(dict(config) if config is not None else None, tuple(mine))
+        number = _write(board, current, name, entry)
+    _apply(board, name, number, before=before, entry=entry, settings=settings)
 
 
 def unload(settings: Settings, name: str) -> None:
@@ -126,13 +169,16 @@ def unload(settings: Settings, name: str) -> None:
         model served. :raises LoadFailed, ControlTimeout, NotReady: as ``load``.
     """
     root, board = _root(settings, name), _board()
-    current = _current(board)
-    if name not in current.models:
-        _folder(root, name)
-        return
-    if set(current.models) == {name}:
-        raise ControlRefused(name, "the last model served cannot be unloaded")
-    _change(board, root, name, _GONE, settings)
+    with _locked(board):
+        current = _current(board)
+        before = current.models.get(name)
+        if before is None:
+            _folder(root, name)
+            return
+        if set(current.models) == {name}:
+            raise ControlRefused(name, "the last model served cannot be unloaded")
+        number = _write(board, current, name, None)
+    _apply(board, name, number, before=before, entry=None, settings=settings)
 
 
 def deadline_s(settings: Settings) -> float:
@@ -140,70 +186,149 @@ def deadline_s(settings: Settings) -> float:
     return settings.load_timeout_s + settings.drain_timeout_s
 
 
-def outcome(board: Board, changes: int, deadline_s: float) -> str | None:
+def outcome(board: Board, changes: int, deadline_s: float, name: str = "") -> str | None:
     """Wait until the reload that applies change ``changes`` is over: None when every
-    worker not leaving is of its generation or newer and ready, else why it failed.
+    worker not leaving is of its generation or newer and ready, and the older ones are
+    gone (this one, and those waiting on a call, excepted; at most ``OLD_WAIT_S`` more:
+    one draining a long request is not waited for); else why it failed. A worker of that
+    generation that could not load another model than ``name`` (a call at the same time:
+    its own to undo) is waited past, for ``OTHER_WAIT_S`` at most.
 
     :raises TimeoutError: past ``deadline_s`` seconds.
+    :raises NotReady: when the server stops meanwhile.
     """
     end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        note = _applied(board)
-        if note is not None and note["changes"] >= changes:
+    past = -1  # a generation failed by another model: wait for a newer one
+    other: tuple[float, str] | None = None  # since when, and why
+    served_since: float | None = None
+    marker = board.path / f"{_WAITING}{os.getpid()}"
+    marker.touch()
+    try:
+        while time.monotonic() < end:
+            if server_stopping():
+                raise NotReady("the server is stopping: the change may not have been applied")
+            note = _applied(board)
+            if note is None or note["changes"] < changes or note["generation"] <= past:
+                if other is not None and time.monotonic() - other[0] > OTHER_WAIT_S:
+                    return other[1]  # no call undid it: a failure of this reload too
+                time.sleep(_LOOK_S)
+                continue
             if note["error"]:
                 return str(note["error"])
-            fleet = board.read()
-            staying = [pid for pid, state in fleet.states.items() if state not in GOING]
-            newer = [p for p in staying if fleet.generations.get(p, -1) >= note["generation"]]
-            for pid in newer:
-                if pid in fleet.errors:
-                    return f"worker {pid}: {fleet.errors[pid]}"
-            over = newer and len(newer) == len(staying)
-            if over and all(fleet.states[p] == "ready" for p in newer):
-                return None
-        time.sleep(_LOOK_S)
+            state, why = _look(board, note["generation"], name)
+            if state == "failed":
+                return why
+            if state == "other":
+                past, other = note["generation"], (time.monotonic(), why)
+            if state in ("served", "over"):
+                served_since = served_since or time.monotonic()
+                if state == "over" or time.monotonic() - served_since > OLD_WAIT_S:
+                    return None
+            time.sleep(_LOOK_S)
+    finally:
+        marker.unlink(missing_ok=True)
     raise TimeoutError
 
 
-#: ``_change``'s entry for a model no longer wanted.
-_GONE: Any = object()
+#: Longest a call waits, once every worker serves its change, for the older workers to
+#: go (an idle kept-alive connection lingers 2 s on a worker on its way out).
+OLD_WAIT_S = 3.0
+#: Longest a call waits past a reload whose workers failed on another model, for the call
+#: that changed that model to undo it; past it, the failure is this call's too.
+OTHER_WAIT_S = 5.0
+
+_WAITING = "waiting."
 
 
-def _change(board: Board, root: Path, name: str, entry: Any, settings: Settings) -> None:
-    """Make ``name``'s entry ``entry`` (``_GONE``: not wanted), have the master apply it
-    and wait for the outcome; a failed one is undone."""
-    with _locked(board):
-        current = _current(board)
-        before = current.models.get(name, _GONE)
-        changes = _write(board, current, name, entry)
+def _look(
+    board: Board, generation: int, name: str
+) -> tuple[Literal["failed", "other", "loading", "served", "over"], str]:
+    """Where the reload of ``generation`` is: a worker of it ``failed`` to load ``name``
+    (or a model it does not say: the reason), or failed on an ``other`` model; still
+    ``loading``; every worker staying ``served`` by it and ready, with older ones left;
+    or ``over``."""
+    fleet = board.read()
+    staying = [pid for pid, state in fleet.states.items() if state not in GOING]
+    newer = [p for p in staying if fleet.generations.get(p, -1) >= generation]
+    for pid in newer:
+        if fleet.states[pid] == "failed" and pid in fleet.errors:
+            failed = fleet.failed_models.get(pid)
+            why = f"worker {pid}: {fleet.errors[pid]}"
+            return ("other" if name and failed is not None and failed[0] != name else "failed"), why
+    if not newer or len(newer) < len(staying) or any(fleet.states[p] != "ready" for p in newer):
+        return "loading", ""
+    me = os.getpid()
+    older = [
+        pid
+        for pid in fleet.states
+        if fleet.generations.get(pid, -1) < generation
+        and pid != me
+        and not (board.path / f"{_WAITING}{pid}").exists()
+    ]
+    return ("served" if older else "over"), ""
+
+
+def _apply(
+    board: Board,
+    name: str,
+    number: int,
+    *,
+    before: Loaded | None,
+    entry: Loaded | None,
+    settings: Settings,
+) -> None:
+    """Have the master apply change ``number`` and wait for its outcome; a failed one is
+    undone (``name`` back to ``before``) unless a later call changed it again."""
     os.kill(os.getppid(), signal.SIGHUP)
     try:
-        problem = outcome(board, changes, deadline_s(settings))
+        problem = outcome(board, number, deadline_s(settings), name)
     except TimeoutError:
         raise ControlTimeout(name, deadline_s(settings)) from None
     if problem is None:
         return
-    with _locked(board):  # undone unless a later call changed it again
+    with _locked(board):
         current = _current(board)
-        undo = current.models.get(name, _GONE) == entry
+        undo = current.models.get(name) == entry
         if undo:
-            changes = _write(board, current, name, before)
+            number = _write(board, current, name, before)
     if undo:  # answered once the workers serve as before (so does the index)
         os.kill(os.getppid(), signal.SIGHUP)
-        with contextlib.suppress(TimeoutError):
-            outcome(board, changes, deadline_s(settings))
+        with contextlib.suppress(TimeoutError, NotReady):
+            outcome(board, number, deadline_s(settings))
     raise LoadFailed(name, f"{problem}; serving on as before")
 
 
-def _write(board: Board, current: Wanted, name: str, entry: Any) -> int:
+def _scan(settings: Settings, root: Path, models: Mapping[str, Loaded]) -> Any:
+    """What the master would serve of ``models``.
+
+    :raises NotReady: when the repository cannot be read.
+    """
+    try:
+        return scan(
+            root, loaded=models, max_models=settings.max_models,
+            allow_world_writable=settings.allow_world_writable_model,
+        )  # fmt: skip
+    except OSError as exc:
+        raise NotReady(f"model control: cannot read {root}: {exc.strerror or exc}") from None
+
+
+def _write(board: Board, current: Wanted, name: str, entry: Loaded | None) -> int:
+    """``current`` with ``name``'s entry ``entry`` (None: not wanted), written; its number."""
     models = dict(current.models)
-    if entry is _GONE:
+    if entry is None:
         models.pop(name, None)
     else:
         models[name] = entry
-    changes = current.changes + 1
-    _replace(board.path / _WANTED, {"models": models, "changes": changes})
-    return changes
+    _put(board, Wanted(models, current.changes + 1))
+    return current.changes + 1
+
+
+def _put(board: Board, wanted: Wanted) -> None:
+    models = {
+        name: {"config": entry.config, "versions": list(entry.versions or ())}
+        for name, entry in wanted.models.items()
+    }
+    _replace(board.path / _WANTED, {"models": models, "changes": wanted.changes})
 
 
 def _current(board: Board) -> Wanted:

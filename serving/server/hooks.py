@@ -286,7 +286,7 @@ def when_ready(server: Any, settings: Settings) -> None:
         lambda: _generation, running_settings,
     )  # fmt: skip
     if settings.controls_explicitly() and _boot is not None:
-        control.begin(_boot.board, sorted({spec.name for spec in settings.entries() or ()}))
+        control.begin(_boot.board, settings.entries() or [])
     if sharing.load_in_master(settings, server.log.info, server.log.error) == "timed_out":
         print(
             f"serving: the master's load of model {settings.model_settings()[0].name!r} took "

@@ -90,7 +90,8 @@ class Boot:
         gate for ``num_workers`` and both flags down."""
         board = Board.create()
         remove_at_exit(board.destroy)
-        install_board(board)
+        stopping = multiprocessing.Value("b", 0)
+        install_board(board, stopping=lambda: bool(stopping.value))
         gate = RecycleGate(board)
         gate.target = num_workers
         return cls(
@@ -98,7 +99,7 @@ class Boot:
             gate,
             multiprocessing.Value("b", 0),
             multiprocessing.Value("b", 0),
-            multiprocessing.Value("b", 0),
+            stopping,
             multiprocessing.Value("b", 0),
         )
 

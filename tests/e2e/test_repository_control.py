@@ -6,9 +6,14 @@ answered with why while the rest serve on, and the other modes refuse the calls.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import pickle
 import shutil
+import signal
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,7 @@ from tritonclient.utils import InferenceServerException
 
 from serving.settings import DEMO_MODEL_PATH
 from tests.e2e.server import GunicornServer
+from tests.models import SlowLoading
 
 
 def repository(root: Path, X: np.ndarray, y: np.ndarray) -> dict[tuple[str, str], Path]:
@@ -195,3 +201,103 @@ def test_load_and_unload_need_explicit_control_and_a_key(tmp_path: Path) -> None
     assert (polled.status_code, polled.json()["code"]) == (409, "control_refused")
     assert "SERVING_MODEL_CONTROL=explicit" in polled.json()["error"]
     assert (unload.status_code, unload.json()["code"]) == (409, "control_refused")
+
+
+@pytest.mark.usefixtures("cpu_hog")
+def test_explicit_control_refuses_what_would_drop_a_model_or_bypass_its_pins(
+    tmp_path: Path,
+) -> None:
+    """Found by the attack: a load past SERVING_MAX_MODELS answered 200 and dropped another
+    model; ``parameters.config`` dropped config.json's SHA-256 pins and could name any
+    class; a broken new version of one model failed every call about another; two calls
+    at once failed together."""
+    root = tmp_path / "models"
+    for model in ("cancer", "churn", "zeta"):
+        (root / model / "1").mkdir(parents=True)
+        shutil.copy(DEMO_MODEL_PATH, root / model / "1" / "m.joblib")
+    digest = hashlib.sha256(DEMO_MODEL_PATH.read_bytes()).hexdigest()
+    (root / "churn" / "config.json").write_text(json.dumps({"sha256": {"1": digest}}))
+    server = GunicornServer(tmp_path, model_repository=root, model_control="explicit", max_models=3)
+    server.start()
+    url = f"{server.url}/v2/repository/models"
+    try:
+        server.wait_ready()
+        (root / "aaa" / "1").mkdir(parents=True)
+        shutil.copy(DEMO_MODEL_PATH, root / "aaa" / "1" / "m.joblib")
+        over = requests.post(f"{url}/aaa/load", timeout=120)
+        other = make_pipeline(StandardScaler(), LogisticRegression()).fit([[0], [1]], [0, 1])
+        joblib.dump(other, root / "churn" / "1" / "m.joblib")  # no longer its pinned digest
+        unpinned = requests.post(f"{url}/churn/load", json=_config({}), timeout=120)
+        named = requests.post(f"{url}/churn/load", json=_config({"class": "this:s"}), timeout=120)
+        shutil.copy(DEMO_MODEL_PATH, root / "churn" / "1" / "m.joblib")  # its pinned file back
+        (root / "zeta" / "2").mkdir()  # a broken new version of zeta: not ours to read
+        (root / "zeta" / "2" / "m.joblib").write_bytes(DEMO_MODEL_PATH.read_bytes()[:300])
+        with ThreadPoolExecutor(2) as pool:  # two calls at once, likely in two workers
+            both = list(pool.map(
+                lambda call: requests.post(f"{url}/{call}", timeout=120),
+                ["cancer/unload", "churn/load"],
+            ))  # fmt: skip
+        aaa = requests.post(f"{url}/aaa/load", timeout=120)  # cancer's place, now free
+        index = {
+            (e["name"], e["version"]): e["state"]
+            for e in requests.post(f"{server.url}/v2/repository/index", timeout=30).json()
+        }
+        log = server.output()
+    finally:
+        server.kill()
+
+    assert (over.status_code, over.json()["code"]) == (409, "control_refused")
+    assert "SERVING_MAX_MODELS=3" in over.json()["error"]
+    assert (unpinned.status_code, unpinned.json()["code"]) == (400, "load_failed")
+    assert "SHA-256" in unpinned.json()["error"]
+    assert (named.status_code, named.json()["code"]) == (400, "invalid_input")
+    assert "parameters.config: class: set in the model's config.json only" in named.text
+    assert "Beautiful is better than ugly" not in log  # `this` never imported
+    assert [answer.status_code for answer in both] == [200, 200], [a.text for a in both]
+    assert aaa.status_code == 200, aaa.text
+    assert index[("aaa", "1")] == index[("churn", "1")] == index[("zeta", "1")] == "READY"
+    assert index[("cancer", "")] == "UNAVAILABLE"
+    assert ("zeta", "2") not in index
+
+
+def _config(fields: dict[str, Any]) -> dict[str, Any]:
+    return {"parameters": {"config": json.dumps(fields)}}
+
+
+@pytest.mark.usefixtures("cpu_hog")
+def test_explicit_control_a_call_waiting_when_the_server_stops_is_answered_503(
+    tmp_path: Path,
+) -> None:
+    """Found by the attack: SIGTERM while a load waited kept the master the whole graceful
+    timeout (20 s here) and the caller got no answer."""
+    root = tmp_path / "models"
+    (root / "churn" / "1").mkdir(parents=True)
+    shutil.copy(DEMO_MODEL_PATH, root / "churn" / "1" / "m.joblib")
+    server = GunicornServer(
+        tmp_path, model_repository=root, model_control="explicit", share_model="off"
+    )
+    server.start()
+    try:
+        server.wait_ready()
+        (root / "slow" / "1").mkdir(parents=True)  # a load of 60 s, in the new workers
+        (root / "slow" / "1" / "m.pkl").write_bytes(
+            pickle.dumps(SlowLoading(n_features=30, load_s=60))
+        )
+        with ThreadPoolExecutor(1) as pool:
+            call = pool.submit(
+                requests.post, f"{server.url}/v2/repository/models/slow/load", timeout=60
+            )
+            server.wait_for_log("slow/1/m.pkl: read and checked", 1)
+            started = time.monotonic()
+            assert server.proc is not None
+            server.proc.send_signal(signal.SIGTERM)
+            answer = call.result()
+        status = server.wait_exit(timeout_s=60)
+        took = time.monotonic() - started
+    finally:
+        server.kill()
+
+    assert (answer.status_code, answer.json()["code"]) == (503, "not_ready")
+    assert "the server is stopping" in answer.json()["error"]
+    assert took < 10, took
+    assert status == 0

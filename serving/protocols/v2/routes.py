@@ -69,7 +69,7 @@ from serving.protocols.v2.schemas import (
     V2ServerMetadata,
 )
 from serving.protocols.v2.stats import V2InferenceStatistics, model_statistics
-from serving.repository import config_of
+from serving.repository import ModelConfig, overridden
 from serving.server import control
 from serving.server.board import readiness
 
@@ -325,7 +325,9 @@ def repository() -> Response:
 
 @bp.post("/v2/repository/models/<model_name>/load", provide_automatic_options=False)
 def load(model_name: str) -> Response:
-    """Serve ``model_name`` of the repository, with ``parameters.config`` when sent.
+    """Serve ``model_name`` of the repository, with ``parameters.config`` when sent (the
+    ``config.json`` fields but ``class``, ``format`` and ``sha256``, which only the file
+    sets).
 
     :raises ControlRefused: (409) unless ``SERVING_MODEL_CONTROL=explicit``. :raises
         InvalidInput: (400) a body or config that is not valid. :raises ModelNotFound,
@@ -339,13 +341,12 @@ def load(model_name: str) -> Response:
     if text is not None:
         try:
             config = orjson.loads(text)
-            config_of(config, "parameters.config")
-        except (orjson.JSONDecodeError, ValueError) as exc:
-            message = (
-                str(exc)
-                if isinstance(exc, ValueError) and not isinstance(exc, orjson.JSONDecodeError)
-                else "parameters.config: not JSON"
-            )
+        except orjson.JSONDecodeError:
+            raise InvalidInput.at("parameters.config", "not JSON", "value_error") from None
+        try:
+            overridden(ModelConfig(), config)  # the fields it may set, valid
+        except ValueError as exc:
+            message = str(exc).removeprefix("parameters.config: ")
             raise InvalidInput.at("parameters.config", message, "value_error") from None
     request.environ[CLOSE_CONNECTION] = True  # this worker may be on its way out
     control.load(settings, model_name, config)
