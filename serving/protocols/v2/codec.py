@@ -79,12 +79,13 @@ _NUMPY: dict[str, np.dtype[Any]] = {
 }  # fmt: skip
 
 
+#: The protocol's name of each numpy element type it has (a dict: one look-up a tensor).
+_NAMES: dict[np.dtype[Any], str] = {kind: name for name, kind in _NUMPY.items()}
+
+
 def datatype_of(dtype: np.dtype[Any]) -> Datatype:
     """The protocol's name for a numpy element type; strings and objects are ``BYTES``."""
-    for name, kind in _NUMPY.items():
-        if dtype == kind:
-            return name  # type: ignore[return-value]
-    return "BYTES"
+    return _NAMES.get(dtype, "BYTES")  # type: ignore[return-value]
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytearray]:
