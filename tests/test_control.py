@@ -12,7 +12,7 @@ import pytest
 
 from serving.model_settings import ModelSpec
 from serving.repository import Loaded
-from serving.server import control
+from serving.server import applied, control
 from serving.server.board import Board
 from serving.settings import DEMO_MODEL_PATH
 from tests.conftest import sleeping_processes
@@ -36,36 +36,36 @@ def spec(name: str, version: str) -> ModelSpec:
 def test_control_outcome_waits_until_every_worker_staying_is_of_the_new_generation(
     tmp_path: Path, workers: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(control, "OLD_WAIT_S", 0.3)
+    monkeypatch.setattr(applied, "OLD_WAIT_S", 0.3)
     old, new, newer = workers
     board = board_of(tmp_path)
     board.generation = 0
     board.write(old, "ready")
     board.generation = 1
     board.write(new, "ready")
-    control.note_applied(board, 0, 1, None)
+    applied.note_applied(board, 0, 1, None)
 
     with pytest.raises(TimeoutError):  # the old worker still serves
-        control.outcome(board, 0, deadline_s=0.2)
+        applied.outcome(board, 0, deadline_s=0.2)
     with pytest.raises(TimeoutError):  # a change not applied yet
-        control.outcome(board, 1, deadline_s=0.2)
+        applied.outcome(board, 1, deadline_s=0.2)
     board.generation = None
     board.write(old, "stopping")  # the master stops it: on its way out
     board.generation = 2
     board.write(newer, "warming")
-    control.note_applied(board, 1, 2, None)
+    applied.note_applied(board, 1, 2, None)
     with pytest.raises(TimeoutError):  # the newer generation still loads
-        control.outcome(board, 1, deadline_s=0.2)
+        applied.outcome(board, 1, deadline_s=0.2)
     board.write(newer, "ready")
     with pytest.raises(TimeoutError):  # the generation-1 worker still serves
-        control.outcome(board, 1, deadline_s=0.2)
+        applied.outcome(board, 1, deadline_s=0.2)
     board.generation = None
     board.write(new, "stopping")
 
     started = time.monotonic()
-    assert control.outcome(board, 1, deadline_s=5) is None  # the old ones left to go
+    assert applied.outcome(board, 1, deadline_s=5) is None  # the old ones left to go
     assert time.monotonic() - started >= 0.3  # waited for them, a while
-    assert control.outcome(board, 0, deadline_s=5) is None  # a later reload applied it too
+    assert applied.outcome(board, 0, deadline_s=5) is None  # a later reload applied it too
 
 
 def test_control_outcome_does_not_wait_for_an_old_worker_waiting_on_a_call(
@@ -81,12 +81,12 @@ def test_control_outcome_does_not_wait_for_an_old_worker_waiting_on_a_call(
     board.write(new, "ready")
     board.generation = None
     board.write(old, "stopping")
-    control.note_applied(board, 1, 1, None)
+    applied.note_applied(board, 1, 1, None)
     (tmp_path / f"waiting.{old}").touch()  # as control.outcome marks the worker waiting
 
     started = time.monotonic()
-    assert control.outcome(board, 1, deadline_s=5) is None
-    assert time.monotonic() - started < control.OLD_WAIT_S
+    assert applied.outcome(board, 1, deadline_s=5) is None
+    assert time.monotonic() - started < applied.OLD_WAIT_S
 
 
 def test_control_outcome_answers_a_new_workers_load_error_or_a_refused_reload(
@@ -99,15 +99,15 @@ def test_control_outcome_answers_a_new_workers_load_error_or_a_refused_reload(
     board.generation = 1
     error = "cannot load model broken/1/m.joblib: EOF"
     board.write(new, "failed", error, model=("broken", "1"))
-    control.note_applied(board, 3, 1, None)
+    applied.note_applied(board, 3, 1, None)
 
-    assert control.outcome(board, 3, 1, "broken") == f"worker {new}: {error}"
+    assert applied.outcome(board, 3, 1, "broken") == f"worker {new}: {error}"
     with pytest.raises(TimeoutError):  # another call's failure: its own to undo
-        control.outcome(board, 3, deadline_s=0.3, name="churn")
-    monkeypatch.setattr(control, "OTHER_WAIT_S", 0.2)  # nobody undid it: ours too
-    assert control.outcome(board, 3, 5, "churn") == f"worker {new}: {error}"
-    control.note_applied(board, 4, 2, "invalid setting SERVING_MODEL_REPOSITORY: ...")
-    assert control.outcome(board, 4, deadline_s=1) == (
+        applied.outcome(board, 3, deadline_s=0.3, name="churn")
+    monkeypatch.setattr(applied, "OTHER_WAIT_S", 0.2)  # nobody undid it: ours too
+    assert applied.outcome(board, 3, 5, "churn") == f"worker {new}: {error}"
+    applied.note_applied(board, 4, 2, "invalid setting SERVING_MODEL_REPOSITORY: ...")
+    assert applied.outcome(board, 4, deadline_s=1) == (
         "invalid setting SERVING_MODEL_REPOSITORY: ..."
     )
 

@@ -45,6 +45,7 @@ __all__ = [
     "install_board",
     "installed_board",
     "server_stopping",
+    "write_json",
     "readiness",
 ]
 
@@ -256,6 +257,14 @@ class Board:
 
     def destroy(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` as JSON atomically (a temporary file, then renamed over
+    it): a reader in another process sees the old file or the new one, whole."""
+    temporary = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    temporary.write_text(json.dumps(data))
+    os.replace(temporary, path)
 
 
 def _never() -> bool:

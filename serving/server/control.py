@@ -11,13 +11,15 @@ counting the changes. A call goes:
              writes it under a lock (several workers may take calls at once) and sends
              the master SIGHUP: the reload every change goes through
     master   at the reload: serves what is wanted (``Settings.selecting``), and notes the
-             change number it read and the generation it forks (``note_applied``)
-    worker   waits on the board (``outcome``): over when every worker is of that
-             generation or newer and ready (or, for an older one, gone; the answering
-             worker excepted); failed when the master refused the reload or a worker of
-             it could not load this model: its change is then undone (the old workers
-             served throughout) and the reason answered. A failure of another model (a
-             call at the same time) is that call's to undo: this one waits on.
+             change number it read and the generation it forks
+             (``serving.server.applied.note_applied``)
+    worker   waits on the board (``serving.server.applied.outcome``): over when every
+             worker is of that generation or newer and ready (or, for an older one,
+             gone; the answering worker excepted); failed when the master refused the
+             reload or a worker of it could not load this model: its change is then
+             undone (the old workers served throughout) and the reason answered. A
+             failure of another model (a call at the same time) is that call's to undo:
+             this one waits on.
 
 A model's versions are those its last load picked: a version added to the repository is
 served once a load names the model (a ``SIGHUP`` changes nothing), so a broken new version
@@ -36,11 +38,10 @@ import fcntl
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from serving.errors import (
     ControlRefused,
@@ -50,38 +51,34 @@ from serving.errors import (
     NotReady,
 )
 from serving.model_settings import ModelSpec
-from serving.repository import OVER_LIMIT, Loaded, scan
-from serving.server.board import GOING, Board, installed_board, server_stopping
+from serving.repository import OVER_LIMIT, UNLOADED, Loaded, Refusal, scan
+from serving.server.applied import outcome
+from serving.server.board import Board, installed_board, write_json
 from serving.settings import Settings
 
 __all__ = [
-    "OLD_WAIT_S",
-    "OTHER_WAIT_S",
     "Wanted",
     "begin",
     "changes",
     "deadline_s",
+    "explain",
     "load",
-    "note_applied",
-    "outcome",
     "unload",
     "wanted",
 ]
 
 _WANTED = "explicit.json"
-_APPLIED = "explicit-applied.json"
 _LOCK = "explicit.lock"
-#: Seconds between two looks at the board while a call waits.
-_LOOK_S = 0.05
 
 
 @dataclass(frozen=True)
 class Wanted:
-    """The models to serve (name -> its load's config and versions) and the number of
-    changes made so far."""
+    """The models to serve (name -> its load's config and versions), the number of
+    changes made so far, and why the last load of each model not served failed."""
 
     models: dict[str, Loaded]
     changes: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 def wanted(board: Board) -> Wanted | None:
@@ -92,9 +89,24 @@ def wanted(board: Board) -> Wanted | None:
             name: Loaded(entry["config"], tuple(entry["versions"]))
             for name, entry in data["models"].items()
         }
-        return Wanted(models, int(data["changes"]))
+        failed = {str(k): str(v) for k, v in data.get("failed", {}).items()}
+        return Wanted(models, int(data["changes"]), failed)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def explain(board: Board | None, refused: Sequence[Refusal]) -> list[Refusal]:
+    """``refused`` (the repository's entries not served), a model explicit control does
+    not serve saying why its last load failed, where one did."""
+    current = wanted(board) if board is not None else None
+    if current is None or not current.failed:
+        return list(refused)
+    return [
+        Refusal(r.model, r.version, f"{r.reason} (its last load failed: {current.failed[r.model]})")
+        if r.reason == UNLOADED and not r.version and r.model in current.failed
+        else r
+        for r in refused
+    ]
 
 
 def begin(board: Board, served: Sequence[ModelSpec]) -> None:
@@ -112,13 +124,6 @@ def changes(board: Board) -> int:
     re-reads the settings: they apply at least these)."""
     current = wanted(board)
     return current.changes if current is not None else 0
-
-
-def note_applied(board: Board, changes: int, generation: int, problem: str | None) -> None:
-    """Master, at each reload: it applies ``changes`` calls (at least) to the workers of
-    ``generation`` it will fork, or refused the reload for ``problem``."""
-    note = {"changes": changes, "generation": generation, "error": problem}
-    _replace(board.path / _APPLIED, note)
 
 
 def load(settings: Settings, name: str, config: Mapping[str, Any] | None) -> None:
@@ -186,88 +191,6 @@ def deadline_s(settings: Settings) -> float:
     return settings.load_timeout_s + settings.drain_timeout_s
 
 
-def outcome(board: Board, changes: int, deadline_s: float, name: str = "") -> str | None:
-    """Wait until the reload that applies change ``changes`` is over: None when every
-    worker not leaving is of its generation or newer and ready, and the older ones are
-    gone (this one, and those waiting on a call, excepted; at most ``OLD_WAIT_S`` more:
-    one draining a long request is not waited for); else why it failed. A worker of that
-    generation that could not load another model than ``name`` (a call at the same time:
-    its own to undo) is waited past, for ``OTHER_WAIT_S`` at most.
-
-    :raises TimeoutError: past ``deadline_s`` seconds.
-    :raises NotReady: when the server stops meanwhile.
-    """
-    end = time.monotonic() + deadline_s
-    past = -1  # a generation failed by another model: wait for a newer one
-    other: tuple[float, str] | None = None  # since when, and why
-    served_since: float | None = None
-    marker = board.path / f"{_WAITING}{os.getpid()}"
-    marker.touch()
-    try:
-        while time.monotonic() < end:
-            if server_stopping():
-                raise NotReady("the server is stopping: the change may not have been applied")
-            note = _applied(board)
-            if note is None or note["changes"] < changes or note["generation"] <= past:
-                if other is not None and time.monotonic() - other[0] > OTHER_WAIT_S:
-                    return other[1]  # no call undid it: a failure of this reload too
-                time.sleep(_LOOK_S)
-                continue
-            if note["error"]:
-                return str(note["error"])
-            state, why = _look(board, note["generation"], name)
-            if state == "failed":
-                return why
-            if state == "other":
-                past, other = note["generation"], (time.monotonic(), why)
-            if state in ("served", "over"):
-                served_since = served_since or time.monotonic()
-                if state == "over" or time.monotonic() - served_since > OLD_WAIT_S:
-                    return None
-            time.sleep(_LOOK_S)
-    finally:
-        marker.unlink(missing_ok=True)
-    raise TimeoutError
-
-
-#: Longest a call waits, once every worker serves its change, for the older workers to
-#: go (an idle kept-alive connection lingers 2 s on a worker on its way out).
-OLD_WAIT_S = 3.0
-#: Longest a call waits past a reload whose workers failed on another model, for the call
-#: that changed that model to undo it; past it, the failure is this call's too.
-OTHER_WAIT_S = 5.0
-
-_WAITING = "waiting."
-
-
-def _look(
-    board: Board, generation: int, name: str
-) -> tuple[Literal["failed", "other", "loading", "served", "over"], str]:
-    """Where the reload of ``generation`` is: a worker of it ``failed`` to load ``name``
-    (or a model it does not say: the reason), or failed on an ``other`` model; still
-    ``loading``; every worker staying ``served`` by it and ready, with older ones left;
-    or ``over``."""
-    fleet = board.read()
-    staying = [pid for pid, state in fleet.states.items() if state not in GOING]
-    newer = [p for p in staying if fleet.generations.get(p, -1) >= generation]
-    for pid in newer:
-        if fleet.states[pid] == "failed" and pid in fleet.errors:
-            failed = fleet.failed_models.get(pid)
-            why = f"worker {pid}: {fleet.errors[pid]}"
-            return ("other" if name and failed is not None and failed[0] != name else "failed"), why
-    if not newer or len(newer) < len(staying) or any(fleet.states[p] != "ready" for p in newer):
-        return "loading", ""
-    me = os.getpid()
-    older = [
-        pid
-        for pid in fleet.states
-        if fleet.generations.get(pid, -1) < generation
-        and pid != me
-        and not (board.path / f"{_WAITING}{pid}").exists()
-    ]
-    return ("served" if older else "over"), ""
-
-
 def _apply(
     board: Board,
     name: str,
@@ -290,7 +213,7 @@ def _apply(
         current = _current(board)
         undo = current.models.get(name) == entry
         if undo:
-            number = _write(board, current, name, before)
+            number = _write(board, current, name, before, failed=problem[:300])
     if undo:  # answered once the workers serve as before (so does the index)
         os.kill(os.getppid(), signal.SIGHUP)
         with contextlib.suppress(TimeoutError, NotReady):
@@ -312,14 +235,20 @@ def _scan(settings: Settings, root: Path, models: Mapping[str, Loaded]) -> Any:
         raise NotReady(f"model control: cannot read {root}: {exc.strerror or exc}") from None
 
 
-def _write(board: Board, current: Wanted, name: str, entry: Loaded | None) -> int:
-    """``current`` with ``name``'s entry ``entry`` (None: not wanted), written; its number."""
+def _write(
+    board: Board, current: Wanted, name: str, entry: Loaded | None, failed: str | None = None
+) -> int:
+    """``current`` with ``name``'s entry ``entry`` (None: not wanted), and why its load
+    failed (``failed``, kept while it is not served), written; its number."""
     models = dict(current.models)
+    reasons = {k: v for k, v in current.failed.items() if k != name}
     if entry is None:
         models.pop(name, None)
+        if failed is not None:
+            reasons[name] = failed
     else:
         models[name] = entry
-    _put(board, Wanted(models, current.changes + 1))
+    _put(board, Wanted(models, current.changes + 1, reasons))
     return current.changes + 1
 
 
@@ -328,7 +257,8 @@ def _put(board: Board, wanted: Wanted) -> None:
         name: {"config": entry.config, "versions": list(entry.versions or ())}
         for name, entry in wanted.models.items()
     }
-    _replace(board.path / _WANTED, {"models": models, "changes": wanted.changes})
+    data = {"models": models, "changes": wanted.changes, "failed": wanted.failed}
+    write_json(board.path / _WANTED, data)
 
 
 def _current(board: Board) -> Wanted:
@@ -387,21 +317,3 @@ def _locked(board: Board) -> Iterator[None]:
     with open(board.path / _LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
-
-
-def _applied(board: Board) -> dict[str, Any] | None:
-    try:
-        note = json.loads((board.path / _APPLIED).read_text())
-        return {
-            "changes": int(note["changes"]),
-            "generation": int(note["generation"]),
-            "error": note.get("error"),
-        }
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _replace(path: Path, data: dict[str, Any]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    temporary.write_text(json.dumps(data))
-    os.replace(temporary, path)

@@ -40,7 +40,7 @@ from serving.batching.arrivals import process_arrivals
 from serving.errors import SettingsError
 from serving.observe import access_log, tracing, tracing_guards
 from serving.observe.payload_sinks import check_sink
-from serving.server import control, repository, sharing
+from serving.server import applied, control, repository, sharing
 from serving.server.children import forget_server_in_children, stop_children
 from serving.server.metrics_dir import prepare_metrics_dir, run_at_exit, set_master
 from serving.server.pinning import Always, pin_while_quiet
@@ -179,7 +179,7 @@ def reload_problem() -> str | None:
     else:
         problem = None
     if _boot is not None:  # for a load or unload call waiting on its outcome
-        control.note_applied(_boot.board, changes, _generation + 1, problem)
+        applied.note_applied(_boot.board, changes, _generation + 1, problem)
     return problem
 
 

@@ -163,7 +163,9 @@ def test_explicit_control_a_failed_load_is_answered_with_why_and_undone(
     assert failed.value.status() == "400"
     assert "broken" in str(failed.value) and "serving on as before" in str(failed.value)
     assert "m.joblib" in str(failed.value)  # which file, and why
-    assert after_failure[("broken", "")] == ("UNAVAILABLE", "unloaded")
+    state, reason = after_failure[("broken", "")]
+    assert state == "UNAVAILABLE" and reason.startswith("unloaded (its last load failed: worker")
+    assert "broken/1/m.joblib" in reason
     assert after_failure[("churn", "1")] == after_failure[("cancer", "1")] == ("READY", "")
     assert "the model repository has no model 'nope'" in str(missing.value)
     assert "last model served" in str(last.value)

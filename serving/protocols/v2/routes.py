@@ -71,7 +71,7 @@ from serving.protocols.v2.schemas import (
 from serving.protocols.v2.stats import V2InferenceStatistics, model_statistics
 from serving.repository import ModelConfig, overridden
 from serving.server import control
-from serving.server.board import readiness
+from serving.server.board import installed_board, readiness
 
 __all__ = ["EXTENSIONS", "OPERATIONS", "PROTOCOL", "bp"]
 
@@ -317,7 +317,7 @@ def repository() -> Response:
     plane = dataplane()
     body = read_body(request.environ, plane.settings)
     wanted = parse_body(V2RepositoryIndexRequest, body) if body else None
-    refused = plane.settings.refused_models()
+    refused = control.explain(installed_board(), plane.settings.refused_models())
     index = repository_index(plane.models, bool(wanted and wanted.ready), refused)
     data = orjson.dumps(index)
     return Response(data, mimetype="application/json")
