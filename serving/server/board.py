@@ -187,13 +187,11 @@ class Board:
         its load error and the model version ``(name, version)`` it failed on or, while it
         loads, the stage it is at."""
         generation = self.generation if self.generation is not None else self._generation(pid)
-        temporary = self.path / f".{pid}.tmp"
         entry = {
             "state": state, "error": error, "stage": stage, "generation": generation,
             "model": list(model) if model is not None else None,
         }  # fmt: skip
-        temporary.write_text(json.dumps(entry))
-        os.replace(temporary, self.path / str(pid))
+        write_json(self.path / str(pid), entry)
 
     def _generation(self, pid: int) -> int | None:
         """The generation ``pid``'s file says (the master writing a worker's state)."""
@@ -213,9 +211,7 @@ class Board:
         if problem is None:
             note.unlink(missing_ok=True)
             return
-        temporary = self.path / f".{_RELOAD}.tmp"
-        temporary.write_text(json.dumps({"pid": os.getpid(), "error": problem}))
-        os.replace(temporary, note)
+        write_json(note, {"pid": os.getpid(), "error": problem})
 
     def read(self) -> Fleet:
         """The state of every live worker with a file (a file whose process is gone, or that
