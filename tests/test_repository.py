@@ -465,3 +465,13 @@ def test_repository_a_version_excluded_leaves_the_one_before_it_serving(tmp_path
 
     assert [(s.name, s.version) for s in result.specs] == [("churn", "1")]
     assert result.refused == (Refusal("churn", "2", "a worker could not load it: EOF"),)
+
+
+@pytest.mark.unit
+def test_repository_a_config_json_field_it_does_not_know_is_named_unknown(tmp_path: Path) -> None:
+    """From the new-user trial: a typo read as pydantic's 'Extra inputs are not permitted'."""
+    version(tmp_path, "churn", "1")
+    version(tmp_path, "cancer", "1")
+    config(tmp_path, "churn", {"version_polcy": {"all": {}}})
+
+    assert reasons(tmp_path) == {("churn", ""): "config.json: version_polcy: unknown field"}

@@ -316,7 +316,8 @@ def config_of(data: object, source: str = "config") -> ModelConfig:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "the whole"
-        raise ValueError(f"{source}: {where}: {err['msg']}") from None
+        problem = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        raise ValueError(f"{source}: {where}: {problem}") from None
 
 
 def _no_block(path: str, flags: int) -> int:

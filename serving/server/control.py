@@ -96,17 +96,21 @@ def wanted(board: Board) -> Wanted | None:
 
 
 def explain(board: Board | None, refused: Sequence[Refusal]) -> list[Refusal]:
-    """``refused`` (the repository's entries not served), a model explicit control does
-    not serve saying why its last load failed, where one did."""
+    """``refused`` (the repository's entries not served), where a model's last load failed
+    saying why: a model not served in its ``unloaded`` entry, one that serves on as
+    before in an entry of its own (version ``""``)."""
     current = wanted(board) if board is not None else None
     if current is None or not current.failed:
         return list(refused)
-    return [
-        Refusal(r.model, r.version, f"{r.reason} (its last load failed: {current.failed[r.model]})")
-        if r.reason == UNLOADED and not r.version and r.model in current.failed
+    failed = current.failed
+    explained = [
+        Refusal(r.model, r.version, f"{r.reason} (its last load failed: {failed[r.model]})")
+        if r.reason == UNLOADED and not r.version and r.model in failed
         else r
         for r in refused
     ]
+    served = [name for name in failed if name in current.models]  # serving on as before
+    return explained + [Refusal(n, "", f"its last load failed: {failed[n]}") for n in served]
 
 
 def begin(board: Board, served: Sequence[ModelSpec]) -> None:
@@ -238,14 +242,14 @@ def _scan(settings: Settings, root: Path, models: Mapping[str, Loaded]) -> Any:
 def _write(
     board: Board, current: Wanted, name: str, entry: Loaded | None, failed: str | None = None
 ) -> int:
-    """``current`` with ``name``'s entry ``entry`` (None: not wanted), and why its load
-    failed (``failed``, kept while it is not served), written; its number."""
+    """``current`` with ``name``'s entry ``entry`` (None: not wanted) and why its last
+    load failed (``failed``; None: it did not), written; its number."""
     models = dict(current.models)
     reasons = {k: v for k, v in current.failed.items() if k != name}
+    if failed is not None:
+        reasons[name] = failed
     if entry is None:
         models.pop(name, None)
-        if failed is not None:
-            reasons[name] = failed
     else:
         models[name] = entry
     _put(board, Wanted(models, current.changes + 1, reasons))

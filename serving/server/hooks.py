@@ -287,6 +287,10 @@ def when_ready(server: Any, settings: Settings) -> None:
     )  # fmt: skip
     if settings.controls_explicitly() and _boot is not None:
         control.begin(_boot.board, settings.entries() or [])
+        server.log.info(
+            "model repository: %s under explicit control: only load and unload calls "
+            "change what is served", settings.model_repository,
+        )  # fmt: skip
     if sharing.load_in_master(settings, server.log.info, server.log.error) == "timed_out":
         print(
             f"serving: the master's load of model {settings.model_settings()[0].name!r} took "

@@ -152,10 +152,16 @@ def test_explicit_control_a_failed_load_is_answered_with_why_and_undone(
         server.wait_ready(timeout_s=120)  # the failed load undone: ready again
         with pytest.raises(InferenceServerException) as missing:
             client.load_model("nope")
+        (root / "cancer" / "2").mkdir()  # a new version of a model served, cut short
+        (root / "cancer" / "2" / "m.joblib").write_bytes(DEMO_MODEL_PATH.read_bytes()[:500])
+        with pytest.raises(InferenceServerException):
+            client.load_model("cancer")
+        served_on = states(client)
         client.unload_model("cancer")
         with pytest.raises(InferenceServerException) as last:
             client.unload_model("churn")
         churn = infer(client, "churn", X[:20])
+        log = server.output()
     finally:
         client.close()
         server.kill()
@@ -168,8 +174,12 @@ def test_explicit_control_a_failed_load_is_answered_with_why_and_undone(
     assert "broken/1/m.joblib" in reason
     assert after_failure[("churn", "1")] == after_failure[("cancer", "1")] == ("READY", "")
     assert "the model repository has no model 'nope'" in str(missing.value)
+    assert served_on[("cancer", "1")] == ("READY", "")  # serving on as before, and why not 2
+    assert served_on[("cancer", "")][1].startswith("its last load failed: worker")
+    assert "cancer/2/m.joblib" in served_on[("cancer", "")][1]
     assert "last model served" in str(last.value)
     assert churn == (joblib.load(DEMO_MODEL_PATH).predict(X[:20]).tolist(), "1")
+    assert "under explicit control: only load and unload calls change what is served" in log
 
 
 def _tensor(rows: np.ndarray) -> triton.InferInput:
