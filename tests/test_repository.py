@@ -48,7 +48,9 @@ def test_repository_serves_each_models_latest_version_by_default(tmp_path: Path)
 
     # models by name; 10 is newer than 2 (numbers, not strings)
     assert served(tmp_path) == [("cancer", "3"), ("churn", "10")]
-    assert result.refused == ()
+    # the versions passed over are listed, as Triton lists them (found by the trial)
+    passed = "passed over: not chosen by its version_policy"
+    assert result.refused == (Refusal("churn", "1", passed), Refusal("churn", "2", passed))
     assert result.specs[1].path == tmp_path / "churn" / "10" / "model.joblib"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from serving.repository.config import ModelConfig, VersionPolicy
 from serving.repository.scan import (
     OVER_LIMIT,
+    PASSED_OVER,
     PINNED_FIELDS,
     UNLOADED,
     Loaded,
@@ -18,6 +19,7 @@ from serving.repository.scan import (
 
 __all__ = [
     "OVER_LIMIT",
+    "PASSED_OVER",
     "PINNED_FIELDS",
     "UNLOADED",
     "Loaded",

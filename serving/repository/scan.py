@@ -37,6 +37,7 @@ from serving.repository.config import VERSION_DIGITS, ModelConfig
 
 __all__ = [
     "OVER_LIMIT",
+    "PASSED_OVER",
     "PINNED_FIELDS",
     "UNLOADED",
     "Loaded",
@@ -50,6 +51,8 @@ __all__ = [
 
 #: The reason of a model that explicit control has not loaded (Triton's word for it).
 UNLOADED: Final = "unloaded"
+#: How the reason of a servable version not served begins (it is no fault: not logged).
+PASSED_OVER: Final = "passed over"
 #: How the reason of a version past ``SERVING_MAX_MODELS`` begins.
 OVER_LIMIT: Final = "over SERVING_MAX_MODELS"
 #: ``config.json`` fields a load's ``parameters.config`` may not set: they name the code
@@ -231,13 +234,19 @@ def _pick(
     excluded: Mapping[tuple[str, str], str],
 ) -> list[int]:
     """The versions to serve, newest first: of the servable ones (less those ``excluded``,
-    each refused), those its load picked, or else those the policy picks."""
+    each refused), those its load picked, or else those the policy picks; the others are
+    refused as passed over (Triton lists them too)."""
     for number in [n for n in servable if (name, str(n)) in excluded]:
         del servable[number]
         refused.append(Refusal(name, str(number), excluded[name, str(number)]))
     if chosen.versions is not None:  # the versions its load picked, while servable
-        return sorted((n for n in servable if str(n) in chosen.versions), reverse=True)
-    return config.version_policy.select(list(servable))
+        picked = sorted((n for n in servable if str(n) in chosen.versions), reverse=True)
+        passed = f"{PASSED_OVER}: not picked by its last load (a load picks again)"
+    else:
+        picked = config.version_policy.select(list(servable))
+        passed = f"{PASSED_OVER}: not chosen by its version_policy"
+    refused.extend(Refusal(name, str(n), passed) for n in sorted(servable) if n not in picked)
+    return picked
 
 
 def _versions(

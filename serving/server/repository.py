@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from serving.repository import PASSED_OVER
 from serving.repository.poll import Poller, folder_state
 from serving.server.board import GOING, Board
 from serving.settings import Settings
@@ -29,8 +30,10 @@ Key = tuple[str, str]
 
 def say_refused(warn: Callable[..., None], settings: Settings) -> None:
     """One line per repository entry the settings read and could not serve, and why (at
-    start and at each reload)."""
+    start and at each reload); a version its policy passed over is no fault, not said."""
     for refusal in settings.refused_models():
+        if refusal.reason.startswith(PASSED_OVER):  # no fault: an older version
+            continue
         where = f"{refusal.model}/{refusal.version}" if refusal.version else refusal.model
         warn("model repository: %s not served: %s", where, refusal.reason)
 
