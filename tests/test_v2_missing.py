@@ -311,3 +311,51 @@ def test_nan_is_refused_on_every_protocol_where_the_feature_may_not_be_missing(
         assert answer.status_code in (400, 422), (protocol, answer.get_data(as_text=True))
         text = answer.get_data(as_text=True)
         assert '"invalid_input"' in text and "may not be missing" in text, protocol
+
+
+def test_v2_fp64_nan_is_a_missing_value_of_an_integer_feature(settings: Settings) -> None:
+    """tritonclient's INT64 cannot hold a missing value: a nullable integer column goes as
+    FP64 with NaN (as pandas holds it), and arrives as JSON null in INT64 does."""
+    from serving.model.handle import ModelHandle
+    from serving.model.schema import feature
+
+    seen: list[Any] = []
+
+    def predict(batch: Any) -> Any:
+        seen.append(batch["dependents"].copy())
+        return {"predictions": np.nan_to_num(batch["dependents"], nan=-1.0) + batch["income"]}
+
+    features = (
+        feature("dependents", "integer", np.int64, missing=True),
+        feature("income", "float", np.float64),
+    )
+    handle = ModelHandle(
+        name="credit", version="1", format="python", predict_batch=predict, features=features,
+        feature_names=("dependents", "income"),
+    )  # fmt: skip
+    app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
+    dependents = triton.InferInput("dependents", [3], "FP64")
+    dependents.set_data_from_numpy(np.array([2.0, np.nan, 0.0]))
+    income = triton.InferInput("income", [3], "FP64")
+    income.set_data_from_numpy(np.array([10.0, 20.0, 30.0]))
+    body, length = triton.InferenceServerClient.generate_request_body([dependents, income])
+    null = {"name": "dependents", "shape": [3], "datatype": "INT64", "data": [2, None, 0]}
+    income_json = {"name": "income", "shape": [3], "datatype": "FP64", "data": [10, 20, 30]}
+    try:
+        client = app.test_client()
+        binary = client.post(
+            "/v2/models/credit/infer",
+            data=body,
+            headers={"Inference-Header-Content-Length": str(length)},
+        )
+        json_null = client.post("/v2/models/credit/infer", json={"inputs": [null, income_json]})
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    assert binary.status_code == 200, binary.get_data(as_text=True)
+    header = binary.get_data()[: int(binary.headers["Inference-Header-Content-Length"])]
+    raw = binary.get_data()[len(header) :]
+    assert np.frombuffer(raw, dtype="<f8").tolist() == [12.0, 19.0, 30.0]
+    assert json_null.get_json()["outputs"][0]["data"] == [12.0, 19.0, 30.0]
+    np.testing.assert_array_equal(seen[-2], [2.0, np.nan, 0.0])  # after the warm-up call
+    np.testing.assert_array_equal(seen[-2], seen[-1])
