@@ -13,7 +13,6 @@ from typing import Any
 
 import joblib
 import numpy as np
-import pandas as pd
 import pytest
 import tritonclient.http as triton
 from flask.testing import FlaskClient
@@ -23,29 +22,9 @@ from serving.app import create_app
 from serving.model.loaders import load_model
 from serving.observe.metrics import ServingMetrics
 from serving.settings import DEMO_MODEL_PATH, Settings
-from tests.tabular import churn_module
+from tests.tabular import MISSING_ROWS, churn_with_missing_plans, frame_with_none, triton_inputs
 
 INFER = "/v2/models/churn/infer"
-#: Rows of the churn example missing a string (plan) or a number (seats, usage_hours).
-ROWS = [
-    {"plan": None, "region": "emea", "seats": 12, "usage_hours": 3.5},
-    {"plan": "pro", "region": "apac", "seats": None, "usage_hours": 40.0},
-    {"plan": "basic", "region": "emea", "seats": 3, "usage_hours": None},
-]
-
-
-def churn_with_missing_plans() -> Any:
-    """The churn pipeline, its ``plan`` encoder fitted on plans of which some are None (an
-    object column holding None): None is a category it knows, an unknown one is refused."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import Pipeline
-
-    pipeline = churn_module().churn_pipeline()
-    frame, target = churn_module().churn_frame()
-    frame["plan"] = frame["plan"].astype(object)
-    frame.loc[frame.index % 7 == 0, "plan"] = None
-    steps = [("columns", pipeline.named_steps["columns"]), ("model", LogisticRegression())]
-    return Pipeline(steps).fit(frame, target)
 
 
 @pytest.fixture(scope="module")
@@ -63,34 +42,6 @@ def churn_client(settings: Settings, churn: tuple[Any, Path]) -> Iterator[FlaskC
     app = create_app(configured, models=handles, metrics=ServingMetrics(CollectorRegistry()))
     yield app.test_client()
     app.extensions["serving"].get_models().stop(timeout_s=10)
-
-
-def frame_of(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """The DataFrame an in-process caller passes: strings as objects (None where missing,
-    the category the encoder knows), numbers float64 (NaN where missing)."""
-    columns: dict[str, Any] = {}
-    for name in ("plan", "region"):
-        columns[name] = pd.Series([row[name] for row in rows], dtype=object)
-    for name in ("seats", "usage_hours"):
-        columns[name] = pd.Series([row[name] for row in rows], dtype=float)
-    return pd.DataFrame(columns)
-
-
-def triton_inputs(rows: list[dict[str, Any]], binary: bool) -> list[Any]:
-    """The rows as a tritonclient user builds them from a DataFrame: strings in an object
-    array (None stays None, tritonclient writes it "None"), numbers FP64 with NaN."""
-    inputs = []
-    for name in ("plan", "region", "seats", "usage_hours"):
-        values = [row[name] for row in rows]
-        if name in ("plan", "region"):
-            array = np.array(values, dtype=object)
-            tensor = triton.InferInput(name, [len(rows)], "BYTES")
-        else:
-            array = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-            tensor = triton.InferInput(name, [len(rows)], "FP64")
-        tensor.set_data_from_numpy(array, binary_data=binary)
-        inputs.append(tensor)
-    return inputs
 
 
 def post_triton(client: FlaskClient, inputs: list[Any], **parameters: Any) -> Any:
@@ -113,13 +64,13 @@ def post_triton(client: FlaskClient, inputs: list[Any], **parameters: Any) -> An
 def test_v2_null_value_parameter_makes_tritonclient_strings_missing(
     churn_client: FlaskClient, churn: tuple[Any, Path], binary: bool
 ) -> None:
-    refused = post_triton(churn_client, triton_inputs(ROWS, binary))
-    result = post_triton(churn_client, triton_inputs(ROWS, binary), null_value="None")
+    refused = post_triton(churn_client, triton_inputs(MISSING_ROWS, binary))
+    result = post_triton(churn_client, triton_inputs(MISSING_ROWS, binary), null_value="None")
 
     model = churn[0]
     assert refused.status_code == 400
     assert "unknown category 'None'" in refused.get_json()["error"]
-    frame = frame_of(ROWS)
+    frame = frame_with_none(MISSING_ROWS)
     np.testing.assert_array_equal(result.as_numpy("predictions"), model.predict(frame))
     np.testing.assert_allclose(
         result.as_numpy("probabilities"), model.predict_proba(frame), rtol=1e-12
@@ -143,9 +94,9 @@ def test_v2_null_value_of_an_input_overrides_the_requests(
     answer = churn_client.post(INFER, json=body(["-", "pro", "basic"]))
     refused = churn_client.post(INFER, json=body(["nan", "pro", "basic"]))
 
-    rows = [dict(row) for row in ROWS]
+    rows = [dict(row) for row in MISSING_ROWS]
     rows[0]["region"] = None  # "nan": the request's token, for region
-    expected = churn[0].predict_proba(frame_of(rows))
+    expected = churn[0].predict_proba(frame_with_none(rows))
     assert answer.status_code == 200, answer.get_json()
     np.testing.assert_allclose(answer.get_json()["outputs"][1]["data"], expected.reshape(-1))
     assert refused.status_code == 400  # "nan" is not plan's token: an unknown category
@@ -175,7 +126,7 @@ def test_v2_parameters_not_taken_are_400_naming_the_input(
     churn_client: FlaskClient, parameters: dict[str, Any], where: str
 ) -> None:
     body = json.loads(
-        triton.InferenceServerClient.generate_request_body(triton_inputs(ROWS, False))[0]
+        triton.InferenceServerClient.generate_request_body(triton_inputs(MISSING_ROWS, False))[0]
     )
     if "input" in parameters:
         body["inputs"][1]["parameters"] = parameters["input"]
@@ -250,7 +201,8 @@ def test_nan_is_a_missing_value_on_every_protocol(
         configured, models=[load_model(churn[1])], metrics=ServingMetrics(CollectorRegistry())
     )
     client = app.test_client()
-    rows = [dict(row, plan=row["plan"] or "basic") for row in ROWS]  # strings: no null in CSV
+    # strings all given: CSV's missing cell is pandas' (empty, NaN), read as NaN for a string
+    rows = [dict(row, plan=row["plan"] or "basic") for row in MISSING_ROWS]
     try:
         answers = {
             protocol: client.post(url, data=body, headers={"Content-Type": kind})
@@ -260,7 +212,7 @@ def test_nan_is_a_missing_value_on_every_protocol(
     finally:
         app.extensions["serving"].get_models().stop(timeout_s=10)
 
-    expected = churn[0].predict(frame_of(rows)).tolist()
+    expected = churn[0].predict(frame_with_none(rows)).tolist()
     assert "NaN" in nan_bodies(rows, "churn")["predict"][1].decode()
     for protocol, answer in answers.items():
         assert answer.status_code == 200, (protocol, answer.get_data(as_text=True))
