@@ -1,6 +1,7 @@
 """The tabular models of ``examples/churn.py`` for tests: a DataFrame pipeline with string
 columns and missing values (joblib and its skl2onnx export), and a
-HistGradientBoostingClassifier fitted on a DataFrame with missing values."""
+HistGradientBoostingClassifier fitted on a DataFrame with missing values; missing strings
+and numbers as tritonclient sends them (issue 34)."""
 
 from __future__ import annotations
 
@@ -185,3 +186,55 @@ def boosting_frame_of(rows: list[dict[str, Any]], like: pd.DataFrame) -> pd.Data
         else:
             frame[name] = frame[name].astype(dtype)
     return frame
+
+
+#: Rows of the churn example missing a string (plan) or a number (seats, usage_hours).
+MISSING_ROWS = [
+    {"plan": None, "region": "emea", "seats": 12, "usage_hours": 3.5},
+    {"plan": "pro", "region": "apac", "seats": None, "usage_hours": 40.0},
+    {"plan": "basic", "region": "emea", "seats": 3, "usage_hours": None},
+]
+
+
+def churn_with_missing_plans() -> Any:
+    """The churn pipeline, its ``plan`` encoder fitted on plans of which some are None (an
+    object column holding None): None is a category it knows, an unknown one is refused."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+
+    pipeline = churn_module().churn_pipeline()
+    frame, target = churn_module().churn_frame()
+    frame["plan"] = frame["plan"].astype(object)
+    frame.loc[frame.index % 7 == 0, "plan"] = None
+    steps = [("columns", pipeline.named_steps["columns"]), ("model", LogisticRegression())]
+    return Pipeline(steps).fit(frame, target)
+
+
+def frame_with_none(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The DataFrame an in-process caller passes: strings as objects (None where missing,
+    the category the encoder knows), numbers float64 (NaN where missing)."""
+    columns: dict[str, Any] = {}
+    for name in ("plan", "region"):
+        columns[name] = pd.Series([row[name] for row in rows], dtype=object)
+    for name in ("seats", "usage_hours"):
+        columns[name] = pd.Series([row[name] for row in rows], dtype=float)
+    return pd.DataFrame(columns)
+
+
+def triton_inputs(rows: list[dict[str, Any]], binary: bool) -> list[Any]:
+    """The rows as a tritonclient user builds them from a DataFrame: strings in an object
+    array (None stays None, tritonclient writes it "None"), numbers FP64 with NaN."""
+    import tritonclient.http as triton
+
+    inputs = []
+    for name in ("plan", "region", "seats", "usage_hours"):
+        values = [row[name] for row in rows]
+        if name in ("plan", "region"):
+            array = np.array(values, dtype=object)
+            tensor = triton.InferInput(name, [len(rows)], "BYTES")
+        else:
+            array = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+            tensor = triton.InferInput(name, [len(rows)], "FP64")
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(tensor)
+    return inputs

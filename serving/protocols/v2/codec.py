@@ -11,7 +11,9 @@ int64, exact end to end): a tensor of the model's own type and shape becomes its
 without a conversion. ``BYTES`` become ``str`` (UTF-8) for string features; an integer
 tensor whose JSON data holds ``null`` becomes float64 with NaN (as a feature that may be
 missing is held). ``null`` in JSON, NaN in JSON or binary: a missing value, refused by
-conform unless the feature may be missing. ``BF16`` inputs are refused, as are
+conform unless the feature may be missing; a ``BYTES`` element equal to the request's or
+the input's ``parameters.null_value`` (``serving.protocols.v2.parameters``) is one too.
+``BF16`` inputs are refused, as are
 shared-memory tensors and the classification extension.
 
 The dtype path of a tensor, and what is copied:
@@ -51,6 +53,7 @@ import numpy.typing as npt
 from serving.errors import InvalidInput, PayloadTooLarge
 from serving.inputs.instances import Tensors
 from serving.model.handle import Outputs
+from serving.protocols.v2.parameters import null_tokens
 from serving.protocols.v2.schemas import (
     Datatype,
     V2InferRequest,
@@ -195,7 +198,8 @@ def _refuse_unsupported(body: V2InferRequest) -> None:
 def decode(body: V2InferRequest, binary: bytearray, max_instances: int) -> Tensors:
     """The request's input tensors, in request order, each as an array of its declared
     ``shape`` and ``datatype`` (``BYTES`` as ``str`` objects; an integer datatype whose
-    JSON data holds ``null`` as float64 with NaN). Binary data are views of ``binary``,
+    JSON data holds ``null`` as float64 with NaN; ``BYTES`` elements equal to the input's
+    ``null_value`` as None). Binary data are views of ``binary``,
     not copies. Every input's shape is checked before any is decoded.
 
     :param binary: the body after the JSON header (binary tensor data extension), as
@@ -204,9 +208,11 @@ def decode(body: V2InferRequest, binary: bytearray, max_instances: int) -> Tenso
     :raises PayloadTooLarge: (413) an input of more instances than ``max_instances``.
     :raises InvalidInput: naming the input: ``BF16``, values the datatype cannot hold,
         data length != product(shape), binary sizes that do not add up to the body, a
-        shape of no elements; or a shared-memory tensor, the classification extension.
+        shape of no elements; or a shared-memory tensor, the classification extension, a
+        parameter not taken (``parameters.null_tokens``).
     """
     _refuse_unsupported(body)
+    tokens = null_tokens(body)
     chunks = _chunks(body.inputs, binary)
     kinds = [
         _check_declared(tensor, chunks[index], f"inputs[{index}]", max_instances)
@@ -222,6 +228,8 @@ def decode(body: V2InferRequest, binary: bytearray, max_instances: int) -> Tenso
             values = binary_values(kind, chunk)
             if kind == np.bool_:
                 check_bool_bytes(values, f"inputs[{index}]")
+        if tokens[index] is not None:  # BYTES: the elements naming a missing value
+            values[values == tokens[index]] = None
         decoded.append((tensor.name, values.reshape(tensor.shape)))
     return Tensors(decoded)
 

@@ -64,6 +64,11 @@ class V2InputParameters(_Parameters):
         description="Binary tensor data extension: this input's bytes follow the JSON "
         "header (Inference-Header-Content-Length) in request order, little-endian.",
     )
+    null_value: str | None = Field(
+        None,
+        description="A BYTES input's elements equal to this string are missing values, "
+        "as JSON null is (overrides the request's null_value).",
+    )
 
 
 class V2RequestInput(Strict):
@@ -96,6 +101,11 @@ class V2RequestOutput(Strict):
 class V2RequestParameters(_Parameters):
     binary_data_output: bool | None = Field(
         None, description="Default of binary_data for every output (tritonclient sends it)."
+    )
+    null_value: str | None = Field(
+        None,
+        description="Every BYTES input's elements equal to this string are missing values, "
+        "as JSON null is (tritonclient: infer(..., parameters={'null_value': 'None'})).",
     )
 
 
