@@ -101,13 +101,15 @@ def test_control_outcome_answers_a_new_workers_load_error_or_a_refused_reload(
     board.write(new, "failed", error, model=("broken", "1"))
     applied.note_applied(board, 3, 1, None)
 
-    assert applied.outcome(board, 3, 1, "broken") == f"worker {new}: {error}"
+    assert applied.outcome(board, 3, 1, "broken") == applied.Failed(f"worker {new}: {error}")
     with pytest.raises(TimeoutError):  # another call's failure: its own to undo
         applied.outcome(board, 3, deadline_s=0.3, name="churn")
     monkeypatch.setattr(applied, "OTHER_WAIT_S", 0.2)  # nobody undid it: ours too
-    assert applied.outcome(board, 3, 5, "churn") == f"worker {new}: {error}"
+    assert applied.outcome(board, 3, 5, "churn") == applied.Failed(
+        f"worker {new}: {error}", other=True
+    )
     applied.note_applied(board, 4, 2, "invalid setting SERVING_MODEL_REPOSITORY: ...")
-    assert applied.outcome(board, 4, deadline_s=1) == (
+    assert applied.outcome(board, 4, deadline_s=1) == applied.Failed(
         "invalid setting SERVING_MODEL_REPOSITORY: ..."
     )
 
@@ -177,3 +179,56 @@ def test_quarantine_never_leaves_out_a_version_that_served_before(
 
     assert quarantine.look(2, {("churn", "1")}) is False
     assert quarantine.excluded() == {}
+
+
+def test_quarantine_never_leaves_out_a_version_served_generations_ago_nor_a_models_last(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    """Found by the second attack: f/1 served, then f/2; rolled back onto f/1, a glitch
+    failed its load, f/1 was left out and model f was gone for good (the proven set was
+    only the last all-ready generation's; and nothing kept a model's last version)."""
+    from serving.server.repository import Quarantine
+
+    board = Board(tmp_path)
+    lines: list[str] = []
+    keeps = {("g", "2"): False}  # leaving g/2 out would leave g no version
+    quarantine = Quarantine(
+        tmp_path, board, lambda: None, lines.append, {("f", "1")},
+        keeps_model=lambda key, excluded: keeps.get(key, True),
+    )  # fmt: skip
+    first, second, third = workers
+    board.generation = 1
+    board.write(first, "ready")
+    quarantine.look(1, {("f", "2")})  # f/2 served by an all-ready generation
+    board.generation = 2
+    board.write(second, "failed", "MemoryError", model=("f", "1"))  # rolled back onto f/1
+    board.write(third, "failed", "EOF", model=("g", "2"))
+
+    assert quarantine.look(2, {("f", "1"), ("g", "2")}) is False
+    assert quarantine.excluded() == {}
+    assert lines == [
+        "model repository: g/2 not left out: it is the last version of its model; the old "
+        "workers serve on (a worker could not load it: EOF)"
+    ]
+
+
+def test_quarantine_leaves_out_a_new_version_a_worker_died_loading(tmp_path: Path) -> None:
+    """Found by the second attack: a version whose load crashed its workers (SIGSEGV in
+    native code) left no error on the board, so 606 workers were forked in 30 s."""
+    from serving.server.repository import Quarantine
+
+    root = tmp_path / "models"
+    (root / "a" / "2").mkdir(parents=True)
+    board = Board(tmp_path / "board")
+    (tmp_path / "board").mkdir()
+    reloads: list[int] = []
+    quarantine = Quarantine(root, board, lambda: reloads.append(1), lambda line: None, set())
+    board.write(12345, "warming", stage="model 'a': loading", model=("a", "2"))
+    assert board.loading(12345) == ("a", "2")  # read from a dead worker's file
+
+    quarantine.died(12345, ("a", "2"), generation=3)
+    quarantine.died(12346, ("a", "2"), generation=2)  # an older generation's: not counted
+
+    assert quarantine.look(3, {("a", "2")}) is True
+    assert reloads == [1]
+    assert quarantine.excluded() == {("a", "2"): "worker 12345 died while loading it"}

@@ -477,3 +477,19 @@ def test_repository_a_config_json_field_it_does_not_know_is_named_unknown(tmp_pa
     config(tmp_path, "churn", {"version_polcy": {"all": {}}})
 
     assert reasons(tmp_path) == {("churn", ""): "config.json: version_polcy: unknown field"}
+
+
+@pytest.mark.unit
+def test_repository_explicit_control_names_an_unsafe_folder_as_such_not_unloaded(
+    tmp_path: Path,
+) -> None:
+    """Found by the second attack: under explicit control a folder no URL can carry was
+    listed as merely unloaded."""
+    version(tmp_path, "churn", "1")
+    version(tmp_path, "bad name", "1")
+
+    result = scan(tmp_path, loaded={"churn": Loaded()})
+
+    assert [(r.model, r.reason.split(" (")[0]) for r in result.refused] == [
+        ("bad name", "not a safe model name")
+    ]

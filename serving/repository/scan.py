@@ -119,10 +119,10 @@ def scan(
     for folder in sorted(root.iterdir(), key=lambda p: p.name):
         if folder.name.startswith(".") or not folder.is_dir():
             continue
-        if loaded is not None and folder.name not in loaded:
+        if loaded is not None and folder.name not in loaded and _safe(folder.name):
             refused.append(Refusal(folder.name, "", UNLOADED))
             continue
-        chosen = loaded[folder.name] if loaded is not None else Loaded()
+        chosen = loaded.get(folder.name, Loaded()) if loaded is not None else Loaded()
         found, problems = _model(folder, real_root, allow_world_writable, chosen, excluded or {})
         refused.extend(problems)
         for spec in found:
@@ -182,7 +182,7 @@ def _model(
     excluded: Mapping[tuple[str, str], str],
 ) -> tuple[list[ModelSpec], list[Refusal]]:
     name = folder.name
-    if not re.fullmatch(NAME_PATTERN, name) or only_dots(name):
+    if not _safe(name):
         reason = "not a safe model name (1-128 of A-Za-z0-9_.-, not only dots)"
         return [], [Refusal(name, "", reason)]
     if not _inside(folder, real_root):
@@ -372,6 +372,11 @@ def _listed(folder: Path) -> list[Path]:
         return list(folder.iterdir())
     except OSError:
         return []
+
+
+def _safe(name: str) -> bool:
+    """Whether ``name`` is a model name URLs can carry."""
+    return bool(re.fullmatch(NAME_PATTERN, name)) and not only_dots(name)
 
 
 def _inside(path: Path, real_root: Path) -> bool:

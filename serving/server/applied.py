@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from serving.errors import NotReady
 from serving.server.board import GOING, Board, server_stopping, write_json
 
-__all__ = ["OLD_WAIT_S", "OTHER_WAIT_S", "note_applied", "outcome"]
+__all__ = ["OLD_WAIT_S", "OTHER_WAIT_S", "Failed", "note_applied", "outcome"]
 
 _APPLIED = "explicit-applied.json"
 #: Seconds between two looks at the board while a call waits.
@@ -30,7 +30,15 @@ def note_applied(board: Board, changes: int, generation: int, problem: str | Non
     write_json(board.path / _APPLIED, note)
 
 
-def outcome(board: Board, changes: int, deadline_s: float, name: str = "") -> str | None:
+class Failed(NamedTuple):
+    """Why the reload applying a call failed; ``other``: on another model than the call's
+    (a model no call changed, whose file broke in place)."""
+
+    why: str
+    other: bool = False
+
+
+def outcome(board: Board, changes: int, deadline_s: float, name: str = "") -> Failed | None:
     """Wait until the reload that applies change ``changes`` is over: None when every
     worker not leaving is of its generation or newer and ready, and the older ones are
     gone (this one, and those waiting on a call, excepted; at most ``OLD_WAIT_S`` more:
@@ -54,14 +62,14 @@ def outcome(board: Board, changes: int, deadline_s: float, name: str = "") -> st
             note = _applied(board)
             if note is None or note["changes"] < changes or note["generation"] <= past:
                 if other is not None and time.monotonic() - other[0] > OTHER_WAIT_S:
-                    return other[1]  # no call undid it: a failure of this reload too
+                    return Failed(other[1], other=True)  # no call undid it
                 time.sleep(_LOOK_S)
                 continue
             if note["error"]:
-                return str(note["error"])
+                return Failed(str(note["error"]))
             state, why = _look(board, note["generation"], name)
             if state == "failed":
-                return why
+                return Failed(why)
             if state == "other":
                 past, other = note["generation"], (time.monotonic(), why)
             if state in ("served", "over"):

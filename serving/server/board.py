@@ -201,6 +201,18 @@ class Board:
             return None
         return value if isinstance(value, int) else None
 
+    def loading(self, pid: int) -> tuple[str, str] | None:
+        """The model version ``(name, version)`` worker ``pid`` (live or dead) was loading
+        when it last wrote, or None: it was not loading, or says no model."""
+        try:
+            data = json.loads((self.path / str(pid)).read_text())
+        except (OSError, ValueError):
+            return None
+        model = data.get("model") if isinstance(data, dict) else None
+        if data.get("state") not in ("starting", "warming") or not isinstance(model, list):
+            return None
+        return (str(model[0]), str(model[1])) if len(model) == 2 else None
+
     def remove(self, pid: int) -> None:
         (self.path / str(pid)).unlink(missing_ok=True)
 

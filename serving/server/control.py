@@ -148,6 +148,12 @@ def load(settings: Settings, name: str, config: Mapping[str, Any] | None) -> Non
         current = _current(board)
         models = current.models | {name: Loaded(config, None)}
         found = _scan(settings, root, models)
+        over = [f"{r.model}/{r.version}" for r in found.refused if r.reason.startswith(OVER_LIMIT)]
+        if over:
+            raise ControlRefused(
+                name, f"serving it would pass SERVING_MAX_MODELS={settings.max_models} model "
+                f"versions ({', '.join(over[:5])} left out): unload a model first"
+            )  # fmt: skip
         mine = [spec.version for spec in found.specs if spec.name == name]
         if not mine:
             reasons = [
@@ -158,12 +164,6 @@ def load(settings: Settings, name: str, config: Mapping[str, Any] | None) -> Non
             raise LoadFailed(
                 name, "nothing to serve (" + "; ".join(reasons or ["no version"]) + ")"
             )
-        over = [f"{r.model}/{r.version}" for r in found.refused if r.reason.startswith(OVER_LIMIT)]
-        if over:
-            raise ControlRefused(
-                name, f"serving it would pass SERVING_MAX_MODELS={settings.max_models} model "
-                f"versions ({', '.join(over[:5])} left out): unload a model first"
-            )  # fmt: skip
         before = current.models.get(name)
         entry = Loaded(dict(config) if config is not None else None, tuple(mine))
         number = _write(board, current, name, entry)
@@ -208,21 +208,26 @@ def _apply(
     undone (``name`` back to ``before``) unless a later call changed it again."""
     os.kill(os.getppid(), signal.SIGHUP)
     try:
-        problem = outcome(board, number, deadline_s(settings), name)
+        failed = outcome(board, number, deadline_s(settings), name)
     except TimeoutError:
         raise ControlTimeout(name, deadline_s(settings)) from None
-    if problem is None:
-        return
     with _locked(board):
         current = _current(board)
-        undo = current.models.get(name) == entry
-        if undo:
-            number = _write(board, current, name, before, failed=problem[:300])
-    if undo:  # answered once the workers serve as before (so does the index)
+        mine = current.models.get(name) == entry  # not changed by a later call
+        if failed is not None and mine:
+            number = _write(board, current, name, before, failed=failed.why[:300])
+    if failed is None:
+        if not mine:  # a later call on this model, applied by the same reload
+            raise ControlRefused(name, "a later call on this model was applied with this one")
+        return
+    if mine:  # undone; answered once the workers serve as before (so does the index)
         os.kill(os.getppid(), signal.SIGHUP)
         with contextlib.suppress(TimeoutError, NotReady):
             outcome(board, number, deadline_s(settings))
-    raise LoadFailed(name, f"{problem}; serving on as before")
+    if failed.other:
+        raise NotReady(f"model {name!r}: the reload failed on another model: {failed.why}; "
+                       "serving on as before")  # fmt: skip
+    raise LoadFailed(name, f"{failed.why}; serving on as before")
 
 
 def _scan(settings: Settings, root: Path, models: Mapping[str, Loaded]) -> Any:

@@ -454,8 +454,9 @@ def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
 
 def child_exit(server: Any, worker: Any) -> None:
     """Master: drop the dead worker's live gauges (``livesum``) from the metrics, fold its
-    counters and histograms into the archive (``serving.server.metrics_archive``) and drop
-    its state file from the board."""
+    counters and histograms into the archive (``serving.server.metrics_archive``), tell the
+    quarantine of a model version it died loading (a crash in native code leaves no
+    error behind) and drop its state file from the board."""
     from prometheus_client import multiprocess
 
     from serving.server.metrics_archive import archive_dead_worker
@@ -468,6 +469,9 @@ def child_exit(server: Any, worker: Any) -> None:
     except (OSError, struct.error) as exc:  # a file cut short (killed creating it): left
         server.log.warning("worker %s: metrics not archived: %s", worker.pid, exc)
     if _boot is not None:
+        loading = _boot.board.loading(worker.pid)
+        if loading is not None and _quarantine is not None:  # died loading it (a crash)
+            _quarantine.died(worker.pid, loading, _generation)
         _boot.board.remove(worker.pid)
 
 

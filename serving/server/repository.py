@@ -43,9 +43,10 @@ class Quarantine:
     not load (a truncated file, a class that raises), left out of every reload after it
     until their files change; then they are tried again.
 
-    Only versions new since the last generation that was all ready count: a version that
-    served before and fails now (the machine short of memory) is never left out, so a
-    glitch unloads nothing; the old workers serve on, as before. Each finding asks the
+    Only versions no generation that was all ready served count: a version that served
+    before and fails now (the machine short of memory) is never left out, nor is one whose
+    leaving out would leave its model no version (a roll back onto a version that fails):
+    a glitch unloads nothing; the old workers serve on, as before. Each finding asks the
     master for a reload (``on_found``), whose settings leave the version out
     (``excluded``): the policy picks among the others, so the version it would replace
     serves on, and the rest of the change goes through.
@@ -64,12 +65,21 @@ class Quarantine:
         on_found: Callable[[], None],
         say: Callable[[str], None],
         served: set[Key],
+        *,
+        keeps_model: Callable[[Key, dict[Key, str]], bool] = lambda key, excluded: True,
     ) -> None:
         self.root, self.board, self._on_found, self._say = root, board, on_found, say
-        self._lock = threading.Lock()
+        self._keeps_model = keeps_model
+        # Re-entrant: ``died`` runs in the master's SIGCHLD handling, which may interrupt
+        # its own ``excluded`` (a reload) on the same thread.
+        self._lock = threading.RLock()
         self._failed: dict[Key, tuple[object, str]] = {}
-        #: What the last generation that was all ready served (at start: what it serves).
+        #: Every version a generation that was all ready served (at start: what it serves).
         self._proven = set(served)
+        #: Versions not left out, as the last of their model, until the next reload.
+        self._kept: set[Key] = set()
+        #: Versions a worker died loading: the generation and why.
+        self._deaths: dict[Key, tuple[int, str]] = {}
 
     def look(self, generation: int, served: set[Key]) -> bool:
         """One look at the board; True when it found a version to leave out."""
@@ -78,17 +88,29 @@ class Quarantine:
         if staying and all(
             fleet.states[p] == "ready" and fleet.generations.get(p) == generation for p in staying
         ):
-            self._proven = set(served)
+            self._proven |= served
+        with self._lock:
+            deaths, self._deaths = self._deaths, {}
+        failures = [
+            (key, f"a worker could not load it: {fleet.errors.get(pid, '')}")
+            for pid, key in fleet.failed_models.items()
+            if fleet.states.get(pid) == "failed" and fleet.generations.get(pid) == generation
+        ] + [(key, why) for key, (born, why) in deaths.items() if born == generation]
         found = []
-        for pid, key in fleet.failed_models.items():
-            if fleet.states.get(pid) != "failed" or fleet.generations.get(pid) != generation:
-                continue
+        for key, why in failures:
             if key not in served or key in self._proven:
                 continue
-            reason = f"a worker could not load it: {fleet.errors.get(pid, '')}"
+            reason = " ".join(why.split())
             reason = reason if len(reason) <= _REASON_CHARS else reason[:297] + "..."
             with self._lock:
-                if key in self._failed:
+                if key in self._failed or key in self._kept:
+                    continue
+                if not self._keeps_model(key, self.excluded_now() | {key: reason}):
+                    self._kept.add(key)
+                    self._say(
+                        f"model repository: {key[0]}/{key[1]} not left out: it is the last "
+                        f"version of its model; the old workers serve on ({reason})"
+                    )
                     continue
                 self._failed[key] = (folder_state(self.root / key[0] / key[1]), reason)
             found.append(key)
@@ -99,13 +121,26 @@ class Quarantine:
             self._on_found()
         return bool(found)
 
+    def died(self, pid: int, key: Key, generation: int) -> None:
+        """Master, in ``child_exit``: worker ``pid`` of ``generation`` died while loading
+        version ``key``; noted as a failure for the next ``look`` (which the master's
+        signal handler must not wait for)."""
+        with self._lock:
+            if generation >= self._deaths.get(key, (-1, ""))[0]:
+                self._deaths[key] = (generation, f"worker {pid} died while loading it")
+
     def excluded(self) -> dict[Key, str]:
         """The versions left out, and why; one whose files changed since is tried again."""
         with self._lock:
             for key, (state, _) in list(self._failed.items()):
                 if folder_state(self.root / key[0] / key[1]) != state:
                     del self._failed[key]
-            return {key: reason for key, (_, reason) in self._failed.items()}
+            self._kept.clear()  # a reload: each is looked at again
+            return self.excluded_now()
+
+    def excluded_now(self) -> dict[Key, str]:
+        """The versions left out now, and why (the caller holds the lock)."""
+        return {key: reason for key, (_, reason) in self._failed.items()}
 
     def start(self, generation: Callable[[], int], served: Callable[[], set[Key]]) -> None:
         """A daemon thread looking every ``LOOK_S`` seconds (it lists a few small files)."""
@@ -150,9 +185,19 @@ def follow(
 
     quarantine = None
     if board is not None:
+
+        def keeps_model(key: Key, excluded: dict[Key, str]) -> bool:
+            running = current()
+            try:
+                chosen = running.selecting(None, excluded) if running else None
+            except ValueError:  # nothing to serve at all
+                return False
+            return chosen is not None and any(s.name == key[0] for s in chosen.entries() or ())
+
         quarantine = Quarantine(
-            settings.model_repository, board, reload, log.warning, served_keys(settings)
-        )
+            settings.model_repository, board, reload, log.warning, served_keys(settings),
+            keeps_model=keeps_model,
+        )  # fmt: skip
         quarantine.start(generation, lambda: served_keys(current()))
     if settings.polls_repository():
 

@@ -22,8 +22,10 @@ socket inwards:
    unread body by the same deadline, each write by ``SERVING_HEADER_TIMEOUT_S`` of a
    client not reading (then the connection is closed), and the response a
    ``ServingResponse`` (``serving.server.response``: headers and body in one write,
-   ``Connection: close`` when the body is left undrained, or when the application asked
-   for it: ``serving.context.CLOSE_CONNECTION``).
+   ``Connection: close`` when the body is left undrained, when the application asked
+   for it (``serving.context.CLOSE_CONNECTION``), or when the worker was told to stop
+   while it answered: its next request on that connection would meet a worker on its
+   way out, serving what it served).
 4. ``handle_error``: a response Gunicorn writes itself (a malformed request line, 431, a
    500 for an exception outside the app) counted in ``http_requests_total`` and the access
    log like the app's own answers, route ``(gunicorn)``.
@@ -227,8 +229,8 @@ class ServingWorker(HeadReadingWorker):
         """Call the app and write its answer, logged in Gunicorn's access log."""
         request_start = datetime.now()
         respiter = self.wsgi(environ, resp.start_response)
-        if environ.get(CLOSE_CONNECTION):  # before the headers are written
-            resp.force_close()
+        if environ.get(CLOSE_CONNECTION) or not self.alive:  # before the headers are written
+            resp.force_close()  # asked for, or told to stop while it answered
         try:
             if isinstance(respiter, environ["wsgi.file_wrapper"]):
                 resp.write_file(respiter)

@@ -197,11 +197,11 @@ def load_before_accepting(
         if error is None:
             return cache, None
         failed_on = _failed_model(cache)
-        last_error = str(error)
+        last_error = " ".join(str(error).split())  # one line: a message may hold newlines
         if cache is not None and board is not None and board.read().ready_count == 0:
             server.log.error(
                 "worker %s: %s; no worker serves: accepting meanwhile (503 not_ready), "
-                "retrying in %g s", pid, error, delay_s,
+                "retrying in %g s", pid, last_error, delay_s,
             )  # fmt: skip
             board.write(pid, "starting", last_error)
             retry = functools.partial(
@@ -212,11 +212,11 @@ def load_before_accepting(
         server.log.error(
             "worker %s: %s; retrying in %g s (the other workers go on serving)",
             pid,
-            error,
+            last_error,
             delay_s,
         )
         if board is not None:
-            board.write(pid, "failed", str(error), model=failed_on)
+            board.write(pid, "failed", last_error, model=failed_on)
         _wait_alive(worker, delay_s)
         delay_s = min(delay_s * 2, RETRY_MAX_S)
 
@@ -299,7 +299,12 @@ def _load_once(
         metrics.model_load_failed(name, version)
         return None, ModelLoadError(path, reason or str(exc))
     if board is not None:
-        cache.report_stages(functools.partial(board.write, os.getpid(), state, last_error))
+        pid = os.getpid()
+
+        def report(stage: str) -> None:  # and the model it loads: a crash names it
+            board.write(pid, state, last_error, stage, model=_loading(cache))
+
+        cache.report_stages(report)
     done = threading.Event()
     failures: list[BaseException] = []
     cache.start_loading(failures.append, done.set)
@@ -311,6 +316,14 @@ def _load_once(
     if (failed := _failed_model(cache)) is not None:
         metrics.model_load_failed(*failed)
     return cache, failures[0]
+
+
+def _loading(cache: Any) -> tuple[str, str] | None:
+    """The ``(name, version)`` of the model of ``cache`` being loaded now, or None."""
+    for runtime in cache.runtimes:
+        if runtime.stage is not None:
+            return runtime.model_name, runtime.model_version
+    return None
 
 
 def _failed_model(cache: Any) -> tuple[str, str] | None:

@@ -298,3 +298,58 @@ def test_repository_poll_a_version_that_cannot_load_is_left_out_and_the_rest_goe
     assert "churn/2/m.joblib" in index["churn", "2"][1]
     assert health.status_code == 200 and "rollout" not in health.json()["workers"]
     assert "model repository: churn/2 left out until its files change" in log
+
+
+class _CrashesOnLoad:
+    """Unpickling it reads address 0: the process dies of SIGSEGV, as a native library
+    built for another version can."""
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        import ctypes
+
+        return ctypes.string_at, (0,)
+
+
+@pytest.mark.usefixtures("cpu_hog")
+def test_repository_poll_a_version_whose_load_crashes_its_workers_is_left_out(
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """Found by the second attack: a version that crashed every worker loading it left no
+    error behind, and the master forked workers 20 times a second for good."""
+    import pickle
+
+    X, _ = breast_cancer
+    root = one_version(tmp_path / "models")
+    (root / "cancer" / "1").mkdir(parents=True)
+    shutil.copy(DEMO_MODEL_PATH, root / "cancer" / "1" / "m.joblib")
+    server = GunicornServer(
+        tmp_path, model_repository=root, repository_poll_s=0.3, share_model="off"
+    )
+    server.start()
+    try:
+        server.wait_ready()
+        staging = root / "churn" / ".2"
+        staging.mkdir()
+        (staging / "m.pkl").write_bytes(pickle.dumps(_CrashesOnLoad()))
+        staging.rename(root / "churn" / "2")
+        server.wait_for_log("churn/2 left out until its files change", 1, timeout_s=60)
+        server.wait_ready(timeout_s=60)
+        time.sleep(2)  # nothing forked any more
+        booted = server.output().count("Booting worker")
+        time.sleep(3)
+        booted_later = server.output().count("Booting worker")
+        index = {
+            (e["name"], e["version"]): (e["state"], e["reason"])
+            for e in requests.post(f"{server.url}/v2/repository/index", timeout=30).json()
+        }
+        cancer = requests.post(
+            f"{server.url}/predict/cancer", json={"instances": X[:3].tolist()}, timeout=30
+        )
+        version = churn_version(server, X[:3])
+    finally:
+        server.kill()
+
+    assert index["churn", "2"][0] == "UNAVAILABLE"
+    assert "died while loading it" in index["churn", "2"][1]
+    assert version == "1" and cancer.status_code == 200
+    assert booted_later == booted, "workers still forked after the version was left out"

@@ -234,9 +234,11 @@ def test_explicit_control_refuses_what_would_drop_a_model_or_bypass_its_pins(
     url = f"{server.url}/v2/repository/models"
     try:
         server.wait_ready()
-        (root / "aaa" / "1").mkdir(parents=True)
-        shutil.copy(DEMO_MODEL_PATH, root / "aaa" / "1" / "m.joblib")
-        over = requests.post(f"{url}/aaa/load", timeout=120)
+        for model in ("aaa", "zzz"):
+            (root / model / "1").mkdir(parents=True)
+            shutil.copy(DEMO_MODEL_PATH, root / model / "1" / "m.joblib")
+        over = requests.post(f"{url}/aaa/load", timeout=120)  # would push zeta out
+        over_last = requests.post(f"{url}/zzz/load", timeout=120)  # would be pushed out
         other = make_pipeline(StandardScaler(), LogisticRegression()).fit([[0], [1]], [0, 1])
         joblib.dump(other, root / "churn" / "1" / "m.joblib")  # no longer its pinned digest
         unpinned = requests.post(f"{url}/churn/load", json=_config({}), timeout=120)
@@ -260,6 +262,7 @@ def test_explicit_control_refuses_what_would_drop_a_model_or_bypass_its_pins(
 
     assert (over.status_code, over.json()["code"]) == (409, "control_refused")
     assert "SERVING_MAX_MODELS=3" in over.json()["error"]
+    assert (over_last.status_code, over_last.json()["code"]) == (409, "control_refused")
     assert (unpinned.status_code, unpinned.json()["code"]) == (400, "load_failed")
     assert "SHA-256" in unpinned.json()["error"]
     assert (named.status_code, named.json()["code"]) == (400, "invalid_input")
