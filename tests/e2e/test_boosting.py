@@ -7,6 +7,7 @@ the server exited)."""
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -112,3 +113,60 @@ def test_boosting_concurrent_single_rows_each_get_the_in_process_answer(served: 
 
     assert [a["predictions"][0] for a in answers] == [labels[i % 40] for i in range(160)]
     _same([a["probabilities"][0] for a in answers], probabilities[[i % 40 for i in range(160)]])
+
+
+#: What skops must be told to trust to rebuild each library's estimator from an MLflow
+#: save (docs/models.md lists the same).
+TRUSTED = {
+    "xgboost": "xgboost.core.Booster,xgboost.sklearn.XGBClassifier",
+    "lightgbm": "collections.OrderedDict,lightgbm.basic.Booster,lightgbm.sklearn.LGBMClassifier",
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_boosting_an_mlflow_save_serves_with_the_trusted_types_the_docs_list(
+    tmp_path: Any, name: str
+) -> None:
+    """Issue 34 item 6: the skops types an XGBoost or LightGBM MLflow folder needs are the
+    ones docs/models.md lists; with them, the folder answers as the model in-process."""
+    import lightgbm
+    import mlflow.sklearn
+    import xgboost
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    rows = np.random.default_rng(0).random((200, 4))
+    labels = (rows[:, 0] + rows[:, 1] > 1).astype(int)
+    estimator = (
+        xgboost.XGBClassifier(n_estimators=8) if name == "xgboost"
+        else lightgbm.LGBMClassifier(n_estimators=8, verbose=-1)
+    )  # fmt: skip
+    model = make_pipeline(StandardScaler(), estimator).fit(rows, labels)
+    folder = tmp_path / f"{name}_mlflow"
+    with warnings.catch_warnings():  # MLflow's notice about its own pyfunc type hints
+        warnings.filterwarnings("ignore", ".*Any type hint is inferred", UserWarning)
+        mlflow.sklearn.save_model(
+            model, folder, skops_trusted_types=TRUSTED[name].split(","),
+            pip_requirements=[f"{name}=={version_of(name)}"],
+        )  # fmt: skip
+    server = GunicornServer(
+        tmp_path, model_dir=folder, skops_trusted_types=TRUSTED[name], workers=1
+    ).start()
+    try:
+        server.wait_ready(workers=1)
+        answer = server.predict(rows[:20].tolist())
+    finally:
+        server.kill()
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["predictions"] == model.predict(rows[:20]).tolist()
+    expected = model.predict_proba(rows[:20])
+    np.testing.assert_allclose(answer.json()["probabilities"], expected, rtol=1e-6, atol=1e-7)
+
+
+def version_of(name: str) -> str:
+    """The installed library's version (MLflow would infer it by loading the model again
+    in a subprocess: slow)."""
+    import importlib
+
+    return str(importlib.import_module(name).__version__)
