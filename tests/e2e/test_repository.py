@@ -280,6 +280,12 @@ def test_repository_poll_a_version_that_cannot_load_is_left_out_and_the_rest_goe
 
         during = [version_of("churn")]
         until(lambda: during.append(version_of("churn")) or version_of("cancer") == "2", 120)
+
+        def settled() -> bool:  # the rollover over: no old worker answers any more
+            workers = requests.get(f"{server.url}/healthz", timeout=30).json()["workers"]
+            return "rollout" not in workers and len(server.worker_pids()) == 2
+
+        until(lambda: during.append(version_of("churn")) or settled(), 120)
         index = {
             (e["name"], e["version"]): (e["state"], e["reason"])
             for e in requests.post(f"{server.url}/v2/repository/index", timeout=30).json()
@@ -333,15 +339,17 @@ def test_repository_poll_a_version_whose_load_crashes_its_workers_is_left_out(
         (staging / "m.pkl").write_bytes(pickle.dumps(_CrashesOnLoad()))
         staging.rename(root / "churn" / "2")
         server.wait_for_log("churn/2 left out until its files change", 1, timeout_s=60)
-        server.wait_ready(timeout_s=60)
-        time.sleep(2)  # nothing forked any more
+
+        def index() -> dict[tuple[str, str], tuple[str, str]]:
+            answer = requests.post(f"{server.url}/v2/repository/index", timeout=30)
+            return {(e["name"], e["version"]): (e["state"], e["reason"]) for e in answer.json()}
+
+        # the rollover onto the settings leaving it out: over once every answer says so
+        until(lambda: all(("churn", "2") in index() for _ in range(4)), 120)
         booted = server.output().count("Booting worker")
-        time.sleep(3)
+        time.sleep(3)  # nothing forked any more
         booted_later = server.output().count("Booting worker")
-        index = {
-            (e["name"], e["version"]): (e["state"], e["reason"])
-            for e in requests.post(f"{server.url}/v2/repository/index", timeout=30).json()
-        }
+        entries = index()
         cancer = requests.post(
             f"{server.url}/predict/cancer", json={"instances": X[:3].tolist()}, timeout=30
         )
@@ -349,7 +357,7 @@ def test_repository_poll_a_version_whose_load_crashes_its_workers_is_left_out(
     finally:
         server.kill()
 
-    assert index["churn", "2"][0] == "UNAVAILABLE"
-    assert "died while loading it" in index["churn", "2"][1]
+    assert entries["churn", "2"][0] == "UNAVAILABLE"
+    assert "died while loading it" in entries["churn", "2"][1]
     assert version == "1" and cancer.status_code == 200
     assert booted_later == booted, "workers still forked after the version was left out"
