@@ -6,7 +6,8 @@ shapes a GPU provider selects kernels for first) and returns the model's output 
 The rows come from, in order:
 
 1. the model's own examples (``ModelHandle.examples``: a custom class's
-   ``warmup_instances``), checked against its schema like a request's instances
+   ``warmup_instances``, else the input example MLflow saved with it), when its features
+   are known, checked against its schema like a request's instances
    (``serving.inputs.conform``) and repeated to each size. A failure on them is the
    model's own: fatal (``ModelLoadError``), as a request with those rows would fail.
 2. else invented rows (``ModelHandle.sample``: zeros, false, ``""`` or a known category).
@@ -46,7 +47,7 @@ def warm_up(handle: ModelHandle, sizes: Sequence[int], what: str) -> tuple[Tenso
         them, naming ``what``, the cause and where the examples come from; the traceback
         is logged.
     """
-    if handle.examples is not None:
+    if handle.examples is not None and handle.features is not None:
         return _on_examples(handle, handle.examples, sizes, what)
     try:
         handle.warmup(*sizes)
@@ -55,7 +56,7 @@ def warm_up(handle: ModelHandle, sizes: Sequence[int], what: str) -> tuple[Tenso
         log.warning(
             "model %r: warm-up on invented rows (zeros, false, \"\" or a known category) "
             "failed: %s raised %s: %s; serving anyway (give the model its own examples, "
-            "warmup_instances, to warm it up)",
+            "warmup_instances or MLflow's input_example, to warm it up)",
             handle.name, what, type(exc).__name__, _one_line(exc),
         )  # fmt: skip
         return handle.declared_outputs()
@@ -66,9 +67,9 @@ def _on_examples(
 ) -> tuple[TensorSpec, ...]:
     try:
         if all(isinstance(e, Mapping) for e in examples):
-            batch = conform(Records(examples, field="warmup_instances"), handle)
+            batch = conform(Records(examples, field=handle.examples_from), handle)
         else:
-            batch = conform(Frame(examples, field="warmup_instances"), handle)
+            batch = conform(Frame(examples, field=handle.examples_from), handle)
     except Exception as exc:
         raise ModelLoadError(
             handle.source, f"warm-up failed: the warmup_instances of {what} do not fit its "
@@ -79,10 +80,10 @@ def _on_examples(
             handle.predict_batch(_repeated(batch, size))
         return handle.output_specs(batch[:1])
     except Exception as exc:
-        log.error("warm-up of %s on its warmup_instances failed", what, exc_info=True)
+        log.error("warm-up of %s on its own examples failed", what, exc_info=True)
         raise ModelLoadError(
             handle.source, f"warm-up failed: {what} raised {type(exc).__name__}: "
-            f"{_one_line(exc)}, called on its own warmup_instances",
+            f"{_one_line(exc)}, called on its own examples ({handle.examples_from})",
         ) from exc  # fmt: skip
 
 

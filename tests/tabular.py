@@ -277,3 +277,21 @@ def write_plan(folder: Path, schema: bool = False) -> Any:
         columns = [{"name": "plan", "type": "string"}, {"name": "seats", "type": "double"}]
         (folder / "plan.schema.json").write_text(json.dumps({"inputs": columns}))
     return model
+
+
+def save_plan_with_mlflow(folder: Path, model: Any, example: pd.DataFrame) -> Path:
+    """``mlflow.sklearn.save_model`` of a plan model (``write_plan``) as a pickle, with a
+    signature (``plan`` a string, no categories) and ``example`` as its input example."""
+    from mlflow.models import infer_signature
+    from mlflow.sklearn import save_model
+
+    with warnings.catch_warnings():
+        # MLflow's own comparison of a column index with a range, deprecated by pandas.
+        warnings.filterwarnings("ignore", "Operation with range is deprecated")
+        warnings.filterwarnings("ignore", ".*Any type hint is inferred", UserWarning)
+        save_model(
+            model, folder, serialization_format="pickle", input_example=example,
+            signature=infer_signature(example, model.predict(example)),
+            pip_requirements=["scikit-learn"],
+        )  # fmt: skip
+    return folder / "model.pkl"

@@ -4,6 +4,7 @@ filled with ``""`` stopped a model that serves every value it knows)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from serving.runtime import ModelRuntime
 from serving.settings import Settings
 from serving.warmup import warm_up
 from tests.models import FreePlan, FreePlanWithExamples
-from tests.tabular import PLAN_ROWS, write_plan
+from tests.tabular import PLAN_ROWS, save_plan_with_mlflow, write_plan
 
 
 def runtime_for(tmp_path: Path, **settings: Any) -> ModelRuntime:
@@ -102,7 +103,7 @@ def test_warm_up_failure_on_the_models_own_examples_is_fatal(tmp_path: Path) -> 
         runtime.load()
 
     message = str(info.value)
-    assert "warm-up failed" in message and "its own warmup_instances" in message
+    assert "warm-up failed" in message and "its own examples (warmup_instances)" in message
     assert "class tests.models:FreePlanWithBadExamples" in message and "gold" in message
     assert runtime.state == "failed"
 
@@ -125,3 +126,30 @@ def test_python_handle_refuses_warmup_instances_that_are_not_a_list_of_instances
     model = type("Given", (), {"predict": lambda self, rows: rows, "warmup_instances": given})()
     with pytest.raises(ModelLoadError, match="warmup_instances must be a non-empty list"):
         python_handle(model, name="m", version="1")
+
+
+def test_warm_up_runs_mlflows_input_example_where_invented_rows_would_fail(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = write_plan(tmp_path, schema=True)  # the encoder refuses "", the plan invented
+    saved = save_plan_with_mlflow(tmp_path / "plan", model, pd.DataFrame(PLAN_ROWS[:2]))
+    runtime = runtime_for(tmp_path, model_path=saved)
+
+    with caplog.at_level("WARNING", logger="serving.warmup"):
+        runtime.load()
+
+    assert runtime.state == "ready" and "invented rows" not in caplog.text
+    assert runtime.handle is not None and runtime.handle.examples == tuple(PLAN_ROWS[:2])
+    np.testing.assert_allclose(answers(runtime), model.predict(pd.DataFrame(PLAN_ROWS)))
+
+
+def test_warm_up_failure_on_mlflows_input_example_is_fatal(tmp_path: Path) -> None:
+    model = write_plan(tmp_path, schema=True)
+    saved = save_plan_with_mlflow(tmp_path / "plan", model, pd.DataFrame(PLAN_ROWS[:1]))
+    (saved.parent / "input_example.json").write_text(
+        json.dumps({"columns": ["plan", "seats"], "data": [["gold", 1.0]]})
+    )
+    runtime = runtime_for(tmp_path, model_path=saved)
+
+    with pytest.raises(ModelLoadError, match=r"called on its own examples \(MLflow's"):
+        runtime.load()

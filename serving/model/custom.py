@@ -21,7 +21,9 @@ BentoML runners and MLflow's pyfunc ``PythonModel`` popularised:
 - Optional ``warmup_instances``: a list (or a method returning one) of instances the
   model takes, as a request's ``instances`` carry them (``{"plan": "pro", ...}`` or a row
   in column order): the warm-up runs on these instead of rows the server makes up (zeros,
-  false, ``""`` or a known category), and a failure on them stops the load.
+  false, ``""`` or a known category), and a failure on them stops the load. Without
+  them, the input example MLflow saved in the model's folder, if any
+  (``serving.model.examples``).
   Optional ``classes`` labels the columns of ``probabilities``.
 - What ``predict`` gets: with ``input_format = "dataframe"``, a pandas DataFrame of the
   schema's columns, each of its type (NaN/None where missing); otherwise (``"batch"``)
@@ -41,6 +43,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -48,6 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import ModelLoadError
+from serving.model.examples import EXAMPLE_FILE, saved_examples
 from serving.model.frames import frame_builder
 from serving.model.handle import ModelHandle, ModelLoader, Outputs
 from serving.model.schema import (
@@ -152,6 +156,7 @@ def python_handle(
         feature_names=feature_names,
         features=features,
         examples=examples,
+        examples_from="warmup_instances",
     )
 
 
@@ -292,4 +297,9 @@ class PythonLoader(ModelLoader):
         if not isinstance(model, PythonModel):
             raise ModelLoadError(path, f"{self.class_path} has no load(path) and predict()")
         model.load(path)
-        return python_handle(model, name=name, version=version, source=path)
+        handle = python_handle(model, name=name, version=version, source=path)
+        if handle.examples is None:
+            examples = saved_examples(path)  # MLflow's input_example in its folder
+            if examples is not None:
+                return replace(handle, examples=examples, examples_from=EXAMPLE_FILE)
+        return handle

@@ -75,6 +75,8 @@ class ModelHandle:
     :param examples: the model's own example instances, for warm-up (a custom class's
         ``warmup_instances``): each a mapping of feature name to value or a row of values
         in feature order, as a request's ``instances`` carry them; None when it has none.
+    :param examples_from: where ``examples`` come from, for errors (``warmup_instances``,
+        ``input_example.json``).
 
     Usage::
 
@@ -97,6 +99,7 @@ class ModelHandle:
     device_id: int | None = None
     inputs: tuple[TensorSpec, ...] | None = None
     examples: tuple[Any, ...] | None = None
+    examples_from: str = "examples"
 
     def __post_init__(self) -> None:
         if self.features is not None:
