@@ -72,8 +72,8 @@ def _on_examples(
             batch = conform(Frame(examples, field=handle.examples_from), handle)
     except Exception as exc:
         raise ModelLoadError(
-            handle.source, f"warm-up failed: the warmup_instances of {what} do not fit its "
-            f"input schema: {exc}",
+            handle.source, f"warm-up failed: the own examples of {what} "
+            f"({handle.examples_from}) do not fit its input schema: {exc}",
         ) from exc  # fmt: skip
     try:
         for size in sorted(set(sizes)):
