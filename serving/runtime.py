@@ -11,9 +11,10 @@ warmed up and its batcher runs. ``worker_exit`` stops it, draining the batcher.
 Load order matters: the model is loaded (``serving.loading``) or inherited first (importing
 the libraries it needs), then
 BLAS/OpenMP pools are pinned with threadpoolctl (pinning only reaches libraries already
-loaded), then warmup batches of 1 and ``max_batch_size`` rows run (the first also decides
-whether a classifier's labels come from ``predict_proba`` alone: ``serving.model.labels``),
-then the batcher starts.
+loaded), then warmup batches of 1 and ``max_batch_size`` rows run (``serving.warmup``: the
+model's own examples, else invented rows, whose failure is logged and not fatal; the first
+also decides whether a classifier's labels come from ``predict_proba`` alone:
+``serving.model.labels``), then the batcher starts.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from serving.loading import Stage, describe_features, load_artifact, model_loade
 from serving.model.handle import ModelHandle, ModelLoader, TensorSpec
 from serving.model_settings import ModelSettings
 from serving.observe.metrics import ServingMetrics
+from serving.warmup import warm_up
 
 __all__ = ["ModelRuntime", "State"]
 
@@ -119,7 +121,7 @@ class ModelRuntime:
         BLAS/OpenMP threads to ``blas_threads``, warm up, start batching.
 
         :raises ModelLoadError: when the artifact cannot be loaded.
-        :raises Exception: whatever the warmup predict raises.
+        :raises ModelLoadError: when the model fails on its own warm-up examples.
         """
         settings = self.settings
         started = time.perf_counter()
@@ -175,29 +177,17 @@ class ModelRuntime:
             self.on_stage(f"model {self.model_name!r}: {stage}")
 
     def _warm_up(self, handle: ModelHandle) -> tuple[TensorSpec, ...]:
-        """Run the model on sample instances (1 and ``max_batch_size`` of them: the shapes
-        a GPU provider selects kernels for first); its output specs.
+        """Batches of 1 and ``max_batch_size`` instances, the model's own examples or
+        invented rows (``serving.warmup``); its output specs.
 
-        :raises ModelLoadError: when the model raises on them, naming the model (the class
-            for your own code), the stage and the cause; the traceback is logged.
+        :raises ModelLoadError: when the model fails on its own examples.
         """
-        try:
-            handle.warmup(1, self.settings.max_batch_size)
-            return handle.output_specs()
-        except Exception as exc:
-            what = (
-                f"class {self.settings.model_class}"
-                if handle.format == "python" and self.settings.model_class
-                else f"{handle.format} model {handle.name!r}"
-            )
-            log.error("warm-up of %s failed", what, exc_info=True)
-            raise ModelLoadError(
-                handle.source,
-                f"warm-up failed: {what} raised {type(exc).__name__}: {exc}, "
-                f"called on sample instances of its input schema ({describe_features(handle)}: "
-                "zeros, false or a known category); declare the schema your model takes "
-                "(input_schema or a schema file) if it needs other values",
-            ) from exc
+        what = (
+            f"class {self.settings.model_class}"
+            if handle.format == "python" and self.settings.model_class
+            else f"{handle.format} model {handle.name!r}"
+        )
+        return warm_up(handle, (1, self.settings.max_batch_size), what)
 
     def start_loading(
         self,

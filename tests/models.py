@@ -215,6 +215,41 @@ class StringsWithoutSchema:
         raise TypeError("ufunc 'isnan' not supported for the input types")
 
 
+class FreePlan:
+    """A team's own class over an ``OrdinalEncoder`` pipeline (``tests.tabular.write_plan``)
+    declaring ``plan`` a free string (no categories): the encoder refuses ``""``, the value
+    a warm-up makes up for it (issue 34). ``load(path)`` reads ``path/plan.joblib``."""
+
+    input_schema: ClassVar[list[dict[str, Any]]] = [
+        {"name": "plan", "type": "string"},
+        {"name": "seats", "type": "double"},
+    ]
+    input_format = "dataframe"
+
+    def load(self, path: Any) -> None:
+        import joblib
+
+        self.pipeline = joblib.load(f"{path}/plan.joblib")
+        self.seen: list[list[str]] = []
+
+    def predict(self, frame: Any) -> Any:
+        self.seen.append(list(frame["plan"]))
+        return self.pipeline.predict(frame)
+
+
+class FreePlanWithExamples(FreePlan):
+    """A ``FreePlan`` that gives its own warm-up rows (a method, as a class may build them)."""
+
+    def warmup_instances(self) -> list[dict[str, Any]]:
+        return [{"plan": "pro", "seats": 3.0}, {"plan": "team", "seats": 1.0}]
+
+
+class FreePlanWithBadExamples(FreePlan):
+    """A ``FreePlan`` whose own warm-up rows name a plan its encoder does not know."""
+
+    warmup_instances: ClassVar[list[list[Any]]] = [["gold", 1.0]]
+
+
 class ForksOnPredict(RowEcho):
     """A RowEcho whose predict, given a row whose first feature is 7, forks a child process
     that sleeps ``child_s`` seconds (a model starting a helper process) and writes the

@@ -238,3 +238,60 @@ def triton_inputs(rows: list[dict[str, Any]], binary: bool) -> list[Any]:
         tensor.set_data_from_numpy(array, binary_data=binary)
         inputs.append(tensor)
     return inputs
+
+
+#: Rows of the plan pipeline (``plan_pipeline``): every plan it knows, as clients send them.
+PLAN_ROWS: list[dict[str, Any]] = [
+    {"plan": "basic", "seats": 1.0},
+    {"plan": "pro", "seats": 4.0},
+    {"plan": "team", "seats": 12.0},
+    {"plan": "pro", "seats": 2.5},
+]
+
+
+def write_plan(folder: Path, schema: bool = False) -> Any:
+    """A pipeline whose ``OrdinalEncoder`` over the string ``plan`` refuses any other plan
+    (``""`` included: the value a warm-up makes up for a string declared without
+    categories), saved as ``folder/plan.joblib``; with ``schema``, beside it the schema
+    an MLflow signature gives (``plan`` a string, no categories) and the pipeline inside a
+    ``TransformedTargetRegressor``, where its encoder's categories are not looked for.
+    Returns the model saved."""
+    import json
+
+    from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
+    from sklearn.linear_model import LinearRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OrdinalEncoder
+
+    plans = ["basic", "pro", "team"] * 4
+    frame = pd.DataFrame({"plan": plans, "seats": np.arange(12, dtype=float)})
+    encode = ColumnTransformer(
+        [("plan", OrdinalEncoder(), ["plan"])], remainder="passthrough"
+    )  # fmt: skip
+    model: Any = make_pipeline(encode, LinearRegression())
+    if schema:
+        model = TransformedTargetRegressor(regressor=model)
+    model.fit(frame, np.arange(12, dtype=float) * 2 + np.tile([0.0, 10.0, 20.0], 4))
+    joblib.dump(model, folder / "plan.joblib")
+    if schema:
+        columns = [{"name": "plan", "type": "string"}, {"name": "seats", "type": "double"}]
+        (folder / "plan.schema.json").write_text(json.dumps({"inputs": columns}))
+    return model
+
+
+def save_plan_with_mlflow(folder: Path, model: Any, example: pd.DataFrame) -> Path:
+    """``mlflow.sklearn.save_model`` of a plan model (``write_plan``) as a pickle, with a
+    signature (``plan`` a string, no categories) and ``example`` as its input example."""
+    from mlflow.models import infer_signature
+    from mlflow.sklearn import save_model
+
+    with warnings.catch_warnings():
+        # MLflow's own comparison of a column index with a range, deprecated by pandas.
+        warnings.filterwarnings("ignore", "Operation with range is deprecated")
+        warnings.filterwarnings("ignore", ".*Any type hint is inferred", UserWarning)
+        save_model(
+            model, folder, serialization_format="pickle", input_example=example,
+            signature=infer_signature(example, model.predict(example)),
+            pip_requirements=["scikit-learn"],
+        )  # fmt: skip
+    return folder / "model.pkl"

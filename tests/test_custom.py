@@ -239,9 +239,11 @@ def test_python_handle_refuses_a_schema_it_cannot_use(
         python_handle(model, name="m", version="1")
 
 
-def test_warm_up_failure_names_the_class_and_stage_and_logs_the_traceback(
+def test_warm_up_failure_on_invented_rows_names_the_class_and_serves(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A class that fails on the float zeros the server made up may serve its real rows:
+    the failure is a warning naming the class and the error, not a stopped server."""
     from prometheus_client import CollectorRegistry
 
     from serving.observe.metrics import ServingMetrics
@@ -253,11 +255,9 @@ def test_warm_up_failure_names_the_class_and_stage_and_logs_the_traceback(
     )
     runtime = ModelRuntime(settings.model_settings()[0], ServingMetrics(CollectorRegistry()))
 
-    with caplog.at_level("ERROR", logger="serving.runtime"), pytest.raises(ModelLoadError) as info:
+    with caplog.at_level("WARNING", logger="serving.warmup"):
         runtime.load()
 
-    message = str(info.value)
-    assert "warm-up failed" in message
-    assert "class tests.models:StringsWithoutSchema" in message
-    assert "TypeError: ufunc 'isnan'" in message and "input_schema" in message
-    assert "Traceback" in caplog.text and "in predict" in caplog.text
+    assert runtime.state == "ready"
+    assert "class tests.models:StringsWithoutSchema" in caplog.text
+    assert "TypeError: ufunc 'isnan'" in caplog.text and "warmup_instances" in caplog.text

@@ -17,7 +17,13 @@ BentoML runners and MLflow's pyfunc ``PythonModel`` popularised:
   taken); else a schema file in the model's path (``<stem>.schema.json`` or ``MLmodel``
   beside a file; ``schema.json`` or ``MLmodel`` in a directory); else ``feature_names``
   (str, in column order) or ``n_features`` (int), all float64. Any of them enables warmup
-  at load (sample instances: zeros, a known category) and the per-request checks.
+  at load and the per-request checks.
+- Optional ``warmup_instances``: a list (or a method returning one) of instances the
+  model takes, as a request's ``instances`` carry them (``{"plan": "pro", ...}`` or a row
+  in column order): the warm-up runs on these instead of rows the server makes up (zeros,
+  false, ``""`` or a known category), and a failure on them stops the load. Without
+  them, the input example MLflow saved in the model's folder, if any
+  (``serving.model.examples``).
   Optional ``classes`` labels the columns of ``probabilities``.
 - What ``predict`` gets: with ``input_format = "dataframe"``, a pandas DataFrame of the
   schema's columns, each of its type (NaN/None where missing); otherwise (``"batch"``)
@@ -37,6 +43,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -44,6 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import ModelLoadError
+from serving.model.examples import EXAMPLE_FILE, saved_examples
 from serving.model.frames import frame_builder
 from serving.model.handle import ModelHandle, ModelLoader, Outputs
 from serving.model.schema import (
@@ -124,6 +132,7 @@ def python_handle(
     if n_features is None and feature_names is not None:
         n_features = len(feature_names)
     classes = getattr(model, "classes", None)
+    examples = _warmup_instances(model, source)
     to_input = _input_builder(model, source, features, feature_names)
 
     def predict_batch(rows: npt.NDArray[Any]) -> Outputs:
@@ -146,7 +155,40 @@ def python_handle(
         classes=tuple(classes) if classes is not None else None,
         feature_names=feature_names,
         features=features,
+        examples=examples,
+        examples_from="warmup_instances",
     )
+
+
+def _warmup_instances(model: Any, source: Path | None) -> tuple[Any, ...] | None:
+    """The model's ``warmup_instances`` (an attribute, or a method called once), or None.
+
+    :raises ModelLoadError: when they are not a non-empty list of instances (each a
+        mapping of feature name to value or a list of values), or the method raises.
+    """
+    given = getattr(model, "warmup_instances", None)
+    if given is None:
+        return None
+    where = f"{type(model).__name__}.warmup_instances"
+    if callable(given):
+        try:
+            given = given()
+        except Exception as exc:
+            raise ModelLoadError(source, f"{where}() raised {type(exc).__name__}: {exc}") from exc
+    if (
+        isinstance(given, (str, bytes, Mapping))
+        or not isinstance(given, Sequence)
+        or not given
+        or (
+            not all(isinstance(i, Mapping) for i in given)
+            and not all(isinstance(i, Sequence) and not isinstance(i, str) for i in given)
+        )
+    ):
+        raise ModelLoadError(
+            source, f"{where} must be a non-empty list of instances, each a mapping of "
+            "feature name to value or a list of values in column order",
+        )  # fmt: skip
+    return tuple(given)
 
 
 def _feature_names(
@@ -255,4 +297,9 @@ class PythonLoader(ModelLoader):
         if not isinstance(model, PythonModel):
             raise ModelLoadError(path, f"{self.class_path} has no load(path) and predict()")
         model.load(path)
-        return python_handle(model, name=name, version=version, source=path)
+        handle = python_handle(model, name=name, version=version, source=path)
+        if handle.examples is None:
+            examples = saved_examples(path)  # MLflow's input_example in its folder
+            if examples is not None:
+                return replace(handle, examples=examples, examples_from=EXAMPLE_FILE)
+        return handle

@@ -156,7 +156,8 @@ def _outputs_of(
         outputs = {"predictions": np.asarray(predict(rows))}
         if predict_proba is not None:
             outputs["probabilities"] = np.asarray(predict_proba(rows))
-        if one_pass is not None and one_pass.holds is None:  # the first batch: the warm-up's
+        if one_pass is not None and one_pass.holds is None:  # the first batch that ran:
+            # the warm-up's, or a request's where the warm-up on invented rows raised
             one_pass.check(outputs["predictions"], outputs["probabilities"])
         return outputs
 

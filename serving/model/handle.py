@@ -72,6 +72,11 @@ class ModelHandle:
     :param execution_provider: where it runs: ONNX Runtime's provider name
         (``CUDAExecutionProvider``, ``CPUExecutionProvider``) or ``cpu`` for Python models.
     :param device_id: the CUDA device index, when it runs on one.
+    :param examples: the model's own example instances, for warm-up (a custom class's
+        ``warmup_instances``): each a mapping of feature name to value or a row of values
+        in feature order, as a request's ``instances`` carry them; None when it has none.
+    :param examples_from: where ``examples`` come from, for errors (``warmup_instances``,
+        ``input_example.json``).
 
     Usage::
 
@@ -93,6 +98,8 @@ class ModelHandle:
     execution_provider: str = "cpu"
     device_id: int | None = None
     inputs: tuple[TensorSpec, ...] | None = None
+    examples: tuple[Any, ...] | None = None
+    examples_from: str = "examples"
 
     def __post_init__(self) -> None:
         if self.features is not None:
@@ -138,19 +145,20 @@ class ModelHandle:
         assert self.features is not None
         return sample_batch(self.features, n)
 
-    def output_specs(self) -> tuple[TensorSpec, ...]:
-        """The outputs of one sample instance, as specs (one ``predict_batch`` call); empty
-        when ``n_features`` is unknown. Used for metadata, computed once per load."""
+    def output_specs(self, batch: npt.NDArray[Any] | None = None) -> tuple[TensorSpec, ...]:
+        """The outputs of ``batch`` (default: one sample instance), as specs (one
+        ``predict_batch`` call); those the model names (``declared_outputs``) when
+        ``n_features`` is unknown. Used for metadata, computed once per load."""
         if self.features is None:
-            return self._declared_outputs()
-        outputs = self.predict_batch(self.sample(1))
+            return self.declared_outputs()
+        outputs = self.predict_batch(self.sample(1) if batch is None else batch)
         return tuple(
             TensorSpec(name, np.asarray(value).dtype, (-1, *np.asarray(value).shape[1:]))
             for name, value in outputs.items()
         )
 
-    def _declared_outputs(self) -> tuple[TensorSpec, ...]:
-        """For a model that does not tell its width (so cannot be run on a sample): the
+    def declared_outputs(self) -> tuple[TensorSpec, ...]:
+        """For a model that does not tell its width, or whose warm-up failed: the
         outputs it names, typed from what is known (the classes' type for a classifier's
         predictions, float64 otherwise), so metadata still lists them."""
         labels = np.asarray(self.classes).dtype if self.classes else np.dtype(np.float64)

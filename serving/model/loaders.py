@@ -19,6 +19,7 @@ import pickle
 import pickletools
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from serving.model.artifacts import (
     model_name,
 )
 from serving.model.estimators import estimator_handle
+from serving.model.examples import EXAMPLE_FILE, saved_examples
 from serving.model.handle import ModelHandle, ModelLoader, Predictor
 from serving.model.onnx_loader import OnnxLoader
 from serving.model.schema import Feature, features_from_file, schema_file
@@ -97,10 +99,14 @@ class _EstimatorLoader(ModelLoader):
         model = self._read(data, path)
         if not self.keep_n_jobs:
             single_threaded(model, path)
-        return estimator_handle(
+        handle = estimator_handle(
             model, name=name, version=version, format=self.format, source=path,
             declared=declared_features(path),
         )  # fmt: skip
+        examples = saved_examples(path)  # MLflow's input_example, for the warm-up
+        if examples is None:
+            return handle
+        return replace(handle, examples=examples, examples_from=EXAMPLE_FILE)
 
 
 class PickleLoader(_EstimatorLoader):
