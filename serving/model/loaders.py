@@ -32,6 +32,7 @@ from serving.model.artifacts import (
 )
 from serving.model.estimators import estimator_handle
 from serving.model.handle import ModelHandle, ModelLoader, Predictor
+from serving.model.mlmodel import pyfunc_output
 from serving.model.onnx_loader import OnnxLoader
 from serving.model.schema import Feature, features_from_file, schema_file
 
@@ -97,9 +98,16 @@ class _EstimatorLoader(ModelLoader):
         model = self._read(data, path)
         if not self.keep_n_jobs:
             single_threaded(model, path)
+        declared = declared_features(path)
+        mlflow = declared is not None and schema_file(path) == path.with_name("MLmodel")
+        try:
+            output = pyfunc_output(path)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(path, str(exc)) from None
         return estimator_handle(
             model, name=name, version=version, format=self.format, source=path,
-            declared=declared_features(path),
+            declared=declared, nulls="estimator" if mlflow else "declared",
+            pyfunc_output=output,
         )  # fmt: skip
 
 
