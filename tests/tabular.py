@@ -6,6 +6,7 @@ and numbers as tritonclient sends them (issue 34)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -98,6 +99,17 @@ def save_with_mlflow(
                               f"skops=={skops.__version__}", f"pandas=={pd.__version__}"],
         )  # fmt: skip
     return folder / "model.skops"
+
+
+def pyfunc_predict(folder: Path, frame: pd.DataFrame) -> Any:
+    """``mlflow.pyfunc.load_model(folder).predict(frame)`` as JSON carries it (lists)."""
+    with warnings.catch_warnings():
+        # MLflow's own notice about its pyfunc type hints, raised on import.
+        warnings.filterwarnings("ignore", ".*Any type hint is inferred", UserWarning)
+        import mlflow.pyfunc
+
+    predicted = mlflow.pyfunc.load_model(str(folder)).predict(frame)
+    return json.loads(json.dumps(np.asarray(predicted).tolist()))
 
 
 def tier_pipeline() -> tuple[Any, pd.DataFrame]:

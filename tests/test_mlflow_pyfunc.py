@@ -23,7 +23,14 @@ from serving.model.handle import ModelHandle
 from serving.model.loaders import default_loaders, load_model
 from serving.observe.metrics import ServingMetrics
 from serving.settings import Settings
-from tests.tabular import CHURN_SKOPS_TYPES, churn_module, churn_rows, frame_of, save_with_mlflow
+from tests.tabular import (
+    CHURN_SKOPS_TYPES,
+    churn_module,
+    churn_rows,
+    frame_of,
+    pyfunc_predict,
+    save_with_mlflow,
+)
 
 COLUMNS = ["plan", "region", "seats", "usage_hours"]
 TRUSTED = list(CHURN_SKOPS_TYPES)
@@ -79,10 +86,7 @@ def client_of(settings: Settings, handle: ModelHandle) -> Iterator[FlaskClient]:
 
 def in_process(folder: Path, rows: list[dict[str, Any]]) -> Any:
     """``mlflow.pyfunc.load_model(folder).predict`` on ``rows``, as JSON would carry it."""
-    import mlflow.pyfunc
-
-    predicted = mlflow.pyfunc.load_model(str(folder)).predict(frame_of(rows))
-    return json.loads(json.dumps(np.asarray(predicted).tolist()))
+    return pyfunc_predict(folder, frame_of(rows))
 
 
 def test_mlflow_pyfunc_predict_proba_folder_answers_probabilities_as_mlflow(
