@@ -6,6 +6,7 @@ pipeline takes: the folder takes the values its joblib file takes, on every rout
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import joblib
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from flask.testing import FlaskClient
 from prometheus_client import CollectorRegistry
 
@@ -124,11 +126,8 @@ def test_mlflow_pyfunc_null_in_a_required_column_the_pipeline_takes_is_answered(
 ) -> None:
     """MLflow's ``required`` is about the column being sent: MLflow's own server answers
     a null in ``region``, and so does the joblib file of the same pipeline."""
-    signature = json.loads(
-        __import__("yaml").safe_load((proba_folder.parent / "MLmodel").read_text())["signature"][
-            "inputs"
-        ]
-    )
+    mlmodel = yaml.safe_load((proba_folder.parent / "MLmodel").read_text())
+    signature = json.loads(mlmodel["signature"]["inputs"])
     assert {"type": "string", "name": "region", "required": True} in signature
     rows = rows_with_null_regions()
     body = split(rows) if route == "/invocations" else {"instances": rows}
@@ -206,3 +205,43 @@ def test_mlflow_pyfunc_predict_fn_not_served_is_refused_at_load_naming_it(
     )
     with pytest.raises(ModelLoadError, match=expected):
         load_model(tmp_path / "model.pkl", "joblib")
+
+
+def mlflow_scores(folder: Path) -> Any:
+    """MLflow's own scoring server's ``/invocations`` (``mlflow models serve``) for
+    ``folder``, in-process: ``(body, content_type) -> (status, JSON answer)``. Its
+    ``invocations`` function is the route's body, without the HTTP server around it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*Any type hint is inferred", UserWarning)
+        import mlflow.pyfunc
+        from mlflow.pyfunc import scoring_server
+
+    model = mlflow.pyfunc.load_model(str(folder))
+    schema = model.metadata.get_input_schema()
+
+    def score(body: str, content_type: str) -> tuple[int, Any]:
+        answer = scoring_server.invocations(body, content_type, model, schema)
+        return answer.status, json.loads(answer.response)
+
+    return score
+
+
+def test_mlflow_pyfunc_invocations_equal_mlflows_own_scoring_server(
+    settings: Settings, proba_folder: Path
+) -> None:
+    """The same bodies to MLflow's scoring server and to ours: the same JSON once parsed
+    (the same numbers and shape; a null in the ``required`` region included)."""
+    rows = rows_with_null_regions()
+    bodies = [
+        (json.dumps(split(rows)), "application/json"),
+        (json.dumps({"dataframe_records": rows}), "application/json"),
+        (frame_of(rows).to_csv(index=False), "text/csv"),
+    ]
+    theirs = mlflow_scores(proba_folder.parent)
+    handle = load_model(proba_folder, loaders=default_loaders(skops_trusted_types=TRUSTED))
+    for client in client_of(settings, handle):
+        for body, content_type in bodies:
+            ours = client.post("/invocations", data=body, content_type=content_type)
+            status, expected = theirs(body, content_type)
+            assert status == ours.status_code == 200, ours.get_data(as_text=True)
+            assert ours.get_json() == expected

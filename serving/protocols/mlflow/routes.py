@@ -76,7 +76,8 @@ OPERATIONS = [
     Operation(
         "post",
         "/invocations",
-        "MLflow scoring: one prediction per row of a DataFrame (JSON or CSV), default model",
+        "MLflow scoring: one prediction per row of a DataFrame (JSON or CSV), default model "
+        "(labels, or probabilities for an MLflow folder saved with predict_fn predict_proba)",
         {200: MlflowResponse}
         | errors(MlflowErrorResponse, 400, 401, 408, 413, 415, 422, 500, 501, 503, 504),
         request=MlflowRequest,
