@@ -23,6 +23,7 @@ from serving.app import create_app
 from serving.errors import ModelLoadError
 from serving.model.handle import ModelHandle
 from serving.model.loaders import default_loaders, load_model
+from serving.model.mlmodel import pyfunc_output
 from serving.observe.metrics import ServingMetrics
 from serving.settings import Settings
 from tests.tabular import (
@@ -245,3 +246,18 @@ def test_mlflow_pyfunc_invocations_equal_mlflows_own_scoring_server(
             status, expected = theirs(body, content_type)
             assert status == ours.status_code == 200, ours.get_data(as_text=True)
             assert ours.get_json() == expected
+
+
+def test_mlflow_pyfunc_mlmodel_linked_out_of_the_folder_is_refused(tmp_path: Path) -> None:
+    """As a schema file linked out of the folder is: whoever writes there picks the answer."""
+    outside = tmp_path / "elsewhere"
+    outside.write_text("flavors:\n  python_function:\n    predict_fn: predict_proba\n")
+    folder = tmp_path / "churn"
+    folder.mkdir()
+    (folder / "MLmodel").symlink_to(outside)
+    with pytest.raises(ValueError, match="link out of the model's folder"):
+        pyfunc_output(folder / "model.pkl")
+    outside.rename(folder / "MLmodel.yaml")
+    (folder / "MLmodel").unlink()
+    (folder / "MLmodel").symlink_to("MLmodel.yaml")  # within the folder: read
+    assert pyfunc_output(folder / "model.pkl") == "probabilities"

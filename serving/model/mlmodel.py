@@ -24,12 +24,15 @@ def pyfunc_output(model_path: Path) -> PyfuncOutput:
     ``predict_fn`` in the ``MLmodel`` file beside it (``predict`` when there is no such
     file, or it names none).
 
-    :raises ValueError: when the file is not readable YAML, or names a ``predict_fn`` not
+    :raises ValueError: when the file is not readable YAML, is a link out of the model's
+        folder (as ``serving.model.schema`` refuses one), or names a ``predict_fn`` not
         served (``predict_log_proba``, ``score``, ...), naming it.
     """
     path = model_path.with_name("MLmodel")
     if not path.is_file():
         return "predictions"
+    if not path.resolve().is_relative_to(path.parent.resolve()):
+        raise ValueError("MLmodel is a link out of the model's folder: copy the file in")
     import yaml
 
     try:
