@@ -6,6 +6,7 @@ and numbers as tritonclient sends them (issue 34)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -70,26 +71,45 @@ def hgb_with_missing() -> tuple[Any, pd.DataFrame]:
 CHURN_SKOPS_TYPES = ("numpy.dtype",)
 
 
-def save_with_mlflow(folder: Path, model: Any, trusted: list[str]) -> Path:
-    """``mlflow.sklearn.save_model`` in its default (skops) format, with a signature. The
-    pip requirements are given, pinned as MLflow would infer them: inferring them loads
-    the model again in a subprocess (9.7 s of a 9.8 s save); the server never reads them."""
+def save_with_mlflow(
+    folder: Path,
+    model: Any,
+    trusted: list[str],
+    predict_fn: str = "predict",
+    signed: pd.DataFrame | None = None,
+) -> Path:
+    """``mlflow.sklearn.save_model`` in its default (skops) format, with a signature
+    inferred from ``signed`` (default: ``churn_rows()``, which hold nulls) and
+    ``pyfunc_predict_fn=predict_fn``. The pip requirements are given, pinned as MLflow
+    would infer them: inferring them loads the model again in a subprocess (9.7 s of a
+    9.8 s save); the server never reads them."""
     import sklearn
     import skops
     from mlflow.models import infer_signature
     from mlflow.sklearn import save_model
 
-    frame = frame_of(churn_rows())
+    frame = frame_of(churn_rows()) if signed is None else signed
     with warnings.catch_warnings():
         # MLflow's own notice about its pyfunc type hints, not about this model or us.
         warnings.filterwarnings("ignore", ".*Any type hint is inferred", UserWarning)
         save_model(
-            model, folder, signature=infer_signature(frame, model.predict(frame)),
-            skops_trusted_types=trusted,
+            model, folder, signature=infer_signature(frame, getattr(model, predict_fn)(frame)),
+            skops_trusted_types=trusted, pyfunc_predict_fn=predict_fn,
             pip_requirements=[f"scikit-learn=={sklearn.__version__}",
                               f"skops=={skops.__version__}", f"pandas=={pd.__version__}"],
         )  # fmt: skip
     return folder / "model.skops"
+
+
+def pyfunc_predict(folder: Path, frame: pd.DataFrame) -> Any:
+    """``mlflow.pyfunc.load_model(folder).predict(frame)`` as JSON carries it (lists)."""
+    with warnings.catch_warnings():
+        # MLflow's own notice about its pyfunc type hints, raised on import.
+        warnings.filterwarnings("ignore", ".*Any type hint is inferred", UserWarning)
+        import mlflow.pyfunc
+
+    predicted = mlflow.pyfunc.load_model(str(folder)).predict(frame)
+    return json.loads(json.dumps(np.asarray(predicted).tolist()))
 
 
 def tier_pipeline() -> tuple[Any, pd.DataFrame]:

@@ -32,13 +32,20 @@ def mlflow_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_mlflow_compat_the_signature_types_the_features(mlflow_folder: Path) -> None:
+def test_mlflow_compat_the_signature_types_the_features_the_pipeline_takes_nulls(
+    mlflow_folder: Path, tmp_path: Path
+) -> None:
+    """``region`` is ``required`` in the signature (no NaN in training), yet the pipeline
+    takes a null there: the folder takes the nulls the same model's joblib file takes."""
     handle = load_model(mlflow_folder / "model.pkl", "joblib")
+    (tmp_path / "model.pkl").write_bytes((mlflow_folder / "model.pkl").read_bytes())
+    alone = load_model(tmp_path / "model.pkl", "joblib")
     kinds = {f.name: (f.kind, f.missing) for f in handle.features or ()}
     assert kinds == {
-        "plan": ("string", False), "region": ("string", False),
+        "plan": ("string", False), "region": ("string", True),
         "seats": ("float", True), "usage_hours": ("float", True),
     }  # fmt: skip
+    assert [f.missing for f in alone.features or ()] == [f.missing for f in handle.features or ()]
 
 
 @pytest.mark.parametrize("case", PINNED["answers"], ids=lambda case: case["name"])

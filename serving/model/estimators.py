@@ -14,7 +14,7 @@ import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +23,7 @@ from serving.errors import InvalidInput, ModelLoadError
 from serving.model.frames import frame_builder
 from serving.model.handle import ModelHandle, Outputs, Predictor
 from serving.model.labels import OnePass, label_rule
+from serving.model.mlmodel import PyfuncOutput
 from serving.model.schema import Feature, feature, merge_features
 from serving.model.schema_sklearn import estimator_features, estimator_missing
 
@@ -55,6 +56,8 @@ def estimator_handle(
     format: str,
     source: Path | None = None,
     declared: tuple[Feature, ...] | None = None,
+    nulls: Literal["declared", "estimator"] = "declared",
+    pyfunc_output: PyfuncOutput = "predictions",
 ) -> ModelHandle:
     """A handle for a scikit-learn style estimator (pipelines included).
 
@@ -71,14 +74,21 @@ def estimator_handle(
     dtype), only ``predict_proba`` from then on; otherwise both per batch, as every other
     model, with a warning saying what differed.
 
-    :raises ModelLoadError: when the object has no ``predict``, or ``declared`` names
-        features the model was not fitted on.
+    :param nulls: whether ``declared``'s features may be missing as it says, or as the
+        estimator takes NaN (``serving.model.schema.merge_features``).
+    :param pyfunc_output: what ``/invocations`` answers (``serving.model.mlmodel``).
+    :raises ModelLoadError: when the object has no ``predict``, ``declared`` names
+        features the model was not fitted on, or ``pyfunc_output`` is ``probabilities``
+        for a model without ``predict_proba``.
     """
     if not callable(getattr(model, "predict", None)):
         raise ModelLoadError(source, f"the loaded {type(model).__name__} object has no predict()")
     predict_proba, classes = _probability_outputs(model, name)
+    if pyfunc_output == "probabilities" and predict_proba is None:
+        msg = "MLmodel's predict_fn is predict_proba, but the model answers no probabilities"
+        raise ModelLoadError(source, msg)
     n_features = getattr(model, "n_features_in_", None)
-    features = _estimator_features(model, n_features, declared, source)
+    features = _estimator_features(model, n_features, declared, source, nulls)
     named = getattr(model, "feature_names_in_", None) is not None
     feature_names = tuple(f.name for f in features) if features and (named or declared) else None
     to_input = frame_builder(features) if named and features else _array_input
@@ -97,6 +107,7 @@ def estimator_handle(
         feature_names=feature_names,
         features=features,
         output_names=("predictions",) + (("probabilities",) if predict_proba is not None else ()),
+        pyfunc_output=pyfunc_output,
     )
 
 
@@ -119,6 +130,7 @@ def _estimator_features(
     n_features: Any,
     declared: tuple[Feature, ...] | None,
     source: Path | None,
+    nulls: Literal["declared", "estimator"],
 ) -> tuple[Feature, ...] | None:
     """The input schema: ``declared`` merged with what the estimator tells (its columns, or
     ``n_features`` float64 features named by position).
@@ -132,7 +144,7 @@ def _estimator_features(
             missing = estimator_missing(model)
             inferred = tuple(feature(str(j), "float", np.float64, missing=missing)
                              for j in range(int(n_features)))  # fmt: skip
-        return merge_features(declared, inferred)
+        return merge_features(declared, inferred, nulls)
     except ValueError as exc:
         raise ModelLoadError(source, str(exc)) from None
 

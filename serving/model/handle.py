@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from serving.model.mlmodel import PyfuncOutput
 from serving.model.schema import Feature, feature, sample_batch, structured_dtype, uniform_dtype
 
 __all__ = ["ModelHandle", "ModelLoader", "Outputs", "Predictor", "TensorSpec"]
@@ -67,6 +68,9 @@ class ModelHandle:
         values and categories per feature; by default ``n_features`` floats of
         ``input_dtype``, named by ``feature_names`` or by position.
     :param output_names: the keys ``predict_batch`` returns, when known.
+    :param pyfunc_output: the output ``/invocations`` answers: ``probabilities`` for an
+        MLflow folder whose ``MLmodel`` names ``predict_fn: predict_proba``
+        (``serving.model.mlmodel``), as ``mlflow.pyfunc`` answers it.
     :param inputs: the model's named inputs, laid side by side as the feature columns
         (one ``input-0`` for Python estimators; an ONNX graph's own inputs), when known.
     :param execution_provider: where it runs: ONNX Runtime's provider name
@@ -100,6 +104,7 @@ class ModelHandle:
     inputs: tuple[TensorSpec, ...] | None = None
     examples: tuple[Any, ...] | None = None
     examples_from: str = "examples"
+    pyfunc_output: PyfuncOutput = "predictions"
 
     def __post_init__(self) -> None:
         if self.features is not None:

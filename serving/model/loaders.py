@@ -34,6 +34,7 @@ from serving.model.artifacts import (
 from serving.model.estimators import estimator_handle
 from serving.model.examples import EXAMPLE_FILE, saved_examples
 from serving.model.handle import ModelHandle, ModelLoader, Predictor
+from serving.model.mlmodel import pyfunc_output
 from serving.model.onnx_loader import OnnxLoader
 from serving.model.schema import Feature, features_from_file, schema_file
 
@@ -99,9 +100,16 @@ class _EstimatorLoader(ModelLoader):
         model = self._read(data, path)
         if not self.keep_n_jobs:
             single_threaded(model, path)
+        declared = declared_features(path)
+        mlflow = declared is not None and schema_file(path) == path.with_name("MLmodel")
+        try:
+            output = pyfunc_output(path)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(path, str(exc)) from None
         handle = estimator_handle(
             model, name=name, version=version, format=self.format, source=path,
-            declared=declared_features(path),
+            declared=declared, nulls="estimator" if mlflow else "declared",
+            pyfunc_output=output,
         )  # fmt: skip
         examples = saved_examples(path)  # MLflow's input_example, for the warm-up
         if examples is None:

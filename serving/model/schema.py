@@ -198,11 +198,18 @@ def features_from_specs(specs: Any, where: str) -> tuple[Feature, ...] | None:
 
 
 def merge_features(
-    declared: Sequence[Feature] | None, inferred: Sequence[Feature] | None
+    declared: Sequence[Feature] | None,
+    inferred: Sequence[Feature] | None,
+    nulls: Literal["declared", "estimator"] = "declared",
 ) -> tuple[Feature, ...] | None:
     """A schema file's features, with the categories the estimator knows for each (and
     whether its encoder takes a missing string as ``None``, the pandas categories it
     encodes itself); the estimator's when there is no file.
+
+    :param nulls: whether a feature may be missing: as the file declares it
+        (``declared``: a ``schema.json``'s ``required``), or as the estimator takes it
+        (``estimator``: an ``MLmodel``, whose ``required`` says only that the column is
+        sent, as MLflow enforces it, not that training had no NaN in it).
 
     :raises ValueError: when the file names features the estimator was not fitted on.
     """
@@ -219,6 +226,7 @@ def merge_features(
     merged = [
         replace(
             f, categories=known[f.name].categories,
+            missing=known[f.name].missing if nulls == "estimator" else f.missing,
             missing_is_none=known[f.name].missing_is_none and f.dtype.kind == "O",
             pandas_categories=known[f.name].pandas_categories,
         )

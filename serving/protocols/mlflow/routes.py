@@ -4,10 +4,12 @@
 ``/invocations`` takes MLflow's JSON bodies (``dataframe_split``, ``dataframe_records``,
 ``instances``, ``inputs``; ``params`` accepted and ignored) or ``text/csv`` with a header
 row, scores them with the default model (the first of ``SERVING_MODELS``) through the
-shared request path and batcher, and answers ``{"predictions": [...]}``: one label or
-value per instance, like MLflow's scikit-learn flavour. Named columns are reordered to the
-model's feature names; a model without names takes them positionally. Errors are MLflow's
-``{"error_code", "message"}`` plus our ``code``, with the service's statuses.
+shared request path and batcher, and answers ``{"predictions": [...]}``: what
+``mlflow.pyfunc`` answers, one label or value per instance, or each instance's class
+probabilities for an MLflow folder saved with ``pyfunc_predict_fn="predict_proba"``.
+Named columns are reordered to the model's feature names; a model without names takes
+them positionally. Errors are MLflow's ``{"error_code", "message"}`` plus our ``code``,
+with the service's statuses.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ OPERATIONS = [
     Operation(
         "post",
         "/invocations",
-        "MLflow scoring: one prediction per row of a DataFrame (JSON or CSV), default model",
+        "MLflow scoring: one prediction per row of a DataFrame (JSON or CSV), default model "
+        "(labels, or probabilities for an MLflow folder saved with predict_fn predict_proba)",
         {200: MlflowResponse}
         | errors(MlflowErrorResponse, 400, 401, 408, 413, 415, 422, 500, 501, 503, 504),
         request=MlflowRequest,
@@ -147,7 +150,8 @@ def invocations(plane: DataPlane, call: Call, environ: Mapping[str, Any]) -> Ans
         content_type = environ.get("CONTENT_TYPE") or None
         raise UnsupportedMediaType(content_type, "application/json or text/csv")
     answer = plane.infer(call, None, None, instances, rules=MLFLOW)
-    return json_answer({"predictions": jsonable(answer.outputs["predictions"])})
+    output = answer.outputs[answer.handle.pyfunc_output]
+    return json_answer({"predictions": jsonable(output)})
 
 
 #: Errors as MLflow's ``{"error_code", "message"}`` plus our ``code``.

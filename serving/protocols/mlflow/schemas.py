@@ -84,7 +84,9 @@ class MlflowRequest(Strict):
 
 
 class MlflowResponse(BaseModel):
-    """One prediction (class label or value) per instance, in request order."""
+    """One prediction per instance, in request order: what ``mlflow.pyfunc`` answers, a
+    class label or value, or the class probabilities for an MLflow folder whose
+    ``MLmodel`` names ``predict_fn: predict_proba``."""
 
     predictions: list[Any]
 
