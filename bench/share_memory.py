@@ -9,7 +9,9 @@ forest's ``predict_proba`` in-process, then sum the PSS (``/proc/<pid>/smaps_rol
 the master and every worker. With 4 workers it also SIGKILLs a worker ``--kills`` times
 and times each replacement from the kill to ``/healthz`` saying every worker is ready
 again (its pid new), and sends one HUP, the model file unchanged (the master's busy time
-is in its log: ``loaded N model(s) in the master in X s``), then sums the PSS again. The
+is in its log: ``loaded N model(s) in the master in X s``), then sums the PSS again; with
+``--deploys N``, N deploys of a new file follow (a copy renamed over the served file, then
+HUP), the PSS summed after each once the old workers are gone. The
 CPU model and the table go to stdout, the figures to ``bench/results/share_memory.json``.
 Memory is what is measured: the requests/s column is only a same-run sanity check (16
 workers on a 2-core machine are oversubscribed).
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -155,17 +158,41 @@ def compare(path: Path, rows: np.ndarray, expected: np.ndarray, workers: int, n:
         print(f"{share}: {workers} workers, median {np.median(got):.1f} requests/s ({shown})")
 
 
-def main() -> None:
+def deploy(server: Server, path: Path, served: Path, rows: np.ndarray, expected: Any) -> float:
+    """A new file renamed over the served one (a new inode: the master loads it again),
+    then HUP; the total PSS once every worker is new, answers right, and the old are gone."""
+    before = set(children(server.proc.pid))
+    fresh = served.with_name(f".{served.name}.new")
+    shutil.copy(path, fresh)
+    os.replace(fresh, served)
+    server.proc.send_signal(signal.SIGHUP)
+    while set(children(server.proc.pid)) & before or not server.all_ready():
+        time.sleep(0.2)
+    traffic(server, rows, expected, 80)
+    time.sleep(2.0)
+    return round(server.total_pss()[0], 1)
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--requests", type=int, default=800)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument(
+        "--deploys", type=int, default=0,
+        help="with 4 workers, after the HUP: this many deploys of a new file (a copy renamed "
+        "over the served one, then HUP), the total PSS after each",
+    )  # fmt: skip
+    parser.add_argument(
         "--compare", type=int, metavar="WORKERS",
         help="only requests/s: both settings' servers at once with WORKERS workers each, "
         "taking turns for 6 rounds of --requests (for a shared, noisy host)",
     )  # fmt: skip
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
 
     RESULTS.mkdir(exist_ok=True)
     path = model_path("big")
@@ -179,9 +206,11 @@ def main() -> None:
         compare(path, rows, expected, args.compare, args.requests)
         return
     results: list[dict[str, Any]] = []
+    served = Path(tempfile.mkdtemp()) / path.name  # a copy a deploy may replace
+    shutil.copy(path, served)
     for workers in args.workers:
         for share in ("auto", "off"):
-            server = Server(share, workers, path)
+            server = Server(share, workers, served)
             try:
                 start_s = server.wait()
                 per_s = traffic(server, rows, expected, args.requests)
@@ -208,6 +237,9 @@ def main() -> None:
                     traffic(server, rows, expected, 80)  # the reloaded workers answer right
                     time.sleep(2.0)  # the old workers gone
                     row["total_pss_after_hup_mib"] = round(server.total_pss()[0], 1)
+                    row["total_pss_after_deploys_mib"] = [
+                        deploy(server, path, served, rows, expected) for _ in range(args.deploys)
+                    ]
             finally:
                 server.stop()
             results.append(row)
