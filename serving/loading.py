@@ -15,9 +15,11 @@ module and must not create metric files).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -63,7 +65,8 @@ def load_artifact(
 ) -> ModelHandle:
     """Read and check the model's artifact once, then load those bytes (the bytes
     checked are the bytes loaded, never the path again): its owner and mode (unless
-    ``allow_world_writable``) and its SHA-256 (``sha256``). Each stage is logged with its
+    ``allow_world_writable``) and its SHA-256 (``sha256``). The handle carries the
+    SHA-256 of the bytes loaded (the repository index shows it). Each stage is logged with its
     size and time; ``enter(stage)`` is called as it starts (``reading``, ``loading``).
     BLAS/OpenMP threads are not pinned here: the caller does (after loading, since pinning
     reaches only the libraries already loaded).
@@ -106,7 +109,9 @@ def load_artifact(
         "model %r: loaded as %s, %s (%.2f s)",
         handle.name, handle.format, describe_features(handle), time.perf_counter() - started,
     )  # fmt: skip
-    return handle
+    if data is None:
+        return handle
+    return replace(handle, sha256=hashlib.sha256(data).hexdigest())  # the bytes loaded
 
 
 def load_model(

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flask.testing import FlaskClient
+from prometheus_client import CollectorRegistry
 
 from serving.app import create_app
 from serving.model.loaders import estimator_handle
@@ -128,3 +129,21 @@ def test_v2_stats_count_executions_and_inferences_of_predict_calls_that_succeede
     assert (stats.inference_stats.success.count, stats.inference_stats.fail.count) == (1, 1)
     assert (stats.inference_count, stats.execution_count) == (1, 1)
     assert [(b.batch_size, b.compute_infer.count) for b in stats.batch_stats] == [(1, 1)]
+
+
+def test_v2_repository_index_gives_the_sha256_of_the_bytes_loaded(tmp_path: Any) -> None:
+    """Issue 32 item 6: each version served says the digest of what was loaded, the
+    file's own SHA-256 (computed here from the file, not by the server)."""
+    import hashlib
+    import shutil
+
+    from serving.loading import load_model
+    from serving.settings import DEMO_MODEL_PATH
+
+    path = shutil.copy(DEMO_MODEL_PATH, tmp_path / "cancer.joblib")
+    handle = load_model(path, name="cancer")
+    app = create_app(Settings(), models=[handle], metrics=ServingMetrics(CollectorRegistry()))
+
+    index = app.test_client().post("/v2/repository/index").get_json()
+
+    assert index[0]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()

@@ -81,6 +81,8 @@ class ModelHandle:
         in feature order, as a request's ``instances`` carry them; None when it has none.
     :param examples_from: where ``examples`` come from, for errors (``warmup_instances``,
         ``input_example.json``).
+    :param sha256: the hex SHA-256 of the artifact's bytes as they were read and loaded
+        (None: a folder a class or MLflow reads, or a model handed over in memory).
 
     Usage::
 
@@ -105,6 +107,7 @@ class ModelHandle:
     examples: tuple[Any, ...] | None = None
     examples_from: str = "examples"
     pyfunc_output: PyfuncOutput = "predictions"
+    sha256: str | None = None
 
     def __post_init__(self) -> None:
         if self.features is not None:

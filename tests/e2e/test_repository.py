@@ -5,6 +5,7 @@ in-process, the broken entries are named in the log and in the V2 repository ind
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import signal
@@ -118,6 +119,9 @@ def test_repository_serves_each_version_on_every_protocol_and_names_what_it_cann
     states = {(e["name"], e.get("version", "")): (e["state"], e.get("reason", "")) for e in index}
     assert states["cancer", "2"] == states["cancer", "1"] == ("READY", "")
     assert states["churn", "3"] == ("READY", "")
+    digests = {(e["name"], e["version"]): e.get("sha256") for e in index}
+    for key in (("cancer", "1"), ("cancer", "2"), ("churn", "3")):  # of the bytes loaded
+        assert digests[key] == hashlib.sha256(files[key].read_bytes()).hexdigest(), key
     assert states["churn", "4"][0] == "UNAVAILABLE" and "second.joblib" in states["churn", "4"][1]
     assert states["bad name", ""][0] == "UNAVAILABLE"
     assert "not a safe model name" in states["bad name", ""][1]

@@ -111,6 +111,9 @@ class V2RepositoryModel(BaseModel):
     loaded_at: str | None = Field(
         None, description="When the worker answering loaded it, RFC 3339 UTC; once ready."
     )
+    sha256: str | None = Field(
+        None, description="The SHA-256 of the file's bytes as they were loaded, hex."
+    )
 
 
 class V2RepositoryIndex(RootModel[list[V2RepositoryModel]]):
@@ -169,8 +172,8 @@ def repository_index(
     models: ModelCache, ready_only: bool, refused: Sequence[Refusal] = ()
 ) -> list[dict[str, Any]]:
     """Every model version served, in configuration order, with its state, the reason
-    it is not ready (``""`` when it is), the path it is served from and when this worker
-    loaded it; then, unless ``ready_only``, each repository
+    it is not ready (``""`` when it is), the path it is served from, the SHA-256 of the
+    bytes loaded and when this worker loaded it; then, unless ``ready_only``, each repository
     entry ``refused`` (``Settings.refused_models()``; version ``""`` for a whole model)."""
     index = []
     for runtime in models.runtimes:
@@ -186,6 +189,8 @@ def repository_index(
         }
         if runtime.settings.path is not None:
             entry["path"] = str(runtime.settings.path)
+        if runtime.handle is not None and runtime.handle.sha256 is not None:
+            entry["sha256"] = runtime.handle.sha256
         if runtime.loaded_at is not None:
             when = datetime.fromtimestamp(runtime.loaded_at, UTC)
             entry["loaded_at"] = when.isoformat(timespec="seconds").replace("+00:00", "Z")
