@@ -278,3 +278,24 @@ class ForksOnPredict(RowEcho):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["pid_file"], state["child_s"])  # type: ignore[misc]
+
+
+def credit_handle(seen: list[Any], keep: str | None = None) -> Any:
+    """A ``credit`` model over a nullable integer ``dependents`` and a float ``income``
+    (V2 missing-value tests): predicts ``dependents`` (NaN as -1) plus ``income``, and
+    keeps each batch it is called with in ``seen`` (only column ``keep`` when given)."""
+    from serving.model.handle import ModelHandle
+    from serving.model.schema import feature
+
+    def predict(batch: Any) -> Any:
+        seen.append((batch[keep] if keep else batch).copy())
+        return {"predictions": np.nan_to_num(batch["dependents"], nan=-1.0) + batch["income"]}
+
+    features = (
+        feature("dependents", "integer", np.int64, missing=True),
+        feature("income", "float", np.float64),
+    )
+    return ModelHandle(
+        name="credit", version="1", format="python", predict_batch=predict, features=features,
+        feature_names=("dependents", "income"),
+    )  # fmt: skip

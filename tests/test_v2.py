@@ -533,22 +533,13 @@ def test_v2_int64_json_null_is_a_missing_value_where_the_feature_may_be_missing(
 ) -> None:
     """Reported by the new-user trial: a nullable integer column advertised as INT64
     refused null ("is not an integer within INT64's range"), on /predict it was NaN."""
+    from dataclasses import replace
+
     from serving.model.schema import feature
+    from tests.models import credit_handle
 
     seen: list[Any] = []
-
-    def predict(batch: Any) -> Any:
-        seen.append(batch.copy())
-        return {"predictions": np.nan_to_num(batch["dependents"], nan=-1.0) + batch["income"]}
-
-    features = (
-        feature("dependents", "integer", np.int64, missing=True),
-        feature("income", "float", np.float64),
-    )
-    handle = ModelHandle(
-        name="credit", version="1", format="python", predict_batch=predict, features=features,
-        feature_names=("dependents", "income"),
-    )  # fmt: skip
+    handle = credit_handle(seen)
     app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
     client = app.test_client()
     body = {"inputs": [
@@ -559,10 +550,10 @@ def test_v2_int64_json_null_is_a_missing_value_where_the_feature_may_be_missing(
         metadata = client.get("/v2/models/credit").get_json()
         answer = client.post("/v2/models/credit/infer", json=body)
         batch = seen[-1]
-        strict = ModelHandle(
-            name="strict", version="1", format="python", predict_batch=predict,
-            features=(feature("dependents", "integer", np.int64), features[1]),
-            feature_names=("dependents", "income"),
+        assert handle.features is not None
+        strict = replace(  # the same model, its integer column not nullable
+            handle, name="strict",
+            features=(feature("dependents", "integer", np.int64), handle.features[1]),
         )  # fmt: skip
     finally:
         app.extensions["serving"].get_models().stop(timeout_s=10)

@@ -268,23 +268,10 @@ def test_nan_is_refused_on_every_protocol_where_the_feature_may_not_be_missing(
 def test_v2_fp64_nan_is_a_missing_value_of_an_integer_feature(settings: Settings) -> None:
     """tritonclient's INT64 cannot hold a missing value: a nullable integer column goes as
     FP64 with NaN (as pandas holds it), and arrives as JSON null in INT64 does."""
-    from serving.model.handle import ModelHandle
-    from serving.model.schema import feature
+    from tests.models import credit_handle
 
     seen: list[Any] = []
-
-    def predict(batch: Any) -> Any:
-        seen.append(batch["dependents"].copy())
-        return {"predictions": np.nan_to_num(batch["dependents"], nan=-1.0) + batch["income"]}
-
-    features = (
-        feature("dependents", "integer", np.int64, missing=True),
-        feature("income", "float", np.float64),
-    )
-    handle = ModelHandle(
-        name="credit", version="1", format="python", predict_batch=predict, features=features,
-        feature_names=("dependents", "income"),
-    )  # fmt: skip
+    handle = credit_handle(seen, keep="dependents")
     app = create_app(settings, models=[handle], metrics=ServingMetrics(CollectorRegistry()))
     dependents = triton.InferInput("dependents", [3], "FP64")
     dependents.set_data_from_numpy(np.array([2.0, np.nan, 0.0]))

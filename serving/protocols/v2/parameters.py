@@ -35,8 +35,17 @@ REQUEST = frozenset(
 INPUT = frozenset({"binary_data_size", "null_value", "content_type"})
 
 
-def _unknown(names: list[str], known: frozenset[str]) -> str | None:
-    return next((n for n in names if n not in known and not n.startswith("shared_memory_")), None)
+def _refuse_unknown(given: object, known: frozenset[str], loc: str, what: str) -> None:
+    """:raises InvalidInput: at ``loc.<name>`` for the first parameter of ``given`` (a
+    parsed ``parameters``, or None) not in ``known`` (``shared_memory_*``: ``codec``'s),
+    the message ``"<what> '<name>' (taken: ...)"``."""
+    names = list(getattr(given, "model_extra", None) or {})
+    unknown = next(
+        (n for n in names if n not in known and not n.startswith("shared_memory_")), None
+    )
+    if unknown is not None:
+        msg = f"{what} {unknown[:64]!r} (taken: {', '.join(sorted(known))})"
+        raise InvalidInput.at(f"{loc}.{unknown[:64]}", msg, "parameter")
 
 
 def null_tokens(body: V2InferRequest) -> list[str | None]:
@@ -49,21 +58,13 @@ def null_tokens(body: V2InferRequest) -> list[str | None]:
         value). A ``null_value`` that is not a string is refused by the schema.
     """
     request = body.parameters
-    unknown = _unknown(list(request.model_extra or {}), REQUEST) if request else None
-    if unknown is not None:
-        taken = ", ".join(sorted(REQUEST))
-        msg = f"unknown request parameter {unknown[:64]!r} (taken: {taken})"
-        raise InvalidInput.at(f"parameters.{unknown[:64]}", msg, "parameter")
+    _refuse_unknown(request, REQUEST, "parameters", "unknown request parameter")
     default = request.null_value if request else None
     tokens: list[str | None] = []
     for index, tensor in enumerate(body.inputs):
         given = tensor.parameters
         loc = f"inputs[{index}].parameters"
-        unknown = _unknown(list(given.model_extra or {}), INPUT) if given else None
-        if unknown is not None:
-            taken = ", ".join(sorted(INPUT))
-            msg = f"input {tensor.name!r}: unknown parameter {unknown[:64]!r} (taken: {taken})"
-            raise InvalidInput.at(f"{loc}.{unknown[:64]}", msg, "parameter")
+        _refuse_unknown(given, INPUT, loc, f"input {tensor.name!r}: unknown parameter")
         own = given.null_value if given else None
         if own is not None and tensor.datatype != "BYTES":
             msg = (
