@@ -32,11 +32,26 @@ from serving.model.loaders import load_model as load_bytes
 from serving.model.onnx_loader import OnnxLoader
 from serving.model_settings import ModelSettings
 
-__all__ = ["Stage", "describe_features", "load_artifact", "load_model", "model_loaders"]
+__all__ = [
+    "AUTO_COMPILE_MAX_NODES",
+    "Stage",
+    "compiled",
+    "describe_features",
+    "load_artifact",
+    "load_model",
+    "model_loaders",
+]
 
 log = logging.getLogger(__name__)
 
-Stage = Literal["reading", "loading", "warming up"]
+Stage = Literal["reading", "loading", "compiling", "warming up"]
+
+#: Under ``compile=auto`` a tree model (decision trees, forests, gradient boosting: where
+#: the library's fixed cost per call is largest) is compiled unless its trees have more
+#: nodes than this; such a model is served by its own library, whose one copy the workers
+#: share, while ONNX Runtime copies a tree ensemble into every worker (docs/models.md,
+#: "Compiled to ONNX Runtime").
+AUTO_COMPILE_MAX_NODES = 250_000
 
 
 def model_loaders(model: ModelSettings, worker_slot: int = 0) -> dict[str, ModelLoader]:
@@ -144,6 +159,52 @@ def load_model(
         allow_world_writable=allow_world_writable,
     )  # fmt: skip
     return load_artifact(model, loaders)
+
+
+def compiled(handle: ModelHandle, model: ModelSettings, worker_slot: int = 0) -> ModelHandle:
+    """``handle`` compiled to ONNX Runtime as ``model.compile`` says
+    (``serving.model.compiled``), or ``handle`` itself, with one line saying why. Call it in
+    the worker (ONNX Runtime sessions do not survive ``fork()``); it runs the estimator on
+    the parity rows. Never raises: a model that does not compile is served as it is."""
+    if model.compile == "off" or handle.engine != "sklearn":
+        return handle
+    from serving.model.compiled import NotCompiled, compile_handle, tree_nodes
+
+    nodes = tree_nodes(handle.estimator)
+    if model.compile == "auto" and not nodes:
+        return handle  # not a tree model: compiled only with SERVING_COMPILE=on
+    if model.compile == "auto" and nodes > AUTO_COMPILE_MAX_NODES:
+        log.info(
+            "model %r: served by scikit-learn: its trees have %d nodes, over the %d that "
+            "SERVING_COMPILE=auto compiles (ONNX Runtime would copy them into every worker; "
+            "SERVING_COMPILE=on compiles it anyway)", handle.name, nodes, AUTO_COMPILE_MAX_NODES,
+        )  # fmt: skip
+        return handle
+    started = time.perf_counter()
+    try:
+        result = compile_handle(
+            handle,
+            providers=model.onnx_providers,
+            cuda_device=model.cuda_device,
+            worker_slot=worker_slot,
+            threads=model.blas_threads,
+            tolerance=model.compile_tolerance,
+        )
+    except NotCompiled as exc:
+        log.warning("model %r: served by scikit-learn, not compiled: %s", handle.name, exc)
+        return handle
+    except Exception as exc:  # a converter's or onnxruntime's bug must not stop the model
+        log.warning(
+            "model %r: served by scikit-learn, compiling failed: %s: %s",
+            handle.name, type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "",
+        )  # fmt: skip
+        return handle
+    log.info(
+        "model %r: compiled to ONNX Runtime on %s, its answers equal scikit-learn's on the "
+        "parity rows (within %g; %.2f s)", handle.name, result.execution_provider,
+        model.compile_tolerance, time.perf_counter() - started,
+    )  # fmt: skip
+    return result
 
 
 def describe_features(handle: ModelHandle) -> str:

@@ -56,9 +56,11 @@ __all__ = [
     "BatchLatencyMs",
     "BatchPolicy",
     "BatchSize",
+    "Compile",
     "Positive",
     "QueueDepth",
     "Threads",
+    "Tolerance",
     "ModelFields",
     "ModelFormat",
     "ModelSettings",
@@ -84,6 +86,8 @@ BatchPolicy = Literal["adaptive", "window"]
 QueueDepth = Annotated[int, Field(ge=1)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Threads = Annotated[int, Field(ge=1)]
+Compile = Literal["auto", "on", "off"]
+Tolerance = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 #: The bundled demo: StandardScaler + LogisticRegression on scikit-learn's breast-cancer
 #: data (30 features), rebuilt by ``examples/build_demo_model.py``.
@@ -116,6 +120,9 @@ class ModelSpec(BaseModel):
     max_batch_latency_ms: BatchLatencyMs | None = None
     batch_policy: BatchPolicy | None = None
     max_queue_depth: QueueDepth | None = None
+    compile: Compile | None = Field(
+        None, description="auto, on or off: serve a scikit-learn model through ONNX Runtime."
+    )
     labels: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")], str] = Field(
         default_factory=dict,
         description="TF Serving version_labels of this model name: label -> a version "
@@ -184,6 +191,11 @@ class ModelSettings(BaseModel):
     cuda_device: int | None = None
     allow_world_writable: bool = False
     share: Literal["auto", "off"] = "auto"
+    #: Serve a scikit-learn model through ONNX Runtime (``serving.model.compiled``).
+    compile: Compile = "auto"
+    #: Largest absolute difference a compiled model's probabilities and regression outputs
+    #: may have from scikit-learn's on the parity rows.
+    compile_tolerance: Tolerance = 1e-6
 
 
 def model_default(name: str) -> Any:

@@ -28,7 +28,7 @@ from typing import Literal
 from serving.batching.arrivals import process_arrivals
 from serving.batching.batcher import ThreadedBatcher
 from serving.errors import ModelLoadError, NotReady
-from serving.loading import Stage, describe_features, load_artifact, model_loaders
+from serving.loading import Stage, compiled, describe_features, load_artifact, model_loaders
 from serving.model.handle import ModelHandle, ModelLoader, TensorSpec
 from serving.model_settings import ModelSettings
 from serving.observe.metrics import ServingMetrics
@@ -137,6 +137,9 @@ class ModelRuntime:
             from threadpoolctl import threadpool_limits
 
             threadpool_limits(limits=settings.blas_threads)
+            if handle.engine == "sklearn" and settings.compile != "off":
+                self._enter("compiling")
+                handle = compiled(handle, settings, self.worker_slot)
             self._enter("warming up")
             warm_started = time.perf_counter()
             self.outputs = self._warm_up(handle)
@@ -149,7 +152,7 @@ class ModelRuntime:
                 max_batch_latency_ms=settings.max_batch_latency_ms,
                 policy=settings.batch_policy,
                 max_queue_depth=settings.max_queue_depth,
-                on_flush=self.metrics.flush_observer(handle.name, handle.version),
+                on_flush=self.metrics.flush_observer(handle.name, handle.version, handle.engine),
                 on_queue=self.metrics.queue_observer(handle.name, handle.version),
                 arrivals=process_arrivals(),
             )

@@ -31,6 +31,7 @@ from serving.model_settings import (
     BatchLatencyMs,
     BatchPolicy,
     BatchSize,
+    Compile,
     ModelFields,
     ModelFormat,
     ModelSettings,
@@ -38,6 +39,7 @@ from serving.model_settings import (
     Positive,
     QueueDepth,
     Threads,
+    Tolerance,
     model_default,
 )
 from serving.observe.settings import ObserveFields
@@ -204,6 +206,25 @@ class Settings(ObserveFields, ModelFields):
             '"One copy of the model per host"); `off`: every worker loads its own copy'
         ),
     )
+    compile: Compile = Field(
+        model_default("compile"),
+        description=(
+            "`auto`: each worker compiles a scikit-learn model to ONNX Runtime at load and "
+            "serves it that way once its answers equal scikit-learn's on its parity rows "
+            "(labels exactly, probabilities within `SERVING_COMPILE_TOLERANCE`), except a "
+            "tree model too large to copy into every worker (see docs/models.md, "
+            '"Compiled to ONNX Runtime"); `on`: whatever its size; `off`: never. Per model '
+            "as `compile` in `SERVING_MODELS` and a repository's `config.json`"
+        ),
+    )
+    compile_tolerance: Tolerance = Field(
+        model_default("compile_tolerance"),
+        description=(
+            "Largest absolute difference from scikit-learn a compiled model's probabilities "
+            "and regression outputs may show on its parity rows; larger, and scikit-learn "
+            "serves it"
+        ),
+    )
     cpu_affinity: Literal["adaptive", "auto", "none"] = Field(
         "adaptive",
         description=(
@@ -287,7 +308,7 @@ class Settings(ObserveFields, ModelFields):
     def _model(self, spec: ModelSpec) -> ModelSettings:
         path = artifact_of(spec.path, spec.class_)
         overrides = {
-            name: getattr(spec, name) for name in _BATCHING if getattr(spec, name) is not None
+            name: getattr(spec, name) for name in _PER_MODEL if getattr(spec, name) is not None
         }
         return self.model_defaults(
             name=spec.name, version=spec.version, path=path,
@@ -313,6 +334,8 @@ class Settings(ObserveFields, ModelFields):
             "cuda_device": self.cuda_device,
             "allow_world_writable": self.allow_world_writable_model,
             "share": self.share_model,
+            "compile": self.compile,
+            "compile_tolerance": self.compile_tolerance,
         }
         return ModelSettings(**(defaults | fields))
 
@@ -331,6 +354,8 @@ class Settings(ObserveFields, ModelFields):
 
 #: The batching fields a ``SERVING_MODELS`` entry may set for itself.
 _BATCHING = ("max_batch_size", "max_batch_latency_ms", "batch_policy", "max_queue_depth")
+#: Every field a ``SERVING_MODELS`` entry (or a repository's ``config.json``) may set for itself.
+_PER_MODEL = (*_BATCHING, "compile")
 
 #: A model validator's message naming its variable (pydantic prefixes "Value error, ").
 _NAMED = re.compile(r"^(?:Value error, )?(?P<variable>SERVING_[A-Z_]+): (?P<problem>.*)$", re.S)

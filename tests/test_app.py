@@ -246,10 +246,12 @@ def test_healthz_is_503_until_the_model_is_ready_then_200(settings: Settings) ->
                 "queue_depth": 0,
                 "max_queue_depth": 2048,
                 "execution_provider": "cpu",
+                "engine": "python",
             }
         ],
     }
-    info = {"model": "s", "version": "1", "format": "callable", "execution_provider": "cpu"}
+    info = {"model": "s", "version": "1", "format": "callable", "execution_provider": "cpu",
+            "engine": "python"}  # fmt: skip
     assert metrics.registry.get_sample_value("serving_model_info", {**info, "device": "cpu"}) == 1
     loads = {"model": "s", "version": "1"}
     assert metrics.registry.get_sample_value("serving_model_load_seconds_count", loads) == 1
@@ -281,7 +283,7 @@ def test_metrics_count_requests_by_route_template(
     assert metrics.registry.get_sample_value("http_requests_total", brew) == 1.0
     text = client.get("/metrics").get_data(as_text=True)
     assert 'http_requests_total{method="POST",route="/predict",status="200"} 1.0' in text
-    assert 'inference_batch_size_count{model="echo",version="7"} 1.0' in text
+    assert 'inference_batch_size_count{engine="python",model="echo",version="7"} 1.0' in text
 
 
 @pytest.mark.parametrize("estimator", ["GaussianNB", "OneVsRestClassifier"])

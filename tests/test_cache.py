@@ -104,8 +104,9 @@ def test_concurrent_requests_get_the_version_they_asked_for_never_mixed(
     assert all(row % 2 == 0 for batch in v2.batches for row in batch)
     assert max(len(batch) for batch in v1.batches + v2.batches) > 1, "no batching happened"
     count = metrics.registry.get_sample_value
-    assert count("inference_batch_size_sum", {"model": "m", "version": "1"}) == 100
-    assert count("inference_batch_size_sum", {"model": "m", "version": "2"}) == 100
+    labels = {"model": "m", "engine": "python"}
+    assert count("inference_batch_size_sum", {**labels, "version": "1"}) == 100
+    assert count("inference_batch_size_sum", {**labels, "version": "2"}) == 100
 
 
 def test_predict_refuses_a_version_this_replica_does_not_serve(

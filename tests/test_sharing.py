@@ -100,9 +100,11 @@ def test_the_master_loads_once_and_a_worker_warms_up_the_inherited_model_without
     runtime.load()
     handle, batcher = runtime.require_ready()
     try:
-        assert handle is inherited
+        # the master's forest, compiled in the worker (SERVING_COMPILE=auto)
+        assert handle.estimator is inherited.estimator and handle.engine == "onnxruntime"
         answer = batcher.submit(X[:20]).outputs
-        np.testing.assert_array_equal(answer["probabilities"], forest.predict_proba(X[:20]))
+        np.testing.assert_array_equal(answer["predictions"], forest.predict(X[:20]))
+        np.testing.assert_allclose(answer["probabilities"], forest.predict_proba(X[:20]), atol=1e-6)
     finally:
         runtime.stop(timeout_s=5)
 

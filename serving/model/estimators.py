@@ -108,6 +108,7 @@ def estimator_handle(
         features=features,
         output_names=("predictions",) + (("probabilities",) if predict_proba is not None else ()),
         pyfunc_output=pyfunc_output,
+        estimator=model,
     )
 
 

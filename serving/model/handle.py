@@ -83,6 +83,12 @@ class ModelHandle:
         ``input_example.json``).
     :param sha256: the hex SHA-256 of the artifact's bytes as they were read and loaded
         (None: a folder a class or MLflow reads, or a model handed over in memory).
+    :param estimator: the Python object ``predict_batch`` calls (a scikit-learn estimator,
+        a booster), for compiling it (``serving.model.compiled``) and tuning; None for a
+        graph, a function or your own class.
+    :param engine: what answers: ``onnxruntime`` (an ONNX graph, or an estimator compiled
+        to one), else the estimator's library (``sklearn``, ``xgboost``, ``lightgbm``),
+        else ``python``; worked out when not given.
 
     Usage::
 
@@ -108,8 +114,14 @@ class ModelHandle:
     examples_from: str = "examples"
     pyfunc_output: PyfuncOutput = "predictions"
     sha256: str | None = None
+    estimator: Any = None
+    engine: str = ""
 
     def __post_init__(self) -> None:
+        if not self.engine:
+            library = type(self.estimator).__module__.split(".")[0] if self.estimator else ""
+            engine = "onnxruntime" if self.format == "onnx" else library or "python"
+            object.__setattr__(self, "engine", engine)
         if self.features is not None:
             object.__setattr__(self, "n_features", len(self.features))
         elif self.n_features is not None:

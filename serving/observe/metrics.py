@@ -70,6 +70,9 @@ DURATION_BUCKETS_S = (
 )  # fmt: skip
 #: Labels of every inference metric: which model version of the replica it is about.
 MODEL_LABELS = ("model", "version")
+#: The predict call's metrics also say what answered it (``ModelHandle.engine``:
+#: ``onnxruntime``, ``sklearn``, ...).
+ENGINE_LABELS = (*MODEL_LABELS, "engine")
 #: Powers of two up to the largest max_batch_size worth running (see docs/batching.md).
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 LOAD_BUCKETS_S = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -109,14 +112,14 @@ class ServingMetrics:
         self.batch_size = Histogram(
             "inference_batch_size",
             "Instances per predict call.",
-            MODEL_LABELS,
+            ENGINE_LABELS,
             buckets=BATCH_SIZE_BUCKETS,
             registry=registry,
         )
         self.inference_duration = Histogram(
             "inference_duration_seconds",
             "Wall time of one predict call on a batch, in seconds.",
-            MODEL_LABELS,
+            ENGINE_LABELS,
             buckets=DURATION_BUCKETS_S,
             registry=registry,
         )
@@ -150,7 +153,7 @@ class ServingMetrics:
         self.model_info = Gauge(
             "serving_model_info",
             "1 for each model a live worker serves, labelled with where it runs.",
-            ["model", "version", "format", "execution_provider", "device"],
+            ["model", "version", "format", "execution_provider", "device", "engine"],
             multiprocess_mode="livemax",
             registry=registry,
         )
@@ -255,12 +258,14 @@ class ServingMetrics:
         while a slow predict call holds the batcher."""
         return never_raises(self._depth(model, version).set)
 
-    def flush_observer(self, model: str, version: str) -> Callable[[FlushStats], None]:
+    def flush_observer(
+        self, model: str, version: str, engine: str = "python"
+    ) -> Callable[[FlushStats], None]:
         """The ``ThreadedBatcher`` ``on_flush`` observer of one model version: each predict
         call sets its batch size, duration, queue depth, the time of the last answer and
         (when it failed) the error count."""
-        batch_size = histogram_observe(self.batch_size.labels(model, version))
-        duration = histogram_observe(self.inference_duration.labels(model, version))
+        batch_size = histogram_observe(self.batch_size.labels(model, version, engine))
+        duration = histogram_observe(self.inference_duration.labels(model, version, engine))
         depth = self._depth(model, version)
         errors = counter_inc(self.inference_errors.labels(model, version))
         last = gauge_set(self.last_inference.labels(model, version))
@@ -376,7 +381,10 @@ class ServingMetrics:
         """Set ``serving_model_info`` for a model this worker now serves (``device``:
         ``cuda:N`` on a GPU, else ``cpu``) and count its load of ``seconds``."""
         device = f"cuda:{handle.device_id}" if handle.device_id is not None else "cpu"
-        labels = (handle.name, handle.version, handle.format, handle.execution_provider, device)
+        labels = (
+            handle.name, handle.version, handle.format, handle.execution_provider, device,
+            handle.engine,
+        )  # fmt: skip
         self.model_info.labels(*labels).set(1)
         self.load_duration.labels(handle.name, handle.version).observe(seconds)
 

@@ -122,6 +122,7 @@ def healthz() -> Response:
                 "queue_depth": runtime.queue_depth,
                 "max_queue_depth": runtime.settings.max_queue_depth,
                 "execution_provider": runtime.handle.execution_provider if runtime.handle else None,
+                "engine": runtime.handle.engine if runtime.handle else None,
             }
             for runtime in models.runtimes
         ],

@@ -113,6 +113,12 @@ class ModelHealth(BaseModel):
     queue_depth: int
     max_queue_depth: int
     execution_provider: str | None
+    engine: str | None = Field(
+        None,
+        description="What answers once loaded: onnxruntime (an ONNX model, or a scikit-learn "
+        "model compiled to it: SERVING_COMPILE), else the model's library (sklearn, "
+        "xgboost, lightgbm) or python.",
+    )
 
 
 class HealthResponse(BaseModel):

@@ -22,6 +22,7 @@ from serving.model_settings import (
     BatchLatencyMs,
     BatchPolicy,
     BatchSize,
+    Compile,
     ModelFormat,
     QueueDepth,
 )
@@ -90,8 +91,10 @@ class ModelConfig(_Closed):
     max_batch_latency_ms: BatchLatencyMs | None = None
     batch_policy: BatchPolicy | None = None
     max_queue_depth: QueueDepth | None = None
+    compile: Compile | None = Field(None, description="As SERVING_COMPILE, for this model.")
 
     def batching(self) -> dict[str, Any]:
-        """The batching fields it sets, for each version's ``ModelSpec``."""
-        names = ("max_batch_size", "max_batch_latency_ms", "batch_policy", "max_queue_depth")
+        """The batching fields (and ``compile``) it sets, for each version's ``ModelSpec``."""
+        names = ("max_batch_size", "max_batch_latency_ms", "batch_policy", "max_queue_depth",
+                 "compile")  # fmt: skip
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}

@@ -121,8 +121,9 @@ class V2RepositoryIndex(RootModel[list[V2RepositoryModel]]):
 
 
 def platform_of(handle: ModelHandle) -> str:
-    """The ``platform`` of V2 model metadata and configuration."""
-    return "onnxruntime_onnx" if handle.format == "onnx" else handle.format
+    """The ``platform`` of V2 model metadata and configuration: ``onnxruntime_onnx`` for
+    what ONNX Runtime answers (an ONNX model, or one compiled to it), else the format."""
+    return "onnxruntime_onnx" if handle.engine == "onnxruntime" else handle.format
 
 
 def model_config(runtime: ModelRuntime, handle: ModelHandle, workers: int) -> dict[str, Any]:

@@ -152,7 +152,10 @@ class V2TensorMetadata(BaseModel):
 class V2ModelMetadata(BaseModel):
     name: str
     versions: list[str] = Field(description="Every version of this model served here.")
-    platform: str = Field(description="onnxruntime_onnx, or the artifact format (joblib...).")
+    platform: str = Field(
+        description="onnxruntime_onnx when ONNX Runtime answers (an ONNX model, or a "
+        "scikit-learn model compiled to it), else the artifact format (joblib...)."
+    )
     inputs: list[V2TensorMetadata]
     outputs: list[V2TensorMetadata]
 
