@@ -161,11 +161,19 @@ def load_model(
     return load_artifact(model, loaders)
 
 
-def compiled(handle: ModelHandle, model: ModelSettings, worker_slot: int = 0) -> ModelHandle:
+def compiled(
+    handle: ModelHandle,
+    model: ModelSettings,
+    worker_slot: int = 0,
+    *,
+    max_nodes: int = AUTO_COMPILE_MAX_NODES,
+) -> ModelHandle:
     """``handle`` compiled to ONNX Runtime as ``model.compile`` says
     (``serving.model.compiled``), or ``handle`` itself, with one line saying why. Call it in
     the worker (ONNX Runtime sessions do not survive ``fork()``); it runs the estimator on
-    the parity rows. Never raises: a model that does not compile is served as it is."""
+    the parity rows. Never raises: a model that does not compile is served as it is.
+
+    :param max_nodes: under ``compile=auto``, the most tree nodes a model compiled has."""
     if model.compile == "off" or handle.engine != "sklearn":
         return handle
     from serving.model.compiled import NotCompiled, compile_handle, tree_nodes
@@ -173,11 +181,11 @@ def compiled(handle: ModelHandle, model: ModelSettings, worker_slot: int = 0) ->
     nodes = tree_nodes(handle.estimator)
     if model.compile == "auto" and not nodes:
         return handle  # not a tree model: compiled only with SERVING_COMPILE=on
-    if model.compile == "auto" and nodes > AUTO_COMPILE_MAX_NODES:
+    if model.compile == "auto" and nodes > max_nodes:
         log.info(
             "model %r: served by scikit-learn: its trees have %d nodes, over the %d that "
             "SERVING_COMPILE=auto compiles (ONNX Runtime would copy them into every worker; "
-            "SERVING_COMPILE=on compiles it anyway)", handle.name, nodes, AUTO_COMPILE_MAX_NODES,
+            "SERVING_COMPILE=on compiles it anyway)", handle.name, nodes, max_nodes,
         )  # fmt: skip
         return handle
     started = time.perf_counter()

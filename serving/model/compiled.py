@@ -1,23 +1,17 @@
 """A scikit-learn estimator compiled to an ONNX Runtime session at load: the heavy path.
 
-``compile_handle(handle, ...)`` converts the estimator behind an estimator handle
-(``serving.model.estimators``) with skl2onnx, builds a session in this process (sessions
-do not survive ``fork()``: call it in the worker), proves the session answers as the
-estimator does on the rows ``serving.model.parity`` makes, and returns a handle that
-answers through it, or raises ``NotCompiled`` saying why (the caller serves the
-estimator).
-
-Inputs are prepared as scikit-learn sees them: the graph takes float64 (as scikit-learn's
-scalers and linear models compute), and each tree ensemble of an estimator that casts its
-input to float32 (decision trees, forests, gradient boosting) is fed the float32 values
-(``Cast`` to float, back to double), so a threshold compares as scikit-learn compares it.
-A model fitted on a DataFrame takes one ``(batch, 1)`` input per column, as skl2onnx
-exports DataFrame pipelines.
+``compile_handle(handle, ...)`` tries the graphs ``serving.model.convert`` makes of the
+estimator behind an estimator handle (``serving.model.estimators``), best first: builds a
+session in this process (sessions do not survive ``fork()``: call it in the worker),
+proves it answers as the estimator does on the rows ``serving.model.parity`` makes, and
+returns a handle that answers through it, or raises ``NotCompiled`` saying why (the
+caller serves the estimator).
 
 Where a pipeline does not convert as a whole, its final estimator is compiled and the
-steps before it run in scikit-learn. A batch the graph cannot take as scikit-learn would
-(a missing string; a value too large for float32, which scikit-learn refuses) and a batch
-whose outputs are not finite are answered by the estimator itself.
+steps before it run in scikit-learn. scikit-learn itself answers a batch the graph cannot
+take as it would (a missing string; a value too large for float32, which scikit-learn
+refuses; a missing value where the graph sends it elsewhere), a batch whose outputs are
+not finite, and the rows whose two likeliest classes tie (``_settle_ties``).
 
 Boundary: standard library, numpy and ``serving`` core modules; skl2onnx, onnx and
 onnxruntime are imported when a model is compiled.
@@ -27,16 +21,22 @@ from __future__ import annotations
 
 import logging
 import math
-import re
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from serving.model.convert import (
+    Graph,
+    NotCompiled,
+    candidates,
+    first_line,
+    fitted_on_frame,
+    reason,
+)
 from serving.model.handle import ModelHandle, Outputs
 from serving.model.onnx_session import new_session
 from serving.model.parity import differences, gate_rows, trees_of
@@ -46,29 +46,10 @@ __all__ = ["NotCompiled", "compile_handle", "tree_nodes"]
 
 log = logging.getLogger(__name__)
 
-#: skl2onnx opsets: ``ai.onnx.ml`` 3 keeps tree thresholds in double for double inputs.
-_OPSETS = {"": 17, "ai.onnx.ml": 3}
-#: scikit-learn tree models: skl2onnx converts them for float32 input (ONNX Runtime runs
-#: no double tree ensembles), as scikit-learn's trees compare ``float32(x)``.
-_TREES = re.compile(r"(DecisionTree|ExtraTree|RandomForest|ExtraTrees|GradientBoosting)"
-                    r"(Classifier|Regressor)$|^IsolationForest$")  # fmt: skip
+#: Two classes' probabilities this close are a tie scikit-learn breaks (``_settle_ties``).
+TIE = 1e-5
 #: Above this a value is not a float32, which scikit-learn's trees refuse.
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-class NotCompiled(Exception):
-    """Why a model is served by its own library: the reason, one line."""
-
-
-@dataclass(frozen=True)
-class _Graph:
-    data: Any  # onnx.ModelProto
-    #: The scikit-learn steps that run before the graph (a pipeline's head), or None.
-    head: Any
-    #: Whether the graph takes one ``(batch, 1)`` input per feature column.
-    per_column: bool
-    #: Whether its numeric input is float32 (a tree model fed directly), else double.
-    narrow: bool
 
 
 def compile_handle(
@@ -102,11 +83,11 @@ def compile_handle(
     try:
         expected = handle.predict_batch(rows)
     except Exception as exc:  # the model's own refusal of invented rows
-        log.info("model %r: parity on its sample rows only (%s)", handle.name, _first_line(exc))
+        log.info("model %r: parity on its sample rows only (%s)", handle.name, first_line(exc))
         rows = handle.sample(8)
         expected = handle.predict_batch(rows)
     reasons: list[str] = []
-    for what, build in _candidates(estimator, handle):
+    for what, build in candidates(estimator, handle):
         try:
             graph = build()
             data = graph.data.SerializeToString()
@@ -115,7 +96,7 @@ def compile_handle(
                 session, graph, handle, rows=rows, expected=expected, tolerance=tolerance
             )
         except Exception as exc:  # skl2onnx and onnxruntime raise many types: not this way
-            reasons.append(f"{what}: {_reason(exc, estimator)}")
+            reasons.append(f"{what}: {reason(exc, estimator)}")
             continue
         if reasons:
             log.info("model %r: compiled %s (%s)", handle.name, what, "; ".join(reasons))
@@ -145,142 +126,44 @@ def tree_nodes(estimator: Any) -> int:
     return total
 
 
-def _candidates(estimator: Any, handle: ModelHandle) -> list[tuple[str, Callable[[], _Graph]]]:
-    """The ways to compile ``estimator``, best first: the whole model in double (a tree
-    ensemble in float32, as scikit-learn's trees compare, after a pipeline's head in
-    double); the whole model in float32; its final step alone, after the steps before it
-    run in scikit-learn."""
-    from skl2onnx.common.data_types import DoubleTensorType, FloatTensorType
-
-    steps = getattr(estimator, "steps", None)
-    head, final = (estimator[:-1], steps[-1][1]) if steps and len(steps) > 1 else (None, estimator)
-    trees = bool(_TREES.search(type(final).__name__))
-    per_column = any(f.dtype.kind == "O" for f in handle.features or ())
-    width = getattr(final, "n_features_in_", None)
-
-    def whole() -> _Graph:
-        if not trees:
-            types = _input_types(handle, per_column)
-            return _Graph(_to_onnx(estimator, types), None, per_column, False)
-        if head is None:
-            types = _input_types(handle, per_column, FloatTensorType)
-            return _Graph(_to_onnx(final, types), None, per_column, True)
-        tail = _to_onnx(final, [("X", FloatTensorType([None, int(width or 0)]))])
-        joined = _joined(_to_onnx(head, _input_types(handle, per_column)), tail)
-        return _Graph(joined, None, per_column, False)
-
-    def narrow() -> _Graph:
-        types = _input_types(handle, per_column, FloatTensorType)
-        return _Graph(_to_onnx(estimator, types), None, per_column, True)
-
-    def last(numbers: Any) -> Callable[[], _Graph]:
-        def build() -> _Graph:
-            graph = _to_onnx(final, [("X", numbers([None, int(width or 0)]))])
-            return _Graph(graph, head, False, numbers is FloatTensorType)
-
-        return build
-
-    found = [("as a whole", whole)]
-    if not trees:
-        found.append(("as a whole in float32", narrow))
-    if steps and head is not None and width is not None:
-        name = steps[-1][0]
-        found.append((f"its final step {name!r} after scikit-learn's steps before it",
-                      last(FloatTensorType if trees else DoubleTensorType)))  # fmt: skip
-        if not trees:
-            found.append((f"its final step {name!r} in float32 after scikit-learn's steps",
-                          last(FloatTensorType)))  # fmt: skip
-    return found
-
-
 def _gated(
     session: Any,
-    graph: _Graph,
+    graph: Graph,
     handle: ModelHandle,
     *,
     rows: npt.NDArray[Any],
     expected: Outputs,
     tolerance: float,
 ) -> Callable[[Any], Outputs]:
-    """The compiled ``predict_batch``, once it answers ``rows`` as ``expected``; batches
-    with a missing value go to scikit-learn where only those differ.
+    """The compiled ``predict_batch``, once it answers ``rows`` as ``expected``: the rows
+    without a missing value, then those with one (where only those differ, scikit-learn
+    answers every batch holding a missing value).
 
     :raises NotCompiled: with the first difference.
     """
+    missing = _with_missing(rows)
+    complete, partial = np.flatnonzero(~missing), np.flatnonzero(missing)
     predict = _answering(session, graph, handle, missing=True)
-    found = differences(expected, predict(rows), tolerance)
-    if found is not None and _any_missing(rows):
-        # Missing values may go another way in the graph: scikit-learn answers those.
-        without = _answering(session, graph, handle, missing=False)
-        if differences(expected, without(rows), tolerance) is None:
+    found = differences(_take(expected, complete), predict(rows[complete]), tolerance)
+    if found is not None:
+        raise NotCompiled(f"it differs from scikit-learn: {found}")
+    if partial.size:
+        found = differences(_take(expected, partial), predict(rows[partial]), tolerance)
+        if found is not None:
             log.info(
                 "model %r: batches with missing values go to scikit-learn (the graph "
                 "answers them otherwise: %s)", handle.name, found,
             )  # fmt: skip
-            return without
-    if found is not None:
-        raise NotCompiled(f"it differs from scikit-learn: {found}")
+            return _answering(session, graph, handle, missing=False)
     return predict
 
 
-def _to_onnx(estimator: Any, initial_types: list[tuple[str, Any]]) -> Any:
-    """``estimator`` converted by skl2onnx (probabilities as a tensor, no ZipMap)."""
-    from skl2onnx import convert_sklearn
-
-    options = {id(estimator): {"zipmap": False}} if hasattr(estimator, "classes_") else None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # converter deprecations are not the user's
-        return convert_sklearn(
-            estimator, initial_types=initial_types, options=options, target_opset=_OPSETS
-        )
-
-
-def _joined(head: Any, tail: Any) -> Any:
-    """One graph: ``head``'s output cast to float32 into ``tail``'s input."""
-    from onnx import TensorProto, compose, helper
-
-    out = head.graph.output[0].name
-    head.graph.node.append(helper.make_node("Cast", [out], ["__as_float32"], to=TensorProto.FLOAT))
-    del head.graph.output[:]
-    head.graph.output.append(
-        helper.make_tensor_value_info("__as_float32", TensorProto.FLOAT, [None, None])
-    )
-    tail = compose.add_prefix(tail, "tail_")
-    versions: dict[str, int] = {}
-    for model in (head, tail):
-        for opset in model.opset_import:
-            versions[opset.domain] = max(versions.get(opset.domain, 0), opset.version)
-    for model in (head, tail):
-        del model.opset_import[:]
-        model.opset_import.extend(helper.make_opsetid(d, v) for d, v in versions.items())
-    return compose.merge_models(head, tail, io_map=[("__as_float32", tail.graph.input[0].name)])
-
-
-def _input_types(
-    handle: ModelHandle, per_column: bool, numbers: Any = None
-) -> list[tuple[str, Any]]:
-    """One ``(batch, n_features)`` input of ``numbers`` (default double), or one
-    ``(batch, 1)`` input per feature column (strings as strings)."""
-    from skl2onnx.common.data_types import DoubleTensorType, StringTensorType
-
-    numbers = numbers or DoubleTensorType
-    features = handle.features or ()
-    if not per_column:
-        return [("X", numbers([None, len(features)]))]
-    if handle.feature_names is None or not _fitted_on_frame(handle.estimator):
-        raise NotCompiled("it takes strings in an array, not in a DataFrame")
-    return [
-        (f.name, StringTensorType([None, 1]) if f.dtype.kind == "O" else numbers([None, 1]))
-        for f in features
-    ]
-
-
-def _fitted_on_frame(estimator: Any) -> bool:
-    return getattr(estimator, "feature_names_in_", None) is not None
+def _take(outputs: Outputs, rows: npt.NDArray[np.intp]) -> Outputs:
+    return {name: np.asarray(value)[rows] for name, value in outputs.items()}
 
 
 def _answering(
-    session: Any, graph: _Graph, handle: ModelHandle, missing: bool
+    session: Any, graph: Graph, handle: ModelHandle, missing: bool
 ) -> Callable[[Any], Outputs]:
     """``batch -> outputs`` through ``session``, keyed and typed as ``handle``'s own; a
     batch with a missing value goes to ``handle`` itself unless ``missing``."""
@@ -339,6 +222,7 @@ def _answering(
                 if not np.isfinite(probabilities).all():
                     return fallback(batch)
                 answer["probabilities"] = probabilities
+                _settle_ties(answer, batch, fallback)
             return answer
         values = np.asarray(results[0], dtype=np.float64)
         if not np.isfinite(values).all():
@@ -350,9 +234,27 @@ def _answering(
     return predict_batch
 
 
+def _settle_ties(
+    answer: Outputs, batch: npt.NDArray[Any], fallback: Callable[[Any], Outputs]
+) -> None:
+    """Rows whose two likeliest classes are within ``TIE`` of each other, answered by
+    scikit-learn: the graph sums in float32, so an exact tie (20 of 40 trees each way,
+    which scikit-learn breaks towards the first class) comes out 0.50000006 the other
+    way."""
+    probabilities = answer["probabilities"]
+    if probabilities.ndim != 2 or probabilities.shape[1] < 2:
+        return
+    top = np.partition(probabilities, -2, axis=1)[:, -2:]
+    tied = np.flatnonzero(top[:, 1] - top[:, 0] <= TIE)
+    if tied.size:
+        exact = fallback(batch[tied])
+        answer["predictions"][tied] = exact["predictions"]
+        probabilities[tied] = exact["probabilities"]
+
+
 def _head_input(handle: ModelHandle) -> Callable[[npt.NDArray[Any]], Any]:
     """``batch ->`` what the pipeline's head takes (a DataFrame for a model fitted on one)."""
-    if _fitted_on_frame(handle.estimator) and handle.features:
+    if fitted_on_frame(handle.estimator) and handle.features:
         from serving.model.frames import frame_builder
 
         return frame_builder(handle.features)
@@ -364,30 +266,14 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _any_missing(rows: npt.NDArray[Any]) -> bool:
+def _with_missing(rows: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+    """Per row, whether it holds a missing value (NaN, or a missing string)."""
     fields = [rows[name] for name in rows.dtype.names] if rows.dtype.names else [rows]
+    found = np.zeros(len(rows), dtype=bool)
     for values in fields:
-        if values.dtype.kind == "f" and np.isnan(values).any():
-            return True
-        if values.dtype.kind == "O" and any(_missing(v) for v in values.ravel()):
-            return True
-    return False
-
-
-def _reason(error: Exception, estimator: Any) -> str:
-    """Why a way failed, one line: the pipeline step skl2onnx could not convert, by name,
-    where its error names the step's type."""
-    if isinstance(error, NotCompiled):
-        return str(error)
-    message = str(error)
-    for name, step in getattr(estimator, "steps", None) or ():
-        if f"{type(step).__module__}.{type(step).__name__}" in message or (
-            "shape calculator" in message and type(step).__name__ in message
-        ):
-            return f"skl2onnx cannot convert step {name!r} ({type(step).__name__})"
-    return f"{type(error).__name__}: {_first_line(error)}"
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return (text[0] if text else type(error).__name__)[:300]
+        cells = values.reshape(len(rows), -1)
+        if cells.dtype.kind == "f":
+            found |= np.isnan(cells).any(axis=1)
+        elif cells.dtype.kind == "O":
+            found |= np.array([any(_missing(v) for v in row) for row in cells], dtype=bool)
+    return found

@@ -5,8 +5,8 @@ The rows: the schema's sample rows (``ModelHandle.sample``), then rows of the mo
 feature ranges, seeded: for a numeric feature, values around what the estimator learned
 (a tree's thresholds, exactly and one float32 step either side, where the trees see the
 raw feature or a standard scaler's output; a scaler's mean and scale or minimum and
-maximum), a known category for a categorical feature, and missing values where a
-feature may be missing.
+maximum), a known category for a categorical feature; in the last quarter of them,
+missing values where a feature may be missing.
 
 Boundary: standard library, numpy and ``serving`` core modules.
 """
@@ -85,7 +85,7 @@ def _rows(unequal: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
 
 def _column(f: Feature, pool: npt.NDArray[Any] | None, rng: Any, n: int) -> npt.NDArray[Any]:
     """``n`` values of feature ``f``: from its categories, its pool, or around zero; about
-    one in ten missing where it may be."""
+    one in ten of the last quarter missing where it may be."""
     if f.categories:
         known = sorted(f.categories, key=repr)
         values = np.empty(n, dtype=object)
@@ -103,8 +103,8 @@ def _column(f: Feature, pool: npt.NDArray[Any] | None, rng: Any, n: int) -> npt.
             info = np.iinfo(f.dtype)
             values = np.clip(np.round(values), info.min, info.max)
         values = values.astype(f.dtype)
-    if f.missing:
-        gone = rng.random(n) < 0.1
+    if f.missing:  # in the last quarter of the rows only: the rest are whole
+        gone = (rng.random(n) < 0.1) & (np.arange(n) >= n - n // 4)
         if values.dtype.kind == "f":
             values[gone] = np.nan
         elif values.dtype.kind == "O":

@@ -1,0 +1,314 @@
+"""A scikit-learn model compiled to ONNX Runtime at load (``serving.model.compiled``,
+``serving.loading.compiled``): when it is, that its answers are scikit-learn's, and that
+every model it cannot prove is served by scikit-learn with one line saying why."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.compose import make_column_transformer
+from sklearn.ensemble import (
+    GradientBoostingClassifier,
+    RandomForestClassifier,
+    RandomForestRegressor,
+)
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+from serving.errors import InvalidInput
+from serving.loading import compiled
+from serving.model.compiled import NotCompiled, compile_handle, tree_nodes
+from serving.model.estimators import estimator_handle
+from serving.model.handle import ModelHandle
+from serving.model.parity import differences, gate_rows
+from serving.model_settings import ModelSettings
+
+TOLERANCE = 1e-6
+
+
+def handle_of(model: Any, name: str = "m") -> ModelHandle:
+    return estimator_handle(model, name=name, version="1", format="joblib")
+
+
+def settings_for(**fields: Any) -> ModelSettings:
+    return ModelSettings(name="m", version="1", format="joblib", **fields)
+
+
+def assert_answers_as(model: Any, handle: ModelHandle, rows: Any, frame: Any = None) -> None:
+    """``handle``'s answers on ``rows`` are ``model``'s in-process on the same rows: labels
+    equal (value and type), probabilities within the tolerance."""
+    outputs = handle.predict_batch(rows)
+    given = rows if frame is None else frame
+    want = model.predict(given)
+    assert outputs["predictions"].dtype == want.dtype
+    np.testing.assert_array_equal(outputs["predictions"], want)
+    if hasattr(model, "predict_proba"):
+        np.testing.assert_allclose(
+            outputs["probabilities"], model.predict_proba(given), rtol=0, atol=TOLERANCE
+        )
+
+
+@pytest.fixture(scope="module")
+def scaled_forest(breast_cancer: tuple[np.ndarray, np.ndarray]) -> Any:
+    X, y = breast_cancer
+    forest = RandomForestClassifier(n_estimators=40, random_state=0)
+    return make_pipeline(StandardScaler(), forest).fit(X, y)
+
+
+def test_compile_handle_a_scaled_forest_answers_as_scikit_learn_on_every_row(
+    scaled_forest: Any, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, _ = breast_cancer
+    handle = compile_handle(handle_of(scaled_forest), tolerance=TOLERANCE)
+
+    assert handle.engine == "onnxruntime" and handle.execution_provider == "CPUExecutionProvider"
+    assert handle.estimator is scaled_forest
+    assert_answers_as(scaled_forest, handle, X)
+    noisy = X + np.random.default_rng(1).normal(0, 0.05, X.shape) * X.std(axis=0)
+    assert_answers_as(scaled_forest, handle, noisy)
+
+
+def test_compile_handle_feeds_trees_float32_as_scikit_learn_compares_at_a_threshold(
+    breast_cancer: tuple[np.ndarray, np.ndarray],
+) -> None:
+    X, y = breast_cancer
+    forest = RandomForestClassifier(n_estimators=20, random_state=0).fit(X, y)
+    handle = compile_handle(handle_of(forest))
+    tree = forest.estimators_[0].tree_
+    inner = np.flatnonzero(tree.feature >= 0)
+    rows = np.repeat(X[:1], 3 * inner.size, axis=0)
+    for k, node in enumerate(inner):  # each threshold, and the float32 values beside it
+        narrow = np.float32(tree.threshold[node])
+        for i, value in enumerate(
+            (
+                tree.threshold[node],
+                np.nextafter(narrow, np.float32(-1e9)),
+                np.nextafter(narrow, np.float32(1e9)),
+            )
+        ):
+            rows[3 * k + i, tree.feature[node]] = value
+
+    assert_answers_as(forest, handle, rows)
+
+
+def test_compile_handle_a_gradient_boosted_pipeline_and_a_forest_regressor(
+    breast_cancer: tuple[np.ndarray, np.ndarray],
+) -> None:
+    X, y = breast_cancer
+    boosted = make_pipeline(StandardScaler(), GradientBoostingClassifier(random_state=0)).fit(X, y)
+    regressor = RandomForestRegressor(n_estimators=20, random_state=0).fit(X, X[:, 0] * 0.01)
+
+    assert_answers_as(boosted, compile_handle(handle_of(boosted)), X)
+    outputs = compile_handle(handle_of(regressor)).predict_batch(X)
+    np.testing.assert_allclose(outputs["predictions"], regressor.predict(X), rtol=0, atol=TOLERANCE)
+
+
+def test_compile_handle_a_dataframe_pipeline_with_string_columns_answers_as_scikit_learn() -> None:
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({
+        "plan": rng.choice(["basic", "pro", "team"], 400),
+        "seats": rng.integers(1, 50, 400).astype(float),
+        "usage": rng.normal(10, 3, 400),
+    })  # fmt: skip
+    y = (frame.usage + (frame.plan == "pro") * 3 > 11).astype(int)
+    model = make_pipeline(
+        make_column_transformer(
+            (OneHotEncoder(handle_unknown="ignore"), ["plan"]),
+            (StandardScaler(), ["seats", "usage"]),
+        ),
+        RandomForestClassifier(n_estimators=30, random_state=0),
+    ).fit(frame, y)
+    handle = compile_handle(handle_of(model))
+    rows = np.zeros(len(frame), dtype=handle.batch_dtype)
+    for name in frame.columns:
+        rows[name] = frame[name].to_numpy()
+
+    assert handle.engine == "onnxruntime"
+    assert_answers_as(model, handle, rows, frame)
+    rows["plan"][:5] = None  # a missing string: scikit-learn answers that batch
+    frame.loc[:4, "plan"] = np.nan
+    assert_answers_as(model, handle, rows, frame)
+
+
+def test_compile_handle_sends_missing_values_where_scikit_learn_sends_them(
+    scaled_forest: Any, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, _ = breast_cancer
+    handle = compile_handle(handle_of(scaled_forest))
+    rows = X.copy()
+    rng = np.random.default_rng(3)
+    rows[rng.random(rows.shape) < 0.3] = np.nan  # the forest takes NaN (scikit-learn 1.4+)
+
+    assert_answers_as(scaled_forest, handle, rows)
+
+
+def test_compile_handle_a_batch_with_a_missing_string_is_answered_by_scikit_learn() -> None:
+    frame = pd.DataFrame({"plan": ["a", "b", None, "a"] * 20, "usage": np.arange(80.0)})
+    y = np.arange(80) % 3
+    model = make_pipeline(
+        make_column_transformer(
+            (OneHotEncoder(handle_unknown="ignore"), ["plan"]), (StandardScaler(), ["usage"])
+        ),
+        RandomForestClassifier(n_estimators=10, random_state=0),
+    ).fit(frame, y)
+    handle = compile_handle(handle_of(model))
+    rows = np.zeros(len(frame), dtype=handle.batch_dtype)
+    rows["plan"], rows["usage"] = frame["plan"].to_numpy(), frame["usage"].to_numpy()
+
+    outputs = handle.predict_batch(rows)
+
+    assert handle.engine == "onnxruntime"
+    np.testing.assert_array_equal(outputs["probabilities"], model.predict_proba(frame))
+
+
+def test_compile_handle_values_past_float32_get_scikit_learn_refusal(
+    breast_cancer: tuple[np.ndarray, np.ndarray],
+) -> None:
+    X, y = breast_cancer
+    forest = RandomForestClassifier(n_estimators=5, random_state=0).fit(X, y)
+    handle = compile_handle(handle_of(forest))
+    rows = X[:3].copy()
+    rows[1, 0] = 1e300  # finite in float64; scikit-learn's trees refuse it
+
+    with pytest.raises(InvalidInput, match="too large"):
+        handle.predict_batch(rows)
+
+
+class Doubling(TransformerMixin, BaseEstimator):
+    """A transformer skl2onnx does not know."""
+
+    def fit(self, X: Any, y: Any = None) -> Doubling:
+        self.n_features_in_ = np.shape(X)[1]
+        return self
+
+    def transform(self, X: Any) -> Any:
+        return np.asarray(X) * 2
+
+
+def test_compile_handle_a_step_skl2onnx_cannot_convert_runs_in_scikit_learn_before_the_graph(
+    breast_cancer: tuple[np.ndarray, np.ndarray], caplog: pytest.LogCaptureFixture
+) -> None:
+    X, y = breast_cancer
+    model = make_pipeline(Doubling(), RandomForestClassifier(n_estimators=10, random_state=0))
+    model.fit(X, y)
+
+    with caplog.at_level(logging.INFO, logger="serving"):
+        handle = compile_handle(handle_of(model))
+
+    assert handle.engine == "onnxruntime"
+    assert_answers_as(model, handle, X)
+    (line,) = [
+        r.getMessage() for r in caplog.records if "compiled its final step" in r.getMessage()
+    ]
+    assert "'randomforestclassifier'" in line and "step 'doubling' (Doubling)" in line
+
+
+def test_compiled_serves_scikit_learn_with_one_line_when_answers_differ(
+    scaled_forest: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    handle = handle_of(scaled_forest)
+
+    with caplog.at_level(logging.WARNING, logger="serving"):
+        served = compiled(handle, settings_for(compile_tolerance=0))
+
+    assert served is handle and served.engine == "sklearn"
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("model 'm': served by scikit-learn, not compiled: ")
+    assert "'probabilities' differ by up to" in line and "tolerance 0" in line
+
+
+def test_compiled_a_model_with_its_own_final_estimator_is_served_as_it_is(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Last(BaseEstimator):
+        def fit(self, X: Any, y: Any) -> Last:
+            self.n_features_in_ = np.shape(X)[1]
+            return self
+
+        def predict(self, X: Any) -> Any:
+            return np.asarray(X).sum(axis=1)
+
+    model = make_pipeline(StandardScaler(), Last()).fit(np.eye(3), [0, 1, 2])
+    handle = handle_of(model)
+
+    with caplog.at_level(logging.WARNING, logger="serving"):
+        served = compiled(handle, settings_for(compile="on"))
+
+    assert served is handle
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "not compiled" in line and "'last' (Last)" in line
+
+
+def test_compiled_auto_compiles_tree_models_only_and_off_none(
+    scaled_forest: Any, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, y = breast_cancer
+    linear = make_pipeline(StandardScaler(), LogisticRegression(max_iter=500)).fit(X, y)
+
+    assert compiled(handle_of(scaled_forest), settings_for()).engine == "onnxruntime"
+    assert compiled(handle_of(scaled_forest), settings_for(compile="off")).engine == "sklearn"
+    assert compiled(handle_of(linear), settings_for()).engine == "sklearn"
+    on = compiled(handle_of(linear), settings_for(compile="on"))
+    assert on.engine == "onnxruntime"
+    assert_answers_as(linear, on, X)
+
+
+def test_compiled_auto_leaves_a_forest_over_the_node_limit_to_scikit_learn(
+    scaled_forest: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    nodes = tree_nodes(scaled_forest)
+    assert nodes == sum(t.tree_.node_count for t in scaled_forest[-1].estimators_)
+
+    with caplog.at_level(logging.INFO, logger="serving"):
+        auto = compiled(handle_of(scaled_forest), settings_for(), max_nodes=nodes - 1)
+        on = compiled(handle_of(scaled_forest), settings_for(compile="on"), max_nodes=nodes - 1)
+
+    assert auto.engine == "sklearn" and on.engine == "onnxruntime"
+    assert any(f"{nodes} nodes" in r.getMessage() for r in caplog.records)
+
+
+def test_compile_handle_refuses_what_is_not_a_scikit_learn_estimator() -> None:
+    handle = ModelHandle.from_callable(lambda X: X.sum(axis=1), name="f", version="1", n_features=2)
+
+    with pytest.raises(NotCompiled, match="not a scikit-learn estimator"):
+        compile_handle(handle)
+
+
+def test_gate_rows_hold_the_sample_rows_and_the_forest_thresholds(scaled_forest: Any) -> None:
+    handle = handle_of(scaled_forest)
+    rows = gate_rows(handle, scaled_forest, n=2000)
+
+    np.testing.assert_array_equal(rows[:4], handle.sample(4))
+    scaler, forest = scaled_forest[0], scaled_forest[-1]
+    tree = forest.estimators_[0].tree_
+    node = int(np.flatnonzero(tree.feature >= 0)[0])
+    j = int(tree.feature[node])
+    near = tree.threshold[node] * scaler.scale_[j] + scaler.mean_[j]
+    assert np.isclose(rows[:, j], near, rtol=0, atol=1e-9).any()
+    assert np.isnan(rows).any(), "the forest takes missing values: some rows have them"
+
+
+def test_differences_names_labels_types_shapes_and_the_largest_gap() -> None:
+    labels = np.array([0, 1, 1])
+    probabilities = np.array([[0.9, 0.1], [0.2, 0.8], [0.4, 0.6]])
+    want = {"predictions": labels, "probabilities": probabilities}
+
+    assert differences(want, {**want, "probabilities": probabilities + 1e-7}, 1e-6) is None
+    assert differences(want, {"predictions": labels}, 1e-6) == "it gives no 'probabilities'"
+    found = differences(want, {**want, "predictions": np.array([0, 0, 1])}, 1e-6)
+    assert found == "1 'predictions' differ, first on row 1 ([0] for [1])"
+    found = differences(want, {**want, "predictions": labels.astype(np.int32)}, 1e-6)
+    assert found == "'predictions' are int32, not int64"
+    moved = probabilities.copy()
+    moved[2, 1] += 3e-3
+    found = differences(want, {**want, "probabilities": moved}, 1e-6)
+    assert found == "'probabilities' differ by up to 0.003 (row 2; tolerance 1e-06)"
+    nan = probabilities.copy()
+    nan[0, 0] = np.nan
+    assert "differ by up to inf (row 0" in str(differences(want, {**want, "probabilities": nan}, 1))
