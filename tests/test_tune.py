@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import joblib
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,6 +23,7 @@ from serving.tune import (
     schema_rows,
     sweep,
 )
+from serving.tune.engines import BYTES_PER_NODE, choose_engine
 from tests.tabular import ROOT, write_churn
 
 
@@ -233,3 +235,53 @@ def test_tune_command_says_why_it_cannot_load_in_one_line(tmp_path: Path) -> Non
     assert result.returncode == 1
     assert result.stderr.startswith(f"serving.tune: cannot load model {bad}")
     assert "Traceback" not in result.stderr
+
+
+def test_choose_engine_compiled_when_faster_at_one_and_at_the_batch_with_the_memory_it_costs() -> (
+    None
+):
+    library = curve({1: 12.0, 8: 12.5, 32: 13.0})
+    fast = curve({1: 0.01, 8: 0.05, 32: 0.12})
+
+    auto = choose_engine(library, fast, batch_size=32, auto_compiles=True, nodes=100_000)
+    on = choose_engine(library, fast, batch_size=32, auto_compiles=False, nodes=2_000_000)
+
+    assert (auto.setting, auto.compiled) == ("auto", True)
+    assert "0.00083x the library's at 1 instance and 0.0092x at 32" in auto.reasons[0]
+    assert f"about {100_000 * BYTES_PER_NODE / 2**20:.0f} MiB a worker" in auto.reasons[1]
+    assert (on.setting, on.compiled) == ("on", True)
+    assert on.reasons[-1] == "SERVING_COMPILE=auto does not compile it: set SERVING_COMPILE=on"
+
+
+def test_choose_engine_off_when_compiled_is_not_faster_at_the_batch_the_server_runs() -> None:
+    library = curve({1: 0.30, 32: 0.40})
+    compiled = curve({1: 0.05, 32: 0.39})  # faster alone, not at 32
+
+    auto = choose_engine(library, compiled, batch_size=32, auto_compiles=True)
+    left = choose_engine(library, compiled, batch_size=32, auto_compiles=False)
+    none = choose_engine(library, None, batch_size=32, auto_compiles=False, not_compiled="why")
+
+    assert (auto.setting, auto.compiled) == ("off", False)
+    assert (left.setting, left.compiled) == ("auto", False)
+    assert (none.setting, none.compiled, none.reasons) == (
+        "auto",
+        False,
+        ("it does not compile: why",),
+    )
+
+
+def test_tune_command_compares_both_engines_on_a_forest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.ensemble import RandomForestClassifier
+
+    X, y = load_breast_cancer(return_X_y=True)
+    path = tmp_path / "forest.joblib"
+    joblib.dump(RandomForestClassifier(n_estimators=100, random_state=0).fit(X, y), path)
+
+    main(["--model", str(path), "--plot", str(tmp_path / "tune.png")])
+
+    out = capsys.readouterr().out
+    assert out.startswith("sklearn:\n") and "\ncompiled to ONNX Runtime (SERVING_COMPILE):\n" in out
+    assert "engine: SERVING_COMPILE=auto (compiled to ONNX Runtime)" in out

@@ -1,5 +1,6 @@
-"""``python -m serving.tune``: load the model as the server does, sweep, print the
-sweep and the recommendation; ``--plot`` saves the curve (matplotlib, the bench extra).
+"""``python -m serving.tune``: load the model as the server does, sweep it (and, for a
+scikit-learn model, its compiled form), print the sweeps, the engine and the
+recommendation; ``--plot`` saves the curve (matplotlib, the bench extra).
 
 Boundary: see README.md beside this file.
 """
@@ -16,7 +17,9 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.model.handle import ModelHandle
+from serving.model_settings import ModelSettings
 from serving.tune.advice import Recommendation, recommend
+from serving.tune.engines import EngineChoice, choose_engine
 from serving.tune.sweep import SweepPoint, plateau_start, schema_rows, sweep
 
 __all__ = ["load_as_served", "main", "plot"]
@@ -59,10 +62,15 @@ def load_as_served(
     :raises SettingsError: when those settings are invalid, naming the variable.
     :raises ModelLoadError: naming the path and the cause.
     """
+    from serving.loading import load_artifact
+
+    return load_artifact(_model_settings(path, fmt, model_class))
+
+
+def _model_settings(path: Path, fmt: str | None, model_class: str | None) -> ModelSettings:
     from pydantic import ValidationError
 
     from serving.errors import SettingsError
-    from serving.loading import load_artifact
     from serving.settings import Settings
 
     where = {"model_dir": path} if path.is_dir() else {"model_path": path}
@@ -70,7 +78,34 @@ def load_as_served(
         settings = Settings(**where, model_format=fmt, model_class=model_class, workers=1)  # type: ignore[arg-type]
     except ValidationError as exc:
         raise SettingsError("--model/--format/--class", str(exc.errors()[0]["msg"])) from None
-    return load_artifact(settings.model_settings()[0])
+    return settings.model_settings()[0]
+
+
+def _engines(
+    model: ModelSettings, handle: ModelHandle, points: list[SweepPoint], rows: Any, batch: int
+) -> tuple[EngineChoice, ModelHandle, list[SweepPoint]]:
+    """Both engines swept and printed, the choice, and the handle and sweep it picks."""
+    from serving.loading import AUTO_COMPILE_MAX_NODES, compiled
+    from serving.model.compiled import tree_nodes
+
+    if handle.engine != "sklearn":
+        why = f"it is served by {handle.engine}, not scikit-learn"
+        return choose_engine(points, None, batch_size=batch, auto_compiles=False,
+                             not_compiled=why), handle, points  # fmt: skip
+    nodes = tree_nodes(handle.estimator)
+    fast = compiled(handle, model.model_copy(update={"compile": "on"}))
+    if fast.engine != "onnxruntime":
+        choice = choose_engine(points, None, batch_size=batch, auto_compiles=False,
+                               not_compiled="see the log line above")  # fmt: skip
+        return choice, handle, points
+    fast_points = sweep(fast, rows)
+    print("\ncompiled to ONNX Runtime (SERVING_COMPILE):")
+    _print_sweep(fast_points)
+    auto = 0 < nodes <= AUTO_COMPILE_MAX_NODES
+    choice = choose_engine(points, fast_points, batch_size=batch, auto_compiles=auto, nodes=nodes)
+    if choice.compiled:
+        return choice, fast, fast_points
+    return choice, handle, points
 
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -157,8 +192,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         handle = load_as_served(args.model, args.format, args.model_class)
     except (ModelLoadError, SettingsError) as exc:
         raise SystemExit(f"serving.tune: {exc}") from None
-    points = sweep(handle, _sweep_rows(handle))
+    rows = _sweep_rows(handle)
+    points = sweep(handle, rows)
+    print(f"{handle.engine}:")
     _print_sweep(points)
+    rec = recommend(points, args.p99_ms, os.cpu_count() or 1, args.clients)
+    model = _model_settings(args.model, args.format, args.model_class)
+    choice, handle, points = _engines(model, handle, points, rows, rec.max_batch_size)
+    served = "compiled to ONNX Runtime" if choice.compiled else f"served by {handle.engine}"
+    print(f"\nengine: SERVING_COMPILE={choice.setting} ({served})")
+    for reason in choice.reasons:
+        print(f"  - {reason}")
     rec = recommend(points, args.p99_ms, os.cpu_count() or 1, args.clients)
     _print_recommendation(rec, args.p99_ms, args.clients)
     try:

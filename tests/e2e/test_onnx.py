@@ -37,7 +37,7 @@ def test_onnx_demo_serves_real_rows_and_reports_its_execution_provider(
     assert health["execution_provider"] == provider
     device = "cpu" if provider.startswith("CPU") else "cuda:0"
     info = (
-        f'serving_model_info{{device="{device}",execution_provider="{provider}",'
+        f'serving_model_info{{device="{device}",engine="onnxruntime",execution_provider="{provider}",'
         'format="onnx",model="breast_cancer",version="1"} 1.0'
     )
     assert info in scrape
