@@ -6,7 +6,8 @@ For each setting and worker count: start the service on the ``big`` forest
 (``bench/models.py``: 300 trees of unlimited depth), wait until every worker is ready, send
 ``--requests`` requests of 4 rows from 8 client threads, check every answer equals the
 forest's ``predict_proba`` in-process, then sum the PSS (``/proc/<pid>/smaps_rollup``) of
-the master and every worker. With 4 workers it also SIGKILLs a worker ``--kills`` times
+the master and every worker (``--compile on``: with the forest compiled to ONNX Runtime in
+each worker, as ``SERVING_COMPILE=on``). With 4 workers it also SIGKILLs a worker ``--kills`` times
 and times each replacement from the kill to ``/healthz`` saying every worker is ready
 again (its pid new), and sends one HUP, the model file unchanged (the master's busy time
 is in its log: ``loaded N model(s) in the master in X s``), then sums the PSS again; with
@@ -59,16 +60,18 @@ def children(pid: int) -> list[int]:
 
 
 class Server:
-    def __init__(self, share: str, workers: int, path: Path) -> None:
+    def __init__(self, share: str, workers: int, path: Path, compile: str = "auto") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers = workers
-        self.log = RESULTS / f"share_memory-{share}-{workers}.log"
+        self.log = RESULTS / f"share_memory-{share}-{workers}-compile-{compile}.log"
+        self.compiled = compile == "on"  # the big forest is over what auto compiles
         env = {
             **os.environ,
             "SERVING_MODEL_PATH": str(path),
             "SERVING_WORKERS": str(workers),
             "SERVING_SHARE_MODEL": share,
+            "SERVING_COMPILE": compile,
             "SERVING_BIND": f"127.0.0.1:{self.port}",
             "SERVING_ACCESS_LOG": "false",
             "SERVING_METRICS_DIR": tempfile.mkdtemp(),
@@ -121,8 +124,12 @@ def traffic(server: Server, rows: np.ndarray, expected: np.ndarray, n: int) -> f
     def one(start: int) -> None:
         body = {"instances": rows[start : start + 4].tolist()}
         answer = requests.post(f"{server.url}/predict", json=body, timeout=120).json()
-        got = np.asarray(answer["probabilities"])
-        if not np.array_equal(got, expected[start : start + 4]):
+        got, want = np.asarray(answer["probabilities"]), expected[start : start + 4]
+        # compiled: within SERVING_COMPILE_TOLERANCE's default, as the server checked
+        same = np.allclose(got, want, rtol=0, atol=1e-6) if server.compiled else (
+            np.array_equal(got, want)
+        )  # fmt: skip
+        if not same:
             raise AssertionError(f"answer differs from in-process predict at row {start}")
 
     started = time.perf_counter()
@@ -184,6 +191,11 @@ def parse_args() -> argparse.Namespace:
         "over the served one, then HUP), the total PSS after each",
     )  # fmt: skip
     parser.add_argument(
+        "--compile", default="auto", choices=["auto", "on", "off"],
+        help="SERVING_COMPILE of every server (on: the forest compiled to ONNX Runtime in "
+        "each worker, whose own copy of the trees is then in every worker's PSS)",
+    )  # fmt: skip
+    parser.add_argument(
         "--compare", type=int, metavar="WORKERS",
         help="only requests/s: both settings' servers at once with WORKERS workers each, "
         "taking turns for 6 rounds of --requests (for a shared, noisy host)",
@@ -210,13 +222,14 @@ def main() -> None:
     shutil.copy(path, served)
     for workers in args.workers:
         for share in ("auto", "off"):
-            server = Server(share, workers, served)
+            server = Server(share, workers, served, args.compile)
             try:
                 start_s = server.wait()
                 per_s = traffic(server, rows, expected, args.requests)
                 total, each = server.total_pss()
                 row: dict[str, Any] = {
-                    "share": share, "workers": workers, "start_s": round(start_s, 2),
+                    "share": share, "compile": args.compile, "workers": workers,
+                    "start_s": round(start_s, 2),
                     "total_pss_mib": round(total, 1),
                     "master_pss_mib": round(pss_mib(server.proc.pid), 1),
                     "worker_pss_mib": [round(w, 1) for w in each],
