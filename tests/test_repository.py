@@ -74,19 +74,21 @@ def test_repository_version_policy_in_tritons_json(
 
 
 @pytest.mark.unit
-def test_repository_config_sets_labels_batching_and_digests(tmp_path: Path) -> None:
+def test_repository_config_sets_labels_batching_compile_and_digests(tmp_path: Path) -> None:
     version(tmp_path, "churn", "1")
     version(tmp_path, "churn", "2")
     digest = hashlib.sha256(DEMO_MODEL_PATH.read_bytes()).hexdigest()
     config(tmp_path, "churn", {
         "version_policy": {"all": {}}, "labels": {"stable": 1, "canary": 2},
-        "max_batch_size": 8, "sha256": {"2": digest},
+        "max_batch_size": 8, "sha256": {"2": digest}, "compile": "off",
     })  # fmt: skip
 
     specs = {spec.version: spec for spec in scan(tmp_path).specs}
+    models = Settings(model_repository=tmp_path, workers=1).model_settings()
 
     assert specs["2"].sha256 == digest and specs["1"].sha256 is None
     assert specs["1"].max_batch_size == specs["2"].max_batch_size == 8
+    assert [m.compile for m in models] == ["off", "off"]
     labels = {label: v for spec in specs.values() for label, v in spec.labels.items()}
     assert labels == {"stable": "1", "canary": "2"}
 
