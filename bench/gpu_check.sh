@@ -7,7 +7,8 @@
 # Installs the project and onnxruntime-gpu with its CUDA and cuDNN wheels into a fresh venv,
 # then runs bench/gpu_check.py: the session must really run on CUDAExecutionProvider, GPU
 # and CPU predictions must agree within 1e-4, and it prints rows/s on CPU and GPU at batch
-# sizes 1, 32, 256 and 1024 and the end-to-end service throughput with the batcher.
+# sizes 1, 32, 256 and 1024, the end-to-end service throughput with the batcher, and the
+# heavy forest compiled to ONNX Runtime (SERVING_COMPILE) on the CUDA provider.
 # CI never runs this: it has no GPU. Exit status 0 only when every check passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

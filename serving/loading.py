@@ -46,12 +46,14 @@ log = logging.getLogger(__name__)
 
 Stage = Literal["reading", "loading", "compiling", "warming up"]
 
-#: Under ``compile=auto`` a tree model (decision trees, forests, gradient boosting: where
-#: the library's fixed cost per call is largest) is compiled unless its trees have more
+#: Under ``compile=auto`` a tree model (scikit-learn's decision trees, forests, gradient
+#: boosting, and XGBoost: where the library's fixed cost per call is largest, and the
+#: graph compares as the library does) is compiled unless its trees have more
 #: nodes than this; such a model is served by its own library, whose one copy the workers
 #: share, while ONNX Runtime copies a tree ensemble into every worker (docs/models.md,
 #: "Compiled to ONNX Runtime").
 AUTO_COMPILE_MAX_NODES = 250_000
+_LIBRARY_NAMES = {"sklearn": "scikit-learn", "xgboost": "XGBoost", "lightgbm": "LightGBM"}
 
 
 def model_loaders(model: ModelSettings, worker_slot: int = 0) -> dict[str, ModelLoader]:
@@ -174,20 +176,20 @@ def compiled(
     the parity rows. Never raises: a model that does not compile is served as it is.
 
     :param max_nodes: under ``compile=auto``, the most tree nodes a model compiled has."""
-    if model.compile == "off" or handle.engine != "sklearn":
-        return handle
-    from serving.model.compiled import NotCompiled, compile_handle, tree_nodes
+    from serving.model.compiled import LIBRARIES, NotCompiled, compile_handle, tree_nodes
 
-    nodes = tree_nodes(handle.estimator)
-    if model.compile == "auto" and not nodes:
-        return handle  # not a tree model: compiled only with SERVING_COMPILE=on
-    if model.compile == "auto" and nodes > max_nodes:
-        log.info(
-            "model %r: served by scikit-learn: its trees have %d nodes, over the %d that "
-            "SERVING_COMPILE=auto compiles (ONNX Runtime would copy them into every worker; "
-            "SERVING_COMPILE=on compiles it anyway)", handle.name, nodes, max_nodes,
-        )  # fmt: skip
+    if model.compile == "off" or handle.engine not in LIBRARIES:
         return handle
+    library = _LIBRARY_NAMES[handle.engine]
+
+    if model.compile == "auto":
+        nodes = tree_nodes(handle.estimator)
+        if not nodes:
+            return handle  # not a tree model: compiled only with SERVING_COMPILE=on
+        left = _left_alone(handle, nodes, max_nodes)
+        if left is not None:
+            log.info("model %r: served by %s: %s", handle.name, library, left)
+            return handle
     started = time.perf_counter()
     try:
         result = compile_handle(
@@ -199,20 +201,37 @@ def compiled(
             tolerance=model.compile_tolerance,
         )
     except NotCompiled as exc:
-        log.warning("model %r: served by scikit-learn, not compiled: %s", handle.name, exc)
+        log.warning("model %r: served by %s, not compiled: %s", handle.name, library, exc)
         return handle
     except Exception as exc:  # a converter's or onnxruntime's bug must not stop the model
         log.warning(
-            "model %r: served by scikit-learn, compiling failed: %s: %s",
-            handle.name, type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "",
+            "model %r: served by %s, compiling failed: %s: %s",
+            handle.name, library, type(exc).__name__, (str(exc) or "-").splitlines()[0][:300],
         )  # fmt: skip
         return handle
     log.info(
-        "model %r: compiled to ONNX Runtime on %s, its answers equal scikit-learn's on the "
-        "parity rows (within %g; %.2f s)", handle.name, result.execution_provider,
+        "model %r: compiled to ONNX Runtime on %s, its answers equal %s's on the parity "
+        "rows (within %g; %.2f s)", handle.name, result.execution_provider, library,
         model.compile_tolerance, time.perf_counter() - started,
     )  # fmt: skip
     return result
+
+
+def _left_alone(handle: ModelHandle, nodes: int, max_nodes: int) -> str | None:
+    """Why ``SERVING_COMPILE=auto`` leaves a tree model to its library, or None."""
+    if handle.engine == "lightgbm":
+        return (
+            "it compares each value in float64, which a float32 graph cannot match within "
+            "a float32 step of a threshold (SERVING_COMPILE=on compiles it where its "
+            "parity rows agree)"
+        )
+    if nodes > max_nodes:
+        return (
+            f"its trees have {nodes} nodes, over the {max_nodes} that SERVING_COMPILE=auto "
+            "compiles (ONNX Runtime would copy them into every worker; SERVING_COMPILE=on "
+            "compiles it anyway)"
+        )
+    return None
 
 
 def describe_features(handle: ModelHandle) -> str:

@@ -137,7 +137,7 @@ class ModelRuntime:
             from threadpoolctl import threadpool_limits
 
             threadpool_limits(limits=settings.blas_threads)
-            if handle.engine == "sklearn" and settings.compile != "off":
+            if handle.engine in ("sklearn", "xgboost", "lightgbm") and settings.compile != "off":
                 self._enter("compiling")
                 handle = compiled(handle, settings, self.worker_slot)
             self._enter("warming up")

@@ -209,20 +209,22 @@ class Settings(ObserveFields, ModelFields):
     compile: Compile = Field(
         model_default("compile"),
         description=(
-            "`auto`: each worker compiles a scikit-learn model to ONNX Runtime at load and "
-            "serves it that way once its answers equal scikit-learn's on its parity rows "
-            "(labels exactly, probabilities within `SERVING_COMPILE_TOLERANCE`), except a "
-            "tree model too large to copy into every worker (see docs/models.md, "
-            '"Compiled to ONNX Runtime"); `on`: whatever its size; `off`: never. Per model '
-            "as `compile` in `SERVING_MODELS` and a repository's `config.json`"
+            "`auto`: each worker compiles a scikit-learn tree model or an XGBoost model to "
+            "ONNX Runtime at load and serves it that way once its answers equal its "
+            "library's on its parity rows (labels exactly, probabilities within "
+            "`SERVING_COMPILE_TOLERANCE`), unless it is too large to copy into every worker "
+            '(see docs/models.md, "Compiled to ONNX Runtime"); `on`: any scikit-learn, '
+            "XGBoost or LightGBM model whose parity rows agree, whatever its size; `off`: "
+            "never. Per model as `compile` in `SERVING_MODELS` and a repository's "
+            "`config.json`"
         ),
     )
     compile_tolerance: Tolerance = Field(
         model_default("compile_tolerance"),
         description=(
-            "Largest absolute difference from scikit-learn a compiled model's probabilities "
-            "and regression outputs may show on its parity rows; larger, and scikit-learn "
-            "serves it"
+            "Largest absolute difference from its library's a compiled model's "
+            "probabilities and regression outputs may show on its parity rows; larger, and "
+            "the library serves it"
         ),
     )
     cpu_affinity: Literal["adaptive", "auto", "none"] = Field(

@@ -1,15 +1,19 @@
 """A scikit-learn model compiled to ONNX Runtime at load (``serving.model.compiled``,
 ``serving.loading.compiled``): when it is, that its answers are scikit-learn's, and that
-every model it cannot prove is served by scikit-learn with one line saying why."""
+every model it cannot prove is served by its library with one line saying why (XGBoost
+and LightGBM models too)."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
+import joblib
 import numpy as np
 import pandas as pd
 import pytest
+from lightgbm import LGBMClassifier
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.compose import make_column_transformer
 from sklearn.ensemble import (
@@ -20,9 +24,10 @@ from sklearn.ensemble import (
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
+from xgboost import XGBClassifier, XGBRegressor
 
 from serving.errors import InvalidInput
-from serving.loading import compiled
+from serving.loading import compiled, load_model
 from serving.model.compiled import NotCompiled, compile_handle, tree_nodes
 from serving.model.estimators import estimator_handle
 from serving.model.handle import ModelHandle
@@ -276,7 +281,7 @@ def test_compiled_auto_leaves_a_forest_over_the_node_limit_to_scikit_learn(
 def test_compile_handle_refuses_what_is_not_a_scikit_learn_estimator() -> None:
     handle = ModelHandle.from_callable(lambda X: X.sum(axis=1), name="f", version="1", n_features=2)
 
-    with pytest.raises(NotCompiled, match="not a scikit-learn estimator"):
+    with pytest.raises(NotCompiled, match="not a scikit-learn, XGBoost or LightGBM model"):
         compile_handle(handle)
 
 
@@ -312,3 +317,96 @@ def test_differences_names_labels_types_shapes_and_the_largest_gap() -> None:
     nan = probabilities.copy()
     nan[0, 0] = np.nan
     assert "differ by up to inf (row 0" in str(differences(want, {**want, "probabilities": nan}, 1))
+
+
+def boosted_frame() -> tuple[pd.DataFrame, np.ndarray]:
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({
+        "usage hours": rng.gamma(2.0, 10.0, 600),  # a column name XGBoost's graph cannot keep
+        "plan": pd.Categorical(rng.choice(["basic", "pro", "team"], 600)),
+        "seats": rng.integers(1, 50, 600).astype(float),
+    })  # fmt: skip
+    frame.loc[::11, "seats"] = np.nan
+    target = ((frame["usage hours"] > 20) ^ (frame["plan"] == "pro")).to_numpy().astype(int)
+    return frame, target
+
+
+def served(model: Any, tmp_path: Path) -> ModelHandle:
+    """``model`` loaded as the server loads it (its schema: pandas categories too)."""
+    path = tmp_path / "model.joblib"
+    joblib.dump(model, path)
+    return load_model(path)
+
+
+def batch_of(handle: ModelHandle, frame: pd.DataFrame) -> Any:
+    rows = np.zeros(len(frame), dtype=handle.batch_dtype)
+    for name in frame.columns:
+        values = frame[name].astype(object) if rows[name].dtype == object else frame[name]
+        rows[name] = values.to_numpy()
+    return rows
+
+
+def test_compiled_auto_compiles_an_xgboost_classifier_with_a_pandas_category(
+    tmp_path: Path,
+) -> None:
+    frame, target = boosted_frame()
+    model = XGBClassifier(n_estimators=60, max_depth=4, enable_categorical=True, n_jobs=1)
+    handle = served(model.fit(frame, target), tmp_path)
+
+    fast = compiled(handle, settings_for())
+
+    assert fast.engine == "onnxruntime"
+    probe = frame.copy()
+    probe["plan"] = pd.Categorical(
+        np.where(np.arange(600) % 7 == 0, None, probe["plan"].astype(object)),
+        categories=["basic", "pro", "team"],
+    )  # missing plans among them
+    assert_answers_as(model, fast, batch_of(handle, probe), probe)
+
+
+def test_compiled_auto_compiles_an_xgboost_model_fitted_on_named_columns(
+    breast_cancer: tuple[np.ndarray, np.ndarray], tmp_path: Path
+) -> None:
+    X, y = breast_cancer
+    frame = pd.DataFrame(X, columns=[f"feature {j}" for j in range(X.shape[1])])
+    model = XGBClassifier(n_estimators=80, max_depth=4, n_jobs=1).fit(frame, y)
+    handle = served(model, tmp_path)
+
+    fast = compiled(handle, settings_for())
+
+    assert fast.engine == "onnxruntime"
+    assert_answers_as(model, fast, batch_of(handle, frame), frame)
+
+
+def test_compiled_leaves_lightgbm_to_itself_under_auto_and_on_proves_it_or_keeps_it(
+    breast_cancer: tuple[np.ndarray, np.ndarray], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    X, y = breast_cancer
+    model = LGBMClassifier(n_estimators=60, verbose=-1, n_jobs=1).fit(X, y)
+    handle = served(model, tmp_path)
+
+    with caplog.at_level(logging.INFO, logger="serving"):
+        auto = compiled(handle, settings_for())
+        on = compiled(handle, settings_for(compile="on"))
+
+    assert auto.engine == "lightgbm"
+    assert any("served by LightGBM: it compares each value in float64" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    outputs = on.predict_batch(X)  # whichever engine the parity rows chose
+    np.testing.assert_array_equal(outputs["predictions"], model.predict(X))
+    np.testing.assert_allclose(outputs["probabilities"], model.predict_proba(X), atol=TOLERANCE)
+
+
+def test_compiled_an_xgboost_regressor_within_its_tolerance_only(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(800, 6))
+    y = X @ np.arange(1.0, 7.0) * 20
+    model = XGBRegressor(n_estimators=60, n_jobs=1).fit(X, y)
+    handle = served(model, tmp_path)
+
+    strict = compiled(handle, settings_for())
+    loose = compiled(handle, settings_for(compile_tolerance=1e-2))
+
+    assert strict.engine == "xgboost"  # a float32 sum of outputs in the hundreds
+    assert loose.engine == "onnxruntime"
+    np.testing.assert_allclose(loose.predict_batch(X)["predictions"], model.predict(X), atol=1e-2)

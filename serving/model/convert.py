@@ -51,6 +51,12 @@ class Graph:
     per_column: bool
     #: Whether its numeric input is float32 (a tree model fed directly), else double.
     narrow: bool
+    #: Per feature, the pandas categories whose codes the graph takes (XGBoost, LightGBM:
+    #: a value's position, NaN when missing or not among them), else None.
+    codes: tuple[tuple[Any, ...] | None, ...] | None = None
+    #: Labels from the probabilities' argmax (fetching the ``probabilities`` output only),
+    #: not from the graph's ``label`` output.
+    argmax: bool = False
 
 
 def candidates(estimator: Any, handle: ModelHandle) -> list[tuple[str, Callable[[], Graph]]]:

@@ -4,8 +4,9 @@ tried on and how answers are compared (``serving.model.compiled``).
 The rows: the schema's sample rows (``ModelHandle.sample``), then rows of the model's own
 feature ranges, seeded: for a numeric feature, values around what the estimator learned
 (a tree's thresholds, exactly and one float32 step either side, where the trees see the
-raw feature or a standard scaler's output; a scaler's mean and scale or minimum and
-maximum), a known category for a categorical feature; in the last quarter of them,
+raw feature or a standard scaler's output, and an XGBoost or LightGBM model's split
+thresholds; a scaler's mean and scale or minimum and maximum), a known category for a
+categorical feature (and a value not among a pandas category's); in the last quarter of them,
 missing values where a feature may be missing.
 
 Boundary: standard library, numpy and ``serving`` core modules.
@@ -46,8 +47,8 @@ def gate_rows(handle: ModelHandle, estimator: Any, n: int = RANGE_ROWS) -> npt.N
 
 def differences(expected: Outputs, got: Outputs, tolerance: float) -> str | None:
     """The first way ``got`` differs from ``expected`` (``None`` when it does not): a
-    missing output, a label not equal (value or type), or the largest absolute
-    difference above ``tolerance``, with its row."""
+    missing output, one of another shape or type, a label not equal, or the largest
+    absolute difference above ``tolerance``, with its row."""
     for name, value in expected.items():
         if name not in got:
             return f"it gives no {name!r}"
@@ -55,9 +56,9 @@ def differences(expected: Outputs, got: Outputs, tolerance: float) -> str | None
         want = np.asarray(value)
         if have.shape != want.shape:
             return f"{name!r} has shape {have.shape}, not {want.shape}"
+        if have.dtype != want.dtype:
+            return f"{name!r} are {have.dtype}, not {want.dtype}"
         if want.dtype.kind not in "fc":
-            if have.dtype != want.dtype:
-                return f"{name!r} are {have.dtype}, not {want.dtype}"
             unequal = np.flatnonzero(_rows(np.asarray(have != want)))
             if unequal.size:
                 row = int(unequal[0])
@@ -86,8 +87,9 @@ def _rows(unequal: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
 def _column(f: Feature, pool: npt.NDArray[Any] | None, rng: Any, n: int) -> npt.NDArray[Any]:
     """``n`` values of feature ``f``: from its categories, its pool, or around zero; about
     one in ten of the last quarter missing where it may be."""
-    if f.categories:
-        known = sorted(f.categories, key=repr)
+    if f.categories or f.pandas_categories:
+        pandas = (*f.pandas_categories, "not one of them") if f.pandas_categories else ()
+        known = sorted(f.categories or pandas, key=repr)
         values = np.empty(n, dtype=object)
         values[:] = [known[i] for i in rng.integers(0, len(known), n)]
     elif f.dtype.kind == "O":
@@ -116,6 +118,9 @@ def _column(f: Feature, pool: npt.NDArray[Any] | None, rng: Any, n: int) -> npt.
 def _numeric_pools(estimator: Any, width: int) -> dict[int, npt.NDArray[np.float64]]:
     """Per input column, the values the model's ranges suggest: thresholds of trees that
     see the raw column (or a standard scaler's output of it), and a scaler's statistics."""
+    boosted = _booster_thresholds(estimator, width)
+    if boosted:
+        return {j: _float32_edges_of(np.asarray(t)) for j, t in boosted.items()}
     steps = [step for _, step in getattr(estimator, "steps", None) or [("", estimator)]]
     scale = np.ones(width)
     shift = np.zeros(width)
@@ -140,6 +145,35 @@ def _numeric_pools(estimator: Any, width: int) -> dict[int, npt.NDArray[np.float
                     pools.setdefault(int(j), []).append(edges * scale[j] + shift[j])
         break  # a step that is neither scaler nor tree: its outputs are other columns
     return {j: np.concatenate(parts) for j, parts in pools.items()}
+
+
+def _booster_thresholds(estimator: Any, width: int) -> dict[int, list[float]]:
+    """An XGBoost or LightGBM model's numeric split thresholds per feature column."""
+    library = type(estimator).__module__.split(".")[0]
+    if library == "lightgbm":
+        booster = estimator.booster_
+        frame, names = booster.trees_to_dataframe(), booster.feature_name()
+        column, value = "split_feature", "threshold"
+    elif library == "xgboost":
+        booster = estimator.get_booster()
+        frame = booster.trees_to_dataframe()
+        names = booster.feature_names or [f"f{j}" for j in range(width)]
+        column, value = "Feature", "Split"
+    else:
+        return {}
+    import pandas as pd
+
+    where = {name: j for j, name in enumerate(names)}
+    found: dict[int, list[float]] = {}
+    thresholds = pd.to_numeric(frame[value], errors="coerce")  # categorical splits: NaN
+    for name, threshold in zip(frame[column], thresholds, strict=True):
+        if name in where and np.isfinite(threshold):
+            found.setdefault(where[name], []).append(float(threshold))
+    return found
+
+
+def _float32_edges_of(thresholds: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    return np.concatenate([_float32_edges(t) for t in thresholds])
 
 
 def _float32_edges(threshold: float) -> npt.NDArray[np.float64]:
