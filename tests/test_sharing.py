@@ -9,16 +9,18 @@ import logging
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 from sklearn.ensemble import RandomForestClassifier
 
+from serving.model_settings import ModelSettings
 from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
 from serving.server import sharing
-from serving.settings import Settings
+from serving.settings import DEMO_MODEL_PATH, Settings
 from tests.models import UnevenLoading
 
 log = logging.getLogger("test")
@@ -186,3 +188,29 @@ def test_a_model_file_gone_before_a_reload_does_not_stop_the_master(
     sharing.load_in_master(configured, log.info, lambda msg, *a: errors.append(msg % a))
     assert sharing.inherited(model) is None
     assert errors and errors[0].startswith("model sharing: none (")
+
+
+class _Segfaults:
+    """Unpickling it reads address 0: the process dies of SIGSEGV."""
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        import ctypes
+
+        return ctypes.string_at, (0,)
+
+
+def test_trial_load_says_whether_a_separate_process_loads_the_models(tmp_path: Path) -> None:
+    from serving.server.trial import trial_load
+
+    good = ModelSettings(name="demo", version="1", path=DEMO_MODEL_PATH, format="joblib")
+    crashing = tmp_path / "crash.pkl"
+    crashing.write_bytes(pickle.dumps(_Segfaults()))
+    truncated = tmp_path / "cut.joblib"
+    truncated.write_bytes(DEMO_MODEL_PATH.read_bytes()[:100])
+
+    assert trial_load([good], timeout_s=60) is None
+    assert trial_load([good, good.model_copy(update={"path": crashing, "format": "pickle"})],
+                      timeout_s=60) == "died of SIGSEGV"  # fmt: skip
+    failed = trial_load([good.model_copy(update={"path": truncated})], timeout_s=60)
+    assert failed is not None and failed.startswith("failed: 'demo' version '1': ")
+    assert str(truncated) in failed

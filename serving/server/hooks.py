@@ -310,13 +310,14 @@ def pre_exec(server: Any) -> None:
 
 def on_reload(server: Any, settings: Settings) -> None:
     """Master, on ``SIGHUP``, after re-reading the configuration and before forking the new
-    workers: load the new artifacts to share (a failure keeps nothing shared: the new
+    workers: load the new artifacts to share, each first in a separate process (a load
+    that would crash the master is left out; a failure keeps nothing shared: the new
     workers load for themselves, fail and retry, the old ones serve on). The workers forked
     from now on are the next generation."""
     global _generation
     _generation += 1
     repository.say_refused(server.log.warning, settings)
-    sharing.load_in_master(settings, server.log.info, server.log.error)
+    sharing.load_in_master(settings, server.log.info, server.log.error, trial=True)
 
 
 def pre_fork(server: Any, worker: Any) -> None:

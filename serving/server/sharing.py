@@ -50,10 +50,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from serving.model.handle import ModelHandle
 from serving.model_settings import ModelSettings
+from serving.server.trial import trial_load
 from serving.settings import Settings
 
 __all__ = [
@@ -84,6 +85,7 @@ PER_WORKER = {
 }
 
 Key = tuple[str, str, str, str, str | None]
+Done = TypeVar("Done")
 
 
 @dataclass(frozen=True)
@@ -170,12 +172,20 @@ def inherited(model: ModelSettings) -> ModelHandle | None:
 
 
 def load_in_master(
-    settings: Settings, log: Callable[..., None], error: Callable[..., None]
+    settings: Settings,
+    log: Callable[..., None],
+    error: Callable[..., None],
+    *,
+    trial: bool = False,
 ) -> Outcome:
     """Master, before forking workers (start-up, each reload): drop the models loaded
     before, log which models are shared (``describe``) and load those, within
     ``SERVING_LOAD_TIMEOUT_S``. A failure, a timeout or a stop signal is logged (path and
-    cause) and leaves nothing shared: the workers load for themselves."""
+    cause) and leaves nothing shared: the workers load for themselves.
+
+    :param trial: first load what changed in a separate process
+        (``serving.server.trial``; on a reload, while old workers serve): a load that would
+        crash the master leaves it out instead."""
     global _handles, _files
     before, files, _handles, _files = _handles, _files, {}, {}
     try:
@@ -203,22 +213,9 @@ def load_in_master(
     if not wanted and not kept:
         return "none"
     started = time.perf_counter()
-    done, handles, stopped_by = _bounded(
-        lambda: _load(wanted, error), settings.load_timeout_s
-    )  # fmt: skip
-    labels = ", ".join(c.label for c in wanted)
-    if stopped_by is not None:
-        error("model sharing: the master stopped loading %s (%s)", labels, stopped_by.name)
-        return "interrupted"
-    if not done:
-        error(
-            "model sharing: the master's load of %s took longer than %g s "
-            "(SERVING_LOAD_TIMEOUT_S); each worker loads its own",
-            labels, settings.load_timeout_s,
-        )  # fmt: skip
-        return "timed_out"
-    if handles is None:
-        return "failed"
+    handles = _loaded(wanted, settings, error, trial=trial)
+    if not isinstance(handles, dict):
+        return handles
     gc.freeze()  # the collector no longer writes to the pages of these objects
     _handles = {**kept, **handles}
     _files = {key: identities[key] for key in _handles}
@@ -230,15 +227,62 @@ def load_in_master(
     return "loaded"
 
 
+def _loaded(
+    wanted: list[Choice], settings: Settings, error: Callable[..., None], *, trial: bool
+) -> dict[Key, ModelHandle] | Outcome:
+    """``wanted`` loaded (after a trial in a separate process, with ``trial``), or why
+    not, logged: ``failed``, ``timed_out`` or ``interrupted``."""
+    labels = ", ".join(c.label for c in wanted)
+    refused = _tried(wanted, settings, error) if trial and wanted else None
+    if refused is not None:
+        return refused
+    done, handles, stopped_by = _bounded(
+        lambda: _load(wanted, error), settings.load_timeout_s
+    )  # fmt: skip
+    if stopped_by is not None:
+        error("model sharing: the master stopped loading %s (%s)", labels, stopped_by.name)
+        return "interrupted"
+    if not done:
+        error(
+            "model sharing: the master's load of %s took longer than %g s "
+            "(SERVING_LOAD_TIMEOUT_S); each worker loads its own",
+            labels, settings.load_timeout_s,
+        )  # fmt: skip
+        return "timed_out"
+    return "failed" if handles is None else handles
+
+
+def _tried(wanted: list[Choice], settings: Settings, error: Callable[..., None]) -> Outcome | None:
+    """None when ``wanted`` loads in a separate process (``serving.server.trial``), else
+    the outcome for the master, logged: ``failed`` (the trial died, failed or ran too
+    long) or ``interrupted`` (a stop signal came)."""
+    labels = ", ".join(c.label for c in wanted)
+    models = [c.model for c in wanted]
+    ended, why, stopped_by = _bounded(
+        lambda: trial_load(models, settings.load_timeout_s), settings.load_timeout_s + 5
+    )  # fmt: skip
+    if stopped_by is not None:
+        error("model sharing: the master stopped loading %s (%s)", labels, stopped_by.name)
+        return "interrupted"
+    if why is None and ended:
+        return None
+    error(
+        "model sharing: a trial load of %s in a separate process %s; the master does not "
+        "load it: each worker loads its own (the old workers serve on)",
+        labels, why or "did not end",
+    )  # fmt: skip
+    return "failed"
+
+
 def _bounded(
-    work: Callable[[], dict[Key, ModelHandle] | None], timeout_s: float
-) -> tuple[bool, dict[Key, ModelHandle] | None, signal.Signals | None]:
+    work: Callable[[], Done], timeout_s: float
+) -> tuple[bool, Done | None, signal.Signals | None]:
     """Run ``work`` on a daemon thread and wait for it at most ``timeout_s`` seconds, or
     until a stop signal (``STOP_SIGNALS``) comes: (whether it finished, its result, the
     signal). The master's handlers for those signals are put back afterwards and a signal
     that came is raised again for them, so the master acts on it as usual; other signals
     (``SIGCHLD``: a worker died) reach its handlers meanwhile."""
-    result: list[dict[Key, ModelHandle] | None] = []
+    result: list[Done] = []
     came: list[signal.Signals] = []
 
     def run() -> None:

@@ -321,11 +321,14 @@ class _CrashesOnLoad:
 
 
 @pytest.mark.usefixtures("cpu_hog")
+@pytest.mark.parametrize("share", ["off", "auto"])
 def test_repository_poll_a_version_whose_load_crashes_its_workers_is_left_out(
-    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray], share: str
 ) -> None:
     """Found by the second attack: a version that crashed every worker loading it left no
-    error behind, and the master forked workers 20 times a second for good."""
+    error behind, and the master forked workers 20 times a second for good. Shared
+    (``auto``), its load in the master took the master down, and every model with it:
+    now a trial load in a separate process dies instead."""
     import pickle
 
     X, _ = breast_cancer
@@ -333,7 +336,7 @@ def test_repository_poll_a_version_whose_load_crashes_its_workers_is_left_out(
     (root / "cancer" / "1").mkdir(parents=True)
     shutil.copy(DEMO_MODEL_PATH, root / "cancer" / "1" / "m.joblib")
     server = GunicornServer(
-        tmp_path, model_repository=root, repository_poll_s=0.3, share_model="off"
+        tmp_path, model_repository=root, repository_poll_s=0.3, share_model=share
     )
     server.start()
     try:
@@ -365,3 +368,7 @@ def test_repository_poll_a_version_whose_load_crashes_its_workers_is_left_out(
     assert "died while loading it" in entries["churn", "2"][1]
     assert version == "1" and cancer.status_code == 200
     assert booted_later == booted, "workers still forked after the version was left out"
+    if share == "auto":
+        assert "a trial load of 'churn' version '2' in a separate process died of SIGSEGV" in (
+            server.output()
+        )
