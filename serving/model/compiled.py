@@ -106,7 +106,10 @@ def compile_handle(
             reasons.append(f"{what}: {reason(exc, estimator)}")
             continue
         if reasons:
-            log.info("model %r: compiled %s (%s)", handle.name, what, "; ".join(reasons))
+            log.info(
+                "model %r: compiled %s; the ways before it did not convert or did not "
+                "answer alike (%s)", handle.name, what, "; ".join(reasons),
+            )  # fmt: skip
         used = session.get_providers()[0]
         break
     else:
