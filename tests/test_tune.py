@@ -195,6 +195,8 @@ def test_tune_command_recommends_settings_for_the_readme_churn_model(
 
     out = capsys.readouterr().out
     assert "SERVING_MAX_BATCH_SIZE=" in out and "<- plateau start" in out
+    assert "SERVING_BATCH_POLICY=adaptive  (the default)\n" in out
+    assert "(the window policy's wait; adaptive waits at most one predict call)" in out
     saved = (tmp_path / "tune.png").exists()  # matplotlib is the bench extra's, not the test's
     assert (f"plot saved to {tmp_path / 'tune.png'}" in out) == saved
     assert ("no plot: matplotlib is not installed" in out) == (not saved)

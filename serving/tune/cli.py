@@ -168,11 +168,20 @@ def _print_recommendation(rec: Recommendation, p99_ms: float, clients: int) -> N
     verdict = "" if rec.meets_budget else " (cannot be met: see below)"
     load = f"{clients} concurrent clients (--clients)"
     print(f"\nfor p99 <= {p99_ms} ms on {os.cpu_count()} cores, {load}{verdict}:")
-    print(f"  SERVING_MAX_BATCH_SIZE={rec.max_batch_size}")
-    print("  SERVING_BATCH_POLICY=adaptive")
-    print(f"  SERVING_MAX_BATCH_LATENCY_MS={rec.max_batch_latency_ms}  (window policy only)")
-    print(f"  SERVING_WORKERS={rec.workers}")
-    print(f"  SERVING_THREADS={rec.threads}")
+    from serving.settings import Settings
+
+    defaults = Settings()
+    lines = [
+        ("SERVING_MAX_BATCH_SIZE", rec.max_batch_size, defaults.max_batch_size, ""),
+        ("SERVING_BATCH_POLICY", "adaptive", defaults.batch_policy, ""),
+        ("SERVING_MAX_BATCH_LATENCY_MS", rec.max_batch_latency_ms, None,
+         "  (the window policy's wait; adaptive waits at most one predict call)"),
+        ("SERVING_WORKERS", rec.workers, defaults.workers, ""),
+        ("SERVING_THREADS", rec.threads, defaults.worker_threads, ""),
+    ]  # fmt: skip
+    for name, value, default, note in lines:
+        same = "  (the default)" if value == default else ""
+        print(f"  {name}={value}{same}{note}")
     print("because:")
     for reason in rec.reasons:
         print(f"  - {reason}")
