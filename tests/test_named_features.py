@@ -52,6 +52,25 @@ def test_predict_missing_or_unknown_feature_is_422_naming_it(
     assert "unknown feature 'mean colour'" in unknown_error.message
 
 
+def test_predict_a_list_among_objects_is_422_naming_the_list_not_the_first_object(
+    named_app: Flask, frame_classifier: Frame
+) -> None:
+    """Found by a new user's trial: ``[{...}, {...}, [...]]`` was refused as
+    ``instances[0]: Input should be a valid array``: the first object, read as a list."""
+    _, X = frame_classifier
+    records = X.iloc[:2].to_dict("records")
+    mixed = [*records, X.iloc[2].tolist()]
+    rows = [*X.iloc[:2].values.tolist(), X.iloc[2].to_dict()]
+
+    as_objects = named_app.test_client().post("/predict", json={"instances": mixed})
+    as_lists = named_app.test_client().post("/predict", json={"instances": rows})
+
+    assert as_objects.status_code == as_lists.status_code == 422
+    assert as_objects.get_json()["error"]["details"][0]["loc"] == "instances[2]"
+    assert as_objects.get_json()["error"]["message"].startswith("instances[2]: ")
+    assert as_lists.get_json()["error"]["details"][0]["loc"] == "instances[2]"
+
+
 def test_predict_objects_for_a_model_without_feature_names_are_422(client: FlaskClient) -> None:
     response = client.post("/predict", json={"instances": [{"a": 1, "b": 2, "c": 3}]})
 

@@ -184,17 +184,26 @@ def _union_branch(loc: tuple[int | str, ...]) -> str | None:
 def _relevant(errors: list[Any]) -> list[Any]:
     """For a union field, the errors of the member the input got furthest into (a list of
     lists with one bad value fails deeper in ``list[list[float]]`` than in
-    ``list[dict[str, float]]``), with the member names dropped from their locations."""
+    ``list[dict[str, float]]``; as deep, further along the list: objects with one list
+    among them fail at the list as objects, at the first object as lists), with the
+    member names dropped from their locations."""
     branches: dict[str | None, list[Any]] = {}
     for err in errors:
         branches.setdefault(_union_branch(err["loc"]), []).append(err)
     if len(branches) > 1:
-        errors = max(branches.values(), key=lambda errs: max(len(e["loc"]) for e in errs))
+        errors = max(branches.values(), key=_reach)
     for err in errors:
         err["loc"] = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         if err["type"] == "extra_forbidden" and "field" in err.get("ctx", {}):
             err["loc"] = (*err["loc"], err["ctx"]["field"])  # named by ``Strict``
     return errors
+
+
+def _reach(errors: list[Any]) -> tuple[int, tuple[int, ...]]:
+    """How far into the input a union member's errors got: their depth, then their
+    positions (the indexes in their locations)."""
+    deepest = max(errors, key=lambda e: len(e["loc"]))
+    return len(deepest["loc"]), tuple(p for p in deepest["loc"] if isinstance(p, int))
 
 
 M = TypeVar("M", bound=BaseModel)
