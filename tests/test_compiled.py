@@ -153,7 +153,11 @@ def test_compile_handle_sends_missing_values_where_scikit_learn_sends_them(
     assert_answers_as(scaled_forest, handle, rows)
 
 
-def test_compile_handle_a_batch_with_a_missing_string_is_answered_by_scikit_learn() -> None:
+def test_compile_handle_a_row_with_a_missing_string_is_answered_by_scikit_learn_alone() -> None:
+    """Found by an attack: a row batched with one whose string was missing got
+    scikit-learn's answer, alone the graph's (``[-1.2e-07, 1.0000001]``): its answer
+    depended on its batchmates. Now each row with a missing string goes to scikit-learn,
+    the rest to the graph, and probabilities stay within [0, 1]."""
     frame = pd.DataFrame({"plan": ["a", "b", None, "a"] * 20, "usage": np.arange(80.0)})
     y = np.arange(80) % 3
     model = make_pipeline(
@@ -166,10 +170,17 @@ def test_compile_handle_a_batch_with_a_missing_string_is_answered_by_scikit_lear
     rows = np.zeros(len(frame), dtype=handle.batch_dtype)
     rows["plan"], rows["usage"] = frame["plan"].to_numpy(), frame["usage"].to_numpy()
 
-    outputs = handle.predict_batch(rows)
+    batched = handle.predict_batch(rows)
+    alone = [handle.predict_batch(rows[i : i + 1]) for i in range(len(rows))]
 
     assert handle.engine == "onnxruntime"
-    np.testing.assert_array_equal(outputs["probabilities"], model.predict_proba(frame))
+    assert_answers_as(model, handle, rows, frame)
+    missing = frame["plan"].isna().to_numpy()
+    exact = model.predict_proba(frame[missing])
+    np.testing.assert_array_equal(batched["probabilities"][missing], exact)
+    for i, one in enumerate(alone):
+        np.testing.assert_array_equal(one["probabilities"][0], batched["probabilities"][i])
+    assert batched["probabilities"].min() >= 0 and batched["probabilities"].max() <= 1
 
 
 def test_compile_handle_values_past_float32_get_scikit_learn_refusal(

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 #: The libraries whose models compile (``ModelHandle.engine`` before compiling).
 LIBRARIES = ("sklearn", "xgboost", "lightgbm")
-#: Two classes' probabilities this close are a tie scikit-learn breaks (``_settle_ties``).
+#: Two classes' probabilities this close are a tie the library breaks (``_tied``).
 TIE = 1e-5
 #: Above this a value is not a float32, which scikit-learn's trees refuse.
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -184,42 +184,88 @@ def _answering(
     missing: bool,
 ) -> Callable[[Any], Outputs]:
     """``batch -> outputs`` through ``session``, keyed as ``handle``'s own and of the
-    library's ``dtypes`` (XGBoost's probabilities are float32, scikit-learn's float64); a
-    batch with a missing value goes to ``handle`` itself unless ``missing``."""
+    library's ``dtypes`` (XGBoost's probabilities are float32, scikit-learn's float64).
+    The rows the graph cannot answer as the library would (``_feeder``; a missing value
+    unless ``missing``), those whose outputs are not finite and those whose two likeliest
+    classes tie are answered by ``handle`` itself, row by row: a row's answer never
+    depends on the rows batched with it."""
     classes = np.asarray(handle.classes) if handle.classes is not None else None
     want = handle.output_names or ("predictions",)
     fallback = handle.predict_batch
     feed = _feeder(session, graph, handle, missing)
     fetch = ["probabilities"] if graph.argmax else None
 
-    def predict_batch(batch: npt.NDArray[Any]) -> Outputs:
-        fed = feed(batch)
-        if fed is None:
-            return fallback(batch)
+    def graph_outputs(fed: dict[str, Any]) -> tuple[Outputs, npt.NDArray[np.bool_]]:
+        """The graph's answer to its rows, and which of them the library must answer."""
         results = session.run(fetch, fed)
-        answer: Outputs = {}
         if classes is None:
             values = np.asarray(results[0], dtype=np.float64)
-            if not np.isfinite(values).all():
-                return fallback(batch)
             flat = values.ndim == 2 and values.shape[1] == 1
-            answer["predictions"] = values.ravel() if flat else values
-            return _typed(answer, dtypes)
+            values = values.ravel() if flat else values
+            return {"predictions": values}, ~_finite_rows(values)
         if fetch is not None:  # labels from the probabilities
-            answer["predictions"] = classes[np.argmax(results[0], axis=1)]
+            labels = classes[np.argmax(results[0], axis=1)]
             results = [None, results[0]]
         else:
             index = np.searchsorted(classes, np.asarray(results[0]).ravel())
-            answer["predictions"] = classes[np.minimum(index, len(classes) - 1)]
-        if "probabilities" in want:
-            probabilities = np.asarray(results[1], dtype=np.float64)
-            if not np.isfinite(probabilities).all():
-                return fallback(batch)
-            answer["probabilities"] = probabilities
-            _settle_ties(answer, batch, fallback)
+            labels = classes[np.minimum(index, len(classes) - 1)]
+        answer: Outputs = {"predictions": labels}
+        if "probabilities" not in want:
+            return answer, np.zeros(len(labels), dtype=bool)
+        probabilities = np.asarray(results[1], dtype=np.float64)
+        library = ~_finite_rows(probabilities) | _tied(probabilities)
+        # a float32 sum of exact 0 and 1 can land a step outside [0, 1]
+        answer["probabilities"] = np.clip(probabilities, 0.0, 1.0)
+        return answer, library
+
+    def predict_batch(batch: npt.NDArray[Any]) -> Outputs:
+        fed, library = feed(batch)
+        if fed is None:
+            return fallback(batch)
+        answer, again = graph_outputs(fed)
+        ours = np.flatnonzero(~library)
+        library[ours[again]] = True
+        if library.any():
+            answer = _merged(len(batch), ours, answer, library, fallback(batch[library]))
         return _typed(answer, dtypes)
 
     return predict_batch
+
+
+def _finite_rows(values: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+    return np.asarray(np.isfinite(values).reshape(len(values), -1).all(axis=1), dtype=np.bool_)
+
+
+def _tied(probabilities: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+    """Rows whose two likeliest classes are within ``TIE`` of each other: the graph sums
+    in float32, so an exact tie (20 of 40 trees each way, which scikit-learn breaks
+    towards the first class) comes out 0.50000006 the other way."""
+    if probabilities.ndim != 2 or probabilities.shape[1] < 2:
+        return np.zeros(len(probabilities), dtype=bool)
+    top = np.partition(probabilities, -2, axis=1)[:, -2:]
+    return np.asarray(top[:, 1] - top[:, 0] <= TIE, dtype=np.bool_)
+
+
+def _merged(
+    n: int,
+    ours: npt.NDArray[np.intp],
+    answer: Outputs,
+    library: npt.NDArray[np.bool_],
+    theirs: Outputs,
+) -> Outputs:
+    """One answer of ``n`` rows: the library's (``theirs``) on the rows of ``library``,
+    the graph's (``answer``, of the rows ``ours``) on the others."""
+    merged: Outputs = {}
+    for name, given in theirs.items():
+        value = np.asarray(given)
+        whole = np.empty((n, *value.shape[1:]), dtype=value.dtype)
+        whole[library] = value
+        mine = answer.get(name)
+        if mine is not None:
+            keep = ~library[ours]
+            whole[ours[keep]] = mine[keep]
+        merged[name] = whole
+    return merged
 
 
 def _give_back_freed_memory() -> None:
@@ -248,8 +294,11 @@ def _typed(answer: Outputs, dtypes: dict[str, np.dtype[Any]]) -> Outputs:
 
 def _feeder(
     session: Any, graph: Graph, handle: ModelHandle, missing: bool
-) -> Callable[[npt.NDArray[Any]], dict[str, Any] | None]:
-    """``batch ->`` the session's inputs, or None where the library must answer it."""
+) -> Callable[[npt.NDArray[Any]], tuple[dict[str, Any] | None, npt.NDArray[np.bool_]]]:
+    """``batch ->`` the session's inputs for the rows it can answer as the library would,
+    and which rows the library must answer (None for inputs when that is all of them):
+    a value too large for float32 (scikit-learn's trees refuse it), a missing string, a
+    missing value unless ``missing``."""
     features = handle.features or ()
     names = [i.name for i in session.get_inputs()]
     strings = {j for j, f in enumerate(features) if f.dtype.kind == "O"}
@@ -257,39 +306,44 @@ def _feeder(
     to_codes = _coder(graph.codes) if graph.codes is not None else None
     numbers = np.float32 if graph.narrow else np.float64
 
-    def refused(values: npt.NDArray[Any]) -> bool:
-        """Values the library must answer: too large for float32, or missing."""
+    def refused(values: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+        cells = values.reshape(len(values), -1)
         with np.errstate(invalid="ignore"):
-            return bool((np.abs(values) > _FLOAT32_MAX).any()) or (
-                not missing and bool(np.isnan(values).any())
-            )
+            out = (np.abs(cells) > _FLOAT32_MAX).any(axis=1)
+            if not missing:
+                out |= np.isnan(cells).any(axis=1)
+        return np.asarray(out, dtype=np.bool_)
 
-    def feed(batch: npt.NDArray[Any]) -> dict[str, Any] | None:
+    def matrix_input(matrix: npt.NDArray[Any], dtype: Any) -> Any:
+        library = refused(matrix)
+        fed = {names[0]: matrix[~library].astype(dtype, copy=False)}
+        return (None if library.all() else fed), library
+
+    def feed(batch: npt.NDArray[Any]) -> tuple[dict[str, Any] | None, npt.NDArray[np.bool_]]:
         if to_codes is not None:
-            matrix = to_codes(batch)
-            return None if refused(matrix) else {names[0]: matrix.astype(np.float32)}
+            return matrix_input(to_codes(batch), np.float32)  # type: ignore[no-any-return]
         if to_head is not None:
             rows = np.asarray(graph.head.transform(to_head(batch)), dtype=np.float64)
-            return None if refused(rows) else {names[0]: rows.astype(numbers, copy=False)}
+            return matrix_input(rows, numbers)  # type: ignore[no-any-return]
         if not graph.per_column:
-            matrix = np.asarray(batch, dtype=np.float64)
-            return None if refused(matrix) else {names[0]: matrix.astype(numbers, copy=False)}
+            return matrix_input(np.asarray(batch, dtype=np.float64), numbers)  # type: ignore[no-any-return]
         if batch.dtype.names is None:
             cells = [batch[:, j] for j in range(batch.shape[1])]
         else:
             cells = [batch[name] for name in batch.dtype.names]
-        fed = {}
-        for j, (name, values) in enumerate(zip(names, cells, strict=True)):
+        library = np.zeros(len(batch), dtype=bool)
+        columns = []
+        for j, values in enumerate(cells):
             if j in strings:
-                if any(_missing(v) for v in values):
-                    return None
-                fed[name] = values.astype(object).reshape(-1, 1)
+                library |= np.fromiter((_missing(v) for v in values), bool, len(values))
+                columns.append(values.astype(object).reshape(-1, 1))
             else:
                 column = np.asarray(values, dtype=np.float64).reshape(-1, 1)
-                if refused(column):
-                    return None
-                fed[name] = column.astype(numbers, copy=False)
-        return fed
+                library |= refused(column)
+                columns.append(column.astype(numbers, copy=False))
+        if library.all():
+            return None, library
+        return {name: c[~library] for name, c in zip(names, columns, strict=True)}, library
 
     return feed
 
@@ -315,24 +369,6 @@ def _coder(codes: tuple[tuple[Any, ...] | None, ...]) -> Callable[[Any], npt.NDA
         return matrix
 
     return coded
-
-
-def _settle_ties(
-    answer: Outputs, batch: npt.NDArray[Any], fallback: Callable[[Any], Outputs]
-) -> None:
-    """Rows whose two likeliest classes are within ``TIE`` of each other, answered by
-    scikit-learn: the graph sums in float32, so an exact tie (20 of 40 trees each way,
-    which scikit-learn breaks towards the first class) comes out 0.50000006 the other
-    way."""
-    probabilities = answer["probabilities"]
-    if probabilities.ndim != 2 or probabilities.shape[1] < 2:
-        return
-    top = np.partition(probabilities, -2, axis=1)[:, -2:]
-    tied = np.flatnonzero(top[:, 1] - top[:, 0] <= TIE)
-    if tied.size:
-        exact = fallback(batch[tied])
-        answer["predictions"][tied] = exact["predictions"]
-        probabilities[tied] = exact["probabilities"]
 
 
 def _head_input(handle: ModelHandle) -> Callable[[npt.NDArray[Any]], Any]:

@@ -434,24 +434,26 @@ def test_each_worker_is_pinned_to_its_own_cpu_while_quiet_and_everywhere_when_bu
 
     everywhere_seen: set[int] = set()  # workers seen with every thread on every CPU
 
-    def each_busy_seen_everywhere() -> bool:
+    def busiest_seen_everywhere() -> bool:
         assert server.proc is not None
         everywhere_seen.update(
             pid for pid in workers if thread_cpus(pid) == {allowed_cpus(server.proc.pid)}
         )
         held = server.connections_per_worker()
-        busy = {pid for pid in workers if held.get(pid, 0) >= 6}
-        return bool(busy) and busy <= everywhere_seen
+        busiest = max(workers, key=lambda pid: held.get(pid, 0))
+        return held.get(busiest, 0) >= 8 and busiest in everywhere_seen
 
     with ThreadPoolExecutor(16) as pool:
         for _ in range(16):
             pool.submit(client)
         try:
-            # Each busy one: the kernel may split the 16 connections unevenly (14 and 2 in
-            # bench/connection_spread.py), and a worker holding 2 is quiet, so pinned.
+            # The busiest: the kernel may split the 16 connections unevenly (14 and 2 in
+            # bench/connection_spread.py), and a worker holding 2 is quiet, so pinned; one
+            # holding 6 on a machine another job keeps busy answered about 2 at a time (a
+            # new user's trial), under the 2.5 it unpins at.
             until(
-                each_busy_seen_everywhere, timeout_s=20, interval_s=0.05,
-                what=lambda: f"each busy worker on every CPU ({server.connections_per_worker()})",
+                busiest_seen_everywhere, timeout_s=20, interval_s=0.05,
+                what=lambda: f"the busiest worker on every CPU ({server.connections_per_worker()})",
             )  # fmt: skip
         finally:
             stop.set()
