@@ -421,3 +421,33 @@ def test_compiled_an_xgboost_regressor_within_its_tolerance_only(tmp_path: Path)
     assert strict.engine == "xgboost"  # a float32 sum of outputs in the hundreds
     assert loose.engine == "onnxruntime"
     np.testing.assert_allclose(loose.predict_batch(X)["predictions"], model.predict(X), atol=1e-2)
+
+
+def test_compile_handle_trees_after_a_pca_answer_rows_at_a_float32_boundary_as_scikit_learn() -> (
+    None
+):
+    """Found by an attack: a PCA -> forest pipeline compiled as a whole sent 27 of 5,200
+    rows crafted beside a threshold the other way (ONNX Runtime's projection differs in
+    its last bits). A head that is not elementwise now runs in scikit-learn."""
+    from sklearn.datasets import make_classification
+    from sklearn.decomposition import PCA
+
+    X, y = make_classification(n_samples=1000, n_features=12, n_informative=6, random_state=0)
+    forest = RandomForestClassifier(n_estimators=10, random_state=0)
+    model = make_pipeline(PCA(n_components=6, random_state=0), forest).fit(X, y)
+    pca = model[0]
+    rows = []
+    for tree in (e.tree_ for e in forest.estimators_):
+        for k in np.flatnonzero(tree.feature >= 0)[:40]:
+            j, threshold = tree.feature[k], tree.threshold[k]
+            low = np.float32(threshold)
+            low = low if low <= threshold else np.nextafter(low, np.float32(-np.inf))
+            middle = (float(low) + float(np.nextafter(low, np.float32(np.inf)))) / 2
+            base = pca.mean_ + middle * pca.components_[j]
+            step = np.spacing(np.abs(base).max())
+            rows.extend(base + s * step * pca.components_[j] for s in range(-6, 7))
+
+    handle = compile_handle(handle_of(model))
+
+    assert handle.engine == "onnxruntime"
+    assert_answers_as(model, handle, np.array(rows))

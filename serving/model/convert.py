@@ -97,7 +97,10 @@ def candidates(estimator: Any, handle: ModelHandle) -> list[tuple[str, Callable[
 
         return build
 
-    found = [("as a whole", whole)]
+    # trees after a head ONNX Runtime computes exactly as scikit-learn (elementwise steps);
+    # after another (a PCA's sums in another order), a value a last bit apart can round
+    # to another float32 beside a threshold: scikit-learn computes that head
+    found = [("as a whole", whole)] if not trees or head is None or _exact(head) else []
     if not trees:
         found.append(("as a whole in float32", narrow))
     if steps and head is not None and width is not None:
@@ -108,6 +111,24 @@ def candidates(estimator: Any, handle: ModelHandle) -> list[tuple[str, Callable[
             found.append((f"its final step {name!r} in float32 after scikit-learn's steps",
                           last(FloatTensorType)))  # fmt: skip
     return found
+
+
+#: Steps whose output ONNX Runtime computes bit for bit as scikit-learn does: elementwise
+#: arithmetic, lookups and copies.
+_EXACT_STEPS = frozenset({
+    "StandardScaler", "MinMaxScaler", "MaxAbsScaler", "RobustScaler", "OneHotEncoder",
+    "OrdinalEncoder", "SimpleImputer", "ColumnTransformer", "Pipeline",
+})  # fmt: skip
+
+
+def _exact(step: Any) -> bool:
+    """Whether ``step`` (a pipeline's head) is made of ``_EXACT_STEPS`` only."""
+    if isinstance(step, str):  # a ColumnTransformer's "passthrough" or "drop"
+        return step in ("passthrough", "drop")
+    if type(step).__name__ not in _EXACT_STEPS:
+        return False
+    parts = getattr(step, "steps", None) or getattr(step, "transformers_", None) or ()
+    return all(_exact(part[1]) for part in parts)
 
 
 def _to_onnx(estimator: Any, initial_types: list[tuple[str, Any]]) -> Any:
