@@ -222,7 +222,7 @@ def test_compile_handle_a_step_skl2onnx_cannot_convert_runs_in_scikit_learn_befo
     (line,) = [
         r.getMessage() for r in caplog.records if "compiled its final step" in r.getMessage()
     ]
-    assert "'randomforestclassifier'" in line and "step 'doubling' (Doubling)" in line
+    assert "its final step 'randomforestclassifier' after scikit-learn's steps" in line
 
 
 def test_compiled_serves_scikit_learn_with_one_line_when_answers_differ(
@@ -451,3 +451,36 @@ def test_compile_handle_trees_after_a_pca_answer_rows_at_a_float32_boundary_as_s
 
     assert handle.engine == "onnxruntime"
     assert_answers_as(model, handle, np.array(rows))
+
+
+def test_compile_handle_a_forest_fitted_on_missing_values_is_proven_on_its_parity_rows() -> None:
+    """Found by an attack: such trees split at +inf, the parity rows held inf, scikit-learn
+    refused them and the proof fell back to 8 sample rows."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(3000, 5))
+    y = (X[:, 0] + np.tanh(X[:, 1]) > 0.5).astype(int)
+    X[rng.random(X.shape) < 0.1] = np.nan
+    model = RandomForestClassifier(n_estimators=20, max_depth=8, random_state=0).fit(X, y)
+    assert any(np.isinf(e.tree_.threshold).any() for e in model.estimators_)
+    probe = rng.normal(size=(2000, 5))
+    probe[rng.random(probe.shape) < 0.1] = np.nan
+
+    handle = compile_handle(handle_of(model))
+
+    assert not np.isinf(gate_rows(handle_of(model), model)).any()  # inf: refused by the model
+    assert handle.engine == "onnxruntime"
+    assert_answers_as(model, handle, probe)
+
+
+def test_compile_handle_a_regressor_whose_outputs_float32_cannot_hold_stays_on_its_library() -> (
+    None
+):
+    """Found by an attack: a tree regressor with a leaf at 49.7 (float32: 49.717365) was
+    compiled, its parity rows never reaching that leaf."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 4))
+    y = np.where(X[:, 0] > 2.5, 49.71736711, 0.1 * X[:, 1])  # the large leaf is rare
+    model = RandomForestRegressor(n_estimators=5, random_state=0).fit(X, y)
+
+    with pytest.raises(NotCompiled, match=r"its outputs reach 49\.72, .* over the tolerance 1e-06"):
+        compile_handle(handle_of(model))

@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 LIBRARIES = ("sklearn", "xgboost", "lightgbm")
 #: Two classes' probabilities this close are a tie the library breaks (``_tied``).
 TIE = 1e-5
+#: float32's relative step: an output ``y`` of a float32 graph is good to about ``|y|`` times
+#: this (a leaf's value rounded, then summed).
+_FLOAT32_STEP = 2.0**-23
 #: Above this a value is not a float32, which scikit-learn's trees refuse.
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -86,13 +89,9 @@ def compile_handle(
         selection = select_providers(providers, cuda_device=cuda_device, worker_slot=worker_slot)
     except (ProviderError, ValueError) as exc:
         raise NotCompiled(str(exc)) from None
-    rows = gate_rows(handle, estimator)
-    try:
-        expected = handle.predict_batch(rows)
-    except Exception as exc:  # the model's own refusal of invented rows
-        log.info("model %r: parity on its sample rows only (%s)", handle.name, first_line(exc))
-        rows = handle.sample(8)
-        expected = handle.predict_batch(rows)
+    rows, expected = _answered(handle, gate_rows(handle, estimator))
+    if handle.classes is None:
+        _check_range(_largest_output(estimator, expected), tolerance)
     reasons: list[str] = []
     for what, build in ways(estimator, handle):
         try:
@@ -105,11 +104,9 @@ def compile_handle(
         except Exception as exc:  # skl2onnx and onnxruntime raise many types: not this way
             reasons.append(f"{what}: {reason(exc, estimator)}")
             continue
-        if reasons:
-            log.info(
-                "model %r: compiled %s; the ways before it did not convert or did not "
-                "answer alike (%s)", handle.name, what, "; ".join(reasons),
-            )  # fmt: skip
+        if reasons or what != "as a whole":
+            tried = f" (tried first: {'; '.join(reasons)})" if reasons else ""
+            log.info("model %r: compiled %s%s", handle.name, what, tried)
         used = session.get_providers()[0]
         break
     else:
@@ -123,6 +120,53 @@ def compile_handle(
         execution_provider=used,
         device_id=selection.device_id if used != CPU else None,
     )
+
+
+def _check_range(largest: float, tolerance: float) -> None:
+    """:raises NotCompiled: when a float32 output as large as ``largest`` cannot be held
+    within ``tolerance``."""
+    step = largest * _FLOAT32_STEP
+    if step > tolerance:
+        raise NotCompiled(
+            f"its outputs reach {largest:.4g}, which float32 holds to {step:.2g}, over the "
+            f"tolerance {tolerance:g} (SERVING_COMPILE_TOLERANCE)"
+        )
+
+
+def _largest_output(estimator: Any, expected: Outputs) -> float:
+    """The largest output a regressor gives: on the parity rows, and at any leaf of its
+    trees (a leaf the rows did not reach still answers some request)."""
+    largest = float(np.nanmax(np.abs(np.asarray(expected["predictions"], dtype=np.float64))))
+    final = estimator.steps[-1][1] if getattr(estimator, "steps", None) else estimator
+    for tree in trees_of(final):
+        largest = max(largest, float(np.abs(tree.value).max()))
+    return largest
+
+
+def _answered(handle: ModelHandle, rows: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], Outputs]:
+    """The parity rows the library answers, and its answers: in chunks of 32 where it
+    refuses some (a value its own checks refuse), the chunks it refuses left out.
+
+    :raises NotCompiled: when it refuses half of them or more.
+    """
+    try:
+        return rows, handle.predict_batch(rows)
+    except Exception as exc:  # the model's own refusal of invented rows
+        refusal = first_line(exc)
+    kept: list[npt.NDArray[np.intp]] = []
+    answers: list[Outputs] = []
+    for chunk in np.array_split(np.arange(len(rows)), -(-len(rows) // 32)):
+        try:
+            answers.append(handle.predict_batch(rows[chunk]))
+        except Exception:  # a chunk the library refuses is left out
+            continue
+        kept.append(chunk)
+    if sum(len(k) for k in kept) * 2 < len(rows):
+        raise NotCompiled(f"the library refuses most of its parity rows ({refusal})")
+    taken = np.concatenate(kept)
+    return rows[taken], {
+        name: np.concatenate([np.asarray(a[name]) for a in answers]) for name in answers[0]
+    }
 
 
 def tree_nodes(estimator: Any) -> int:

@@ -138,7 +138,8 @@ def _numeric_pools(estimator: Any, width: int) -> dict[int, npt.NDArray[np.float
                 pools.setdefault(j, []).append(np.linspace(low[j], high[j], 13))
             continue
         for tree in trees_of(step):
-            inner = tree.feature >= 0
+            # a tree fitted on missing values splits some at +inf: not a value to send
+            inner = (tree.feature >= 0) & np.isfinite(tree.threshold)
             for j, threshold in zip(tree.feature[inner], tree.threshold[inner], strict=True):
                 if j < width:
                     edges = _float32_edges(threshold)
