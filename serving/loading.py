@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 Stage = Literal["reading", "loading", "compiling", "warming up"]
 
 #: Under ``compile=auto`` a tree model (scikit-learn's decision trees, forests, gradient
-#: boosting, and XGBoost: where the library's fixed cost per call is largest, and the
-#: graph compares as the library does) is compiled unless its trees have more
+#: boosting, and XGBoost: where the library's fixed cost per call is largest) is compiled
+#: unless its trees have more
 #: nodes than this; such a model is served by its own library, whose one copy the workers
 #: share, while ONNX Runtime copies a tree ensemble into every worker (docs/models.md,
 #: "Compiled to ONNX Runtime").
@@ -222,8 +222,7 @@ def _left_alone(handle: ModelHandle, nodes: int, max_nodes: int) -> str | None:
     if handle.engine == "lightgbm":
         return (
             "it compares each value in float64, which a float32 graph cannot match within "
-            "a float32 step of a threshold (SERVING_COMPILE=on compiles it where its "
-            "parity rows agree)"
+            "a float32 step of a threshold"
         )
     if nodes > max_nodes:
         return (

@@ -227,9 +227,14 @@ class ModelRuntime:
             if not done.is_set():
                 done.set()
                 limit = settings.load_timeout_s
+                compiling = (
+                    "; it was still compiling to ONNX Runtime (SERVING_COMPILE=off serves it "
+                    "without)" if self.stage == "compiling" else ""
+                )  # fmt: skip
                 self.error = ModelLoadError(
                     settings.path,
-                    f"not loaded and warmed up within {limit:g} s (SERVING_LOAD_TIMEOUT_S)",
+                    f"not loaded and warmed up within {limit:g} s (SERVING_LOAD_TIMEOUT_S)"
+                    f"{compiling}",
                 )
                 fail(self.error)
 

@@ -213,10 +213,9 @@ class Settings(ObserveFields, ModelFields):
             "ONNX Runtime at load and serves it that way once its answers equal its "
             "library's on its parity rows (labels exactly, probabilities within "
             "`SERVING_COMPILE_TOLERANCE`), unless it is too large to copy into every worker "
-            '(see docs/models.md, "Compiled to ONNX Runtime"); `on`: any scikit-learn, '
-            "XGBoost or LightGBM model whose parity rows agree, whatever its size; `off`: "
-            "never. Per model as `compile` in `SERVING_MODELS` and a repository's "
-            "`config.json`"
+            '(see docs/models.md, "Compiled to ONNX Runtime"); `on`: any scikit-learn or '
+            "XGBoost model whose parity rows agree, whatever its size; `off`: never. Per "
+            "model as `compile` in `SERVING_MODELS` and a repository's `config.json`"
         ),
     )
     compile_tolerance: Tolerance = Field(

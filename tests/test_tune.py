@@ -287,3 +287,22 @@ def test_tune_command_compares_both_engines_on_a_forest(
     out = capsys.readouterr().out
     assert out.startswith("sklearn:\n") and "\ncompiled to ONNX Runtime (SERVING_COMPILE):\n" in out
     assert "engine: SERVING_COMPILE=auto (compiled to ONNX Runtime)" in out
+
+
+def test_tune_command_times_an_xgboost_model_compiled_as_the_server_serves_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an attack: tune said an XGBoost model "does not compile" while the server
+    compiled it."""
+    from sklearn.datasets import load_breast_cancer
+    from xgboost import XGBClassifier
+
+    X, y = load_breast_cancer(return_X_y=True)
+    path = tmp_path / "xgb.joblib"
+    joblib.dump(XGBClassifier(n_estimators=50, n_jobs=1).fit(X, y), path)
+
+    main(["--model", str(path), "--plot", str(tmp_path / "tune.png")])
+
+    out = capsys.readouterr().out
+    assert out.startswith("xgboost:\n") and "\ncompiled to ONNX Runtime (SERVING_COMPILE):\n" in out
+    assert "engine: SERVING_COMPILE=auto (compiled to ONNX Runtime)" in out

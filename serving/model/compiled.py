@@ -84,7 +84,7 @@ def compile_handle(
         raise NotCompiled("its inputs are not typed numbers and strings")
     if library == "sklearn" and any(f.pandas_categories for f in features):
         raise NotCompiled("it takes pandas categories, which skl2onnx cannot")
-    ways = candidates if library == "sklearn" else boosting_candidates
+    ways = (candidates if library == "sklearn" else boosting_candidates)(estimator, handle)
     try:
         selection = select_providers(providers, cuda_device=cuda_device, worker_slot=worker_slot)
     except (ProviderError, ValueError) as exc:
@@ -93,7 +93,7 @@ def compile_handle(
     if handle.classes is None:
         _check_range(_largest_output(estimator, expected), tolerance)
     reasons: list[str] = []
-    for what, build in ways(estimator, handle):
+    for what, build in ways:
         try:
             graph = build()
             data = graph.data.SerializeToString()

@@ -85,23 +85,28 @@ def _engines(
     model: ModelSettings, handle: ModelHandle, points: list[SweepPoint], rows: Any, batch: int
 ) -> tuple[EngineChoice, ModelHandle, list[SweepPoint]]:
     """Both engines swept and printed, the choice, and the handle and sweep it picks."""
-    from serving.loading import AUTO_COMPILE_MAX_NODES, compiled
-    from serving.model.compiled import tree_nodes
+    from serving.loading import AUTO_COMPILE_MAX_NODES
+    from serving.model.compiled import LIBRARIES, NotCompiled, compile_handle, tree_nodes
 
-    if handle.engine != "sklearn":
-        why = f"it is served by {handle.engine}, not scikit-learn"
+    if handle.engine not in LIBRARIES:
+        why = f"it is served by {handle.engine}, not scikit-learn or XGBoost"
         return choose_engine(points, None, batch_size=batch, auto_compiles=False,
                              not_compiled=why), handle, points  # fmt: skip
     nodes = tree_nodes(handle.estimator)
-    fast = compiled(handle, model.model_copy(update={"compile": "on"}))
-    if fast.engine != "onnxruntime":
+    try:
+        fast = compile_handle(
+            handle, providers=model.onnx_providers, cuda_device=model.cuda_device,
+            threads=model.blas_threads, tolerance=model.compile_tolerance,
+        )  # fmt: skip
+    except Exception as exc:  # NotCompiled, or a converter's own failure
+        why = str(exc) if isinstance(exc, NotCompiled) else f"{type(exc).__name__}: {exc}"
         choice = choose_engine(points, None, batch_size=batch, auto_compiles=False,
-                               not_compiled="see the log line above")  # fmt: skip
+                               not_compiled=why[:300])  # fmt: skip
         return choice, handle, points
     fast_points = sweep(fast, rows)
     print("\ncompiled to ONNX Runtime (SERVING_COMPILE):")
     _print_sweep(fast_points)
-    auto = 0 < nodes <= AUTO_COMPILE_MAX_NODES
+    auto = 0 < nodes <= AUTO_COMPILE_MAX_NODES and handle.engine != "lightgbm"
     choice = choose_engine(points, fast_points, batch_size=batch, auto_compiles=auto, nodes=nodes)
     if choice.compiled:
         return choice, fast, fast_points
