@@ -79,11 +79,18 @@ def test_compile_handle_a_scaled_forest_answers_as_scikit_learn_on_every_row(
     assert_answers_as(scaled_forest, handle, noisy)
 
 
-def test_compile_handle_feeds_trees_float32_as_scikit_learn_compares_at_a_threshold(
-    breast_cancer: tuple[np.ndarray, np.ndarray],
-) -> None:
+@pytest.fixture(scope="module")
+def bare_forest(breast_cancer: tuple[np.ndarray, np.ndarray]) -> Any:
+    """A forest on the raw rows (no scaler before it)."""
     X, y = breast_cancer
-    forest = RandomForestClassifier(n_estimators=20, random_state=0).fit(X, y)
+    return RandomForestClassifier(n_estimators=20, random_state=0).fit(X, y)
+
+
+def test_compile_handle_feeds_trees_float32_as_scikit_learn_compares_at_a_threshold(
+    bare_forest: Any, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, _ = breast_cancer
+    forest = bare_forest
     handle = compile_handle(handle_of(forest))
     tree = forest.estimators_[0].tree_
     inner = np.flatnonzero(tree.feature >= 0)
@@ -184,11 +191,10 @@ def test_compile_handle_a_row_with_a_missing_string_is_answered_by_scikit_learn_
 
 
 def test_compile_handle_values_past_float32_get_scikit_learn_refusal(
-    breast_cancer: tuple[np.ndarray, np.ndarray],
+    bare_forest: Any, breast_cancer: tuple[np.ndarray, np.ndarray]
 ) -> None:
-    X, y = breast_cancer
-    forest = RandomForestClassifier(n_estimators=5, random_state=0).fit(X, y)
-    handle = compile_handle(handle_of(forest))
+    X, _ = breast_cancer
+    handle = compile_handle(handle_of(bare_forest))
     rows = X[:3].copy()
     rows[1, 0] = 1e300  # finite in float64; scikit-learn's trees refuse it
 

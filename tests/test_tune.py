@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import joblib
 import numpy as np
@@ -272,37 +273,28 @@ def test_choose_engine_off_when_compiled_is_not_faster_at_the_batch_the_server_r
     )
 
 
-def test_tune_command_compares_both_engines_on_a_forest(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("library", ["sklearn", "xgboost"])
+def test_tune_command_compares_both_engines_on_a_tree_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], library: str
 ) -> None:
+    """A forest and an XGBoost model, timed as the server serves them (an attack found
+    tune saying an XGBoost model "does not compile" while the server compiled it)."""
     from sklearn.datasets import load_breast_cancer
     from sklearn.ensemble import RandomForestClassifier
-
-    X, y = load_breast_cancer(return_X_y=True)
-    path = tmp_path / "forest.joblib"
-    joblib.dump(RandomForestClassifier(n_estimators=100, random_state=0).fit(X, y), path)
-
-    main(["--model", str(path), "--plot", str(tmp_path / "tune.png")])
-
-    out = capsys.readouterr().out
-    assert out.startswith("sklearn:\n") and "\ncompiled to ONNX Runtime (SERVING_COMPILE):\n" in out
-    assert "engine: SERVING_COMPILE=auto (compiled to ONNX Runtime)" in out
-
-
-def test_tune_command_times_an_xgboost_model_compiled_as_the_server_serves_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Found by an attack: tune said an XGBoost model "does not compile" while the server
-    compiled it."""
-    from sklearn.datasets import load_breast_cancer
     from xgboost import XGBClassifier
 
     X, y = load_breast_cancer(return_X_y=True)
-    path = tmp_path / "xgb.joblib"
-    joblib.dump(XGBClassifier(n_estimators=50, n_jobs=1).fit(X, y), path)
+    path = tmp_path / "model.joblib"
+    model: Any = (
+        RandomForestClassifier(n_estimators=100, random_state=0)
+        if library == "sklearn"
+        else XGBClassifier(n_estimators=50, n_jobs=1)
+    )
+    joblib.dump(model.fit(X, y), path)
 
     main(["--model", str(path), "--plot", str(tmp_path / "tune.png")])
 
     out = capsys.readouterr().out
-    assert out.startswith("xgboost:\n") and "\ncompiled to ONNX Runtime (SERVING_COMPILE):\n" in out
+    assert out.startswith(f"{library}:\n")
+    assert "\ncompiled to ONNX Runtime (SERVING_COMPILE):\n" in out
     assert "engine: SERVING_COMPILE=auto (compiled to ONNX Runtime)" in out
