@@ -39,6 +39,7 @@ __all__ = [
     "describe_features",
     "load_artifact",
     "load_model",
+    "may_compile",
     "model_loaders",
 ]
 
@@ -48,10 +49,9 @@ Stage = Literal["reading", "loading", "compiling", "warming up"]
 
 #: Under ``compile=auto`` a tree model (scikit-learn's decision trees, forests, gradient
 #: boosting, and XGBoost: where the library's fixed cost per call is largest) is compiled
-#: unless its trees have more
-#: nodes than this; such a model is served by its own library, whose one copy the workers
-#: share, while ONNX Runtime copies a tree ensemble into every worker (docs/models.md,
-#: "Compiled to ONNX Runtime").
+#: unless its trees have more nodes than this; such a model is served by its own library,
+#: whose one copy the workers share, while ONNX Runtime copies a tree ensemble into every
+#: worker (docs/models.md, "Compiled to ONNX Runtime").
 AUTO_COMPILE_MAX_NODES = 250_000
 _LIBRARY_NAMES = {"sklearn": "scikit-learn", "xgboost": "XGBoost", "lightgbm": "LightGBM"}
 
@@ -176,9 +176,9 @@ def compiled(
     the parity rows. Never raises: a model that does not compile is served as it is.
 
     :param max_nodes: under ``compile=auto``, the most tree nodes a model compiled has."""
-    from serving.model.compiled import LIBRARIES, NotCompiled, compile_handle, tree_nodes
+    from serving.model.compiled import NotCompiled, compile_handle, tree_nodes
 
-    if model.compile == "off" or handle.engine not in LIBRARIES:
+    if not may_compile(handle, model):
         return handle
     library = _LIBRARY_NAMES[handle.engine]
 
@@ -215,6 +215,12 @@ def compiled(
         model.compile_tolerance, time.perf_counter() - started,
     )  # fmt: skip
     return result
+
+
+def may_compile(handle: ModelHandle, model: ModelSettings) -> bool:
+    """Whether ``compiled`` tries ``handle`` at all: a scikit-learn, XGBoost or LightGBM
+    model, ``SERVING_COMPILE`` not ``off``."""
+    return model.compile != "off" and handle.engine in _LIBRARY_NAMES
 
 
 def _left_alone(handle: ModelHandle, nodes: int, max_nodes: int) -> str | None:

@@ -28,7 +28,14 @@ from typing import Literal
 from serving.batching.arrivals import process_arrivals
 from serving.batching.batcher import ThreadedBatcher
 from serving.errors import ModelLoadError, NotReady
-from serving.loading import Stage, compiled, describe_features, load_artifact, model_loaders
+from serving.loading import (
+    Stage,
+    compiled,
+    describe_features,
+    load_artifact,
+    may_compile,
+    model_loaders,
+)
 from serving.model.handle import ModelHandle, ModelLoader, TensorSpec
 from serving.model_settings import ModelSettings
 from serving.observe.metrics import ServingMetrics
@@ -137,7 +144,7 @@ class ModelRuntime:
             from threadpoolctl import threadpool_limits
 
             threadpool_limits(limits=settings.blas_threads)
-            if handle.engine in ("sklearn", "xgboost", "lightgbm") and settings.compile != "off":
+            if may_compile(handle, settings):
                 self._enter("compiling")
                 handle = compiled(handle, settings, self.worker_slot)
             self._enter("warming up")

@@ -38,6 +38,7 @@ from serving.model.convert import (
     reason,
 )
 from serving.model.convert_boosting import boosting_candidates, boosting_nodes
+from serving.model.estimators import final_estimator
 from serving.model.handle import ModelHandle, Outputs
 from serving.model.onnx_session import new_session
 from serving.model.parity import differences, gate_rows, trees_of
@@ -93,26 +94,27 @@ def compile_handle(
     if handle.classes is None:
         _check_range(_largest_output(estimator, expected), tolerance)
     reasons: list[str] = []
-    for what, build in ways:
-        try:
-            graph = build()
-            data = graph.data.SerializeToString()
-            session = new_session(handle.source or Path(handle.name), data, threads, selection)
-            predict = _gated(
-                session, graph, handle, rows=rows, expected=expected, tolerance=tolerance
-            )
-        except Exception as exc:  # skl2onnx and onnxruntime raise many types: not this way
-            reasons.append(f"{what}: {reason(exc, estimator)}")
-            continue
-        if reasons or what != "as a whole":
-            tried = f" (tried first: {'; '.join(reasons)})" if reasons else ""
-            log.info("model %r: compiled %s%s", handle.name, what, tried)
-        used = session.get_providers()[0]
-        break
-    else:
+    try:
+        for what, build in ways:
+            try:
+                graph = build()
+                data = graph.data.SerializeToString()
+                session = new_session(handle.source or Path(handle.name), data, threads, selection)
+                predict = _gated(
+                    session, graph, handle, rows=rows, expected=expected, tolerance=tolerance
+                )
+            except Exception as exc:  # skl2onnx and onnxruntime raise many types: not this way
+                reasons.append(f"{what}: {reason(exc, estimator)}")
+                continue
+            if reasons or what != "as a whole":
+                tried = f" (tried first: {'; '.join(reasons)})" if reasons else ""
+                log.info("model %r: compiled %s%s", handle.name, what, tried)
+            break
+        else:
+            raise NotCompiled(reasons[0] if len(reasons) == 1 else "; ".join(reasons))
+    finally:
         _give_back_freed_memory()
-        raise NotCompiled(reasons[0] if len(reasons) == 1 else "; ".join(reasons))
-    _give_back_freed_memory()
+    used = session.get_providers()[0]
     return replace(
         handle,
         predict_batch=predict,
@@ -137,8 +139,7 @@ def _largest_output(estimator: Any, expected: Outputs) -> float:
     """The largest output a regressor gives: on the parity rows, and at any leaf of its
     trees (a leaf the rows did not reach still answers some request)."""
     largest = float(np.nanmax(np.abs(np.asarray(expected["predictions"], dtype=np.float64))))
-    final = estimator.steps[-1][1] if getattr(estimator, "steps", None) else estimator
-    for tree in trees_of(final):
+    for tree in trees_of(final_estimator(estimator)):
         largest = max(largest, float(np.abs(tree.value).max()))
     return largest
 
@@ -192,8 +193,8 @@ def _gated(
     tolerance: float,
 ) -> Callable[[Any], Outputs]:
     """The compiled ``predict_batch``, once it answers ``rows`` as ``expected``: the rows
-    without a missing value, then those with one (where only those differ, scikit-learn
-    answers every batch holding a missing value).
+    without a missing value, then those with one (where only those differ, the library
+    answers every row holding a missing value).
 
     :raises NotCompiled: with the first difference.
     """

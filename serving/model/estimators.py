@@ -27,7 +27,7 @@ from serving.model.mlmodel import PyfuncOutput
 from serving.model.schema import Feature, feature, merge_features
 from serving.model.schema_sklearn import estimator_features, estimator_missing
 
-__all__ = ["estimator_handle"]
+__all__ = ["estimator_handle", "final_estimator"]
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,10 @@ log = logging.getLogger(__name__)
 _OVERFLOW = re.compile(r"Input \w* ?contains (infinity|NaN|a value too large)")
 
 
-def _final_estimator(model: object) -> object:
+def final_estimator(model: object) -> object:
+    """A pipeline's last step (a nested pipeline's, in turn), or ``model`` itself."""
     steps = getattr(model, "steps", None)  # sklearn Pipeline
-    return _final_estimator(steps[-1][1]) if steps else model
+    return final_estimator(steps[-1][1]) if steps else model
 
 
 def _per_output(classes: object) -> bool:
@@ -93,7 +94,7 @@ def estimator_handle(
     feature_names = tuple(f.name for f in features) if features and (named or declared) else None
     to_input = frame_builder(features) if named and features else _array_input
     label_array = np.asarray(classes) if classes is not None else None
-    rule = label_rule(_final_estimator(model), classes) if predict_proba is not None else None
+    rule = label_rule(final_estimator(model), classes) if predict_proba is not None else None
     one_pass = OnePass(label_array, rule, name=name) if rule and label_array is not None else None
     predict_outputs = _outputs_of(model.predict, predict_proba, to_input, one_pass)
     return ModelHandle(
