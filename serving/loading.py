@@ -31,6 +31,7 @@ from serving.model.loaders import check_artifact, default_loaders
 from serving.model.loaders import load_model as load_bytes
 from serving.model.onnx_loader import OnnxLoader
 from serving.model_settings import ModelSettings
+from serving.observe.memory import added_since, pss_bytes
 
 __all__ = [
     "AUTO_COMPILE_MAX_NODES",
@@ -83,10 +84,11 @@ def load_artifact(
     """Read and check the model's artifact once, then load those bytes (the bytes
     checked are the bytes loaded, never the path again): its owner and mode (unless
     ``allow_world_writable``) and its SHA-256 (``sha256``). The handle carries the
-    SHA-256 of the bytes loaded (the repository index shows it). Each stage is logged with its
-    size and time; ``enter(stage)`` is called as it starts (``reading``, ``loading``).
-    BLAS/OpenMP threads are not pinned here: the caller does (after loading, since pinning
-    reaches only the libraries already loaded).
+    SHA-256 of the bytes loaded (the repository index shows it) and the memory its load
+    added (``loaded_bytes``: PSS before and after, ``serving.observe.memory``). Each stage
+    is logged with its size and time; ``enter(stage)`` is called as it starts
+    (``reading``, ``loading``). BLAS/OpenMP threads are not pinned here: the caller does
+    (after loading, since pinning reaches only the libraries already loaded).
 
     :param loaders: format -> loader; default: those ``model`` configures
         (``model_loaders``).
@@ -95,6 +97,7 @@ def load_artifact(
     path, fmt = model.path, model.format
     if path is None:
         raise ValueError(f"model {model.name!r} was handed over in memory: no artifact to load")
+    before = pss_bytes()
     loaders = model_loaders(model) if loaders is None else loaders
     loader = loaders.get(fmt)
     enter("reading")
@@ -126,9 +129,9 @@ def load_artifact(
         "model %r: loaded as %s, %s (%.2f s)",
         handle.name, handle.format, describe_features(handle), time.perf_counter() - started,
     )  # fmt: skip
-    if data is None:
-        return handle
-    return replace(handle, sha256=hashlib.sha256(data).hexdigest())  # the bytes loaded
+    digest = None if data is None else hashlib.sha256(data).hexdigest()  # the bytes loaded
+    del data  # not counted as the model's memory
+    return replace(handle, sha256=digest or handle.sha256, loaded_bytes=added_since(before))
 
 
 def load_model(

@@ -38,6 +38,7 @@ from serving.loading import (
 )
 from serving.model.handle import ModelHandle, ModelLoader, TensorSpec
 from serving.model_settings import ModelSettings
+from serving.observe.memory import added_since, pss_bytes
 from serving.observe.metrics import ServingMetrics
 from serving.warmup import warm_up
 
@@ -87,6 +88,12 @@ class ModelRuntime:
         self.on_stage: Callable[[str], None] | None = None
         #: When it became ready to serve (``time.time()``), or None.
         self.loaded_at: float | None = None
+        #: The PSS this process added loading it (reading its file when it loads its own
+        #: copy, compiling, warming up), in bytes; None until ready or where not measured.
+        self.memory_bytes: int | None = None
+        #: The PSS the process that handed it over added loading it (the master's one copy
+        #: every worker shares), in bytes; None when this process loaded it.
+        self.shared_memory_bytes: int | None = None
         self._stopping = False
 
     @property
@@ -131,7 +138,8 @@ class ModelRuntime:
         :raises ModelLoadError: when the model fails on its own warm-up examples.
         """
         settings = self.settings
-        started = time.perf_counter()
+        started, before = time.perf_counter(), pss_bytes()
+        shared = handle or self.inherited
         try:
             if handle is None and self.inherited is not None:
                 handle = self.inherited
@@ -167,7 +175,12 @@ class ModelRuntime:
             self.batcher = batcher.start()
             self.stage = None
             self.loaded_at = time.time()
-            self.metrics.model_loaded(handle, time.perf_counter() - started)
+            self.memory_bytes = added_since(before)
+            self.shared_memory_bytes = shared.loaded_bytes if shared is not None else None
+            self.metrics.model_loaded(
+                handle, time.perf_counter() - started, self.memory_bytes,
+                self.shared_memory_bytes,
+            )  # fmt: skip
         except BaseException as exc:
             self.error = exc
             raise

@@ -52,6 +52,22 @@ class SlowLoading(RowEcho):
         self.__init__(state["n_features_in_"], state["delay_s"], state["load_s"])  # type: ignore[misc]
 
 
+class Ballast(RowEcho):
+    """A RowEcho carrying ``mib`` MiB of float64 ones (memory measurement tests): its
+    unpickled array is that much resident memory."""
+
+    def __init__(self, n_features: int = 3, mib: int = 48) -> None:
+        super().__init__(n_features)
+        self.ballast = np.ones(mib * 2**20 // 8)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "ballast": self.ballast}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__init__(state["n_features_in_"], state["delay_s"])
+        self.ballast = state["ballast"]
+
+
 class FailsOnNegative(RowEcho):
     """A RowEcho that raises when any row's first feature is negative (and never on warmup)."""
 

@@ -15,7 +15,7 @@ from serving.model.handle import ModelHandle
 from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
 from serving.settings import Settings
-from tests.models import SlowLoading
+from tests.models import Ballast, SlowLoading
 
 
 def test_a_load_slower_than_load_timeout_fails_with_the_setting_named(
@@ -137,3 +137,21 @@ def test_load_logs_each_stage_with_its_size_and_names_the_stage_while_it_runs(
     keys = ("read and checked", "loaded as", "warmed up", "ready to serve")
     order = [next(i for i, m in enumerate(caplog.messages) if key in m) for key in keys]
     assert order == sorted(order)
+
+
+def test_load_measures_the_memory_its_own_copy_added(settings: Settings, tmp_path: Path) -> None:
+    path = tmp_path / "ballast.pkl"
+    path.write_bytes(pickle.dumps(Ballast(n_features=3, mib=48)))
+    configured = Settings(**{**settings.model_dump(), "model_path": path})
+    registry = CollectorRegistry()
+    runtime = ModelRuntime(configured.model_settings()[0], ServingMetrics(registry))
+    runtime.load()
+    try:
+        assert runtime.memory_bytes is not None
+        assert 46 * 2**20 <= runtime.memory_bytes <= 120 * 2**20
+        assert runtime.shared_memory_bytes is None  # its own copy: nothing from the master
+        labels = {"model": runtime.model_name, "version": runtime.model_version}
+        gauge = registry.get_sample_value("serving_model_memory_bytes", labels)
+        assert gauge == runtime.memory_bytes
+    finally:
+        runtime.stop(timeout_s=5)

@@ -21,7 +21,7 @@ from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
 from serving.server import sharing
 from serving.settings import DEMO_MODEL_PATH, Settings
-from tests.models import UnevenLoading
+from tests.models import Ballast, UnevenLoading
 
 log = logging.getLogger("test")
 
@@ -107,6 +107,30 @@ def test_the_master_loads_once_and_a_worker_warms_up_the_inherited_model_without
         answer = batcher.submit(X[:20]).outputs
         np.testing.assert_array_equal(answer["predictions"], forest.predict(X[:20]))
         np.testing.assert_allclose(answer["probabilities"], forest.predict_proba(X[:20]), atol=1e-6)
+    finally:
+        runtime.stop(timeout_s=5)
+
+
+def test_the_master_measures_the_one_copy_its_workers_share(
+    settings: Settings, tmp_path: Path
+) -> None:
+    path = _pickle(Ballast(n_features=3, mib=48), tmp_path / "ballast.pkl")
+    configured = _settings(settings, model_path=path)
+    sharing.load_in_master(configured, log.info, log.error)
+    inherited = sharing.inherited(configured.model_settings()[0])
+    assert inherited is not None and inherited.loaded_bytes is not None
+    assert 46 * 2**20 <= inherited.loaded_bytes <= 120 * 2**20
+
+    registry = CollectorRegistry()
+    model = configured.model_settings()[0]
+    runtime = ModelRuntime(model, ServingMetrics(registry), inherited=inherited)
+    runtime.load()
+    try:
+        assert runtime.shared_memory_bytes == inherited.loaded_bytes
+        assert runtime.memory_bytes is not None and runtime.memory_bytes < 24 * 2**20
+        labels = {"model": model.name, "version": model.version}
+        shared = registry.get_sample_value("serving_model_shared_memory_bytes", labels)
+        assert shared == inherited.loaded_bytes
     finally:
         runtime.stop(timeout_s=5)
 

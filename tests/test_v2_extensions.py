@@ -147,3 +147,27 @@ def test_v2_repository_index_gives_the_sha256_of_the_bytes_loaded(tmp_path: Any)
     index = app.test_client().post("/v2/repository/index").get_json()
 
     assert index[0]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_v2_repository_index_gives_the_memory_each_version_added(tmp_path: Any) -> None:
+    """Issue 32 item 6: the memory a version added, measured (PSS before and after its
+    load), not its file's size: a pickle of 48 MiB of ones is 48 MiB loaded."""
+    import pickle
+
+    from serving.loading import load_model
+    from tests.models import Ballast
+
+    path = tmp_path / "ballast.pkl"
+    path.write_bytes(pickle.dumps(Ballast(n_features=3, mib=48)))
+    app = create_app(
+        Settings(), models=[load_model(path, name="ballast")],
+        metrics=ServingMetrics(CollectorRegistry()),
+    )  # fmt: skip
+    try:
+        (entry,) = app.test_client().post("/v2/repository/index").get_json()
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    # handed over loaded (as the master's copy is): measured where it was loaded
+    assert 46 * 2**20 <= entry["shared_memory_bytes"] <= 120 * 2**20
+    assert entry["memory_bytes"] < 24 * 2**20  # this process's warm-up added little

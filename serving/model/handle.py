@@ -83,6 +83,9 @@ class ModelHandle:
         ``input_example.json``).
     :param sha256: the hex SHA-256 of the artifact's bytes as they were read and loaded
         (None: a folder a class or MLflow reads, or a model handed over in memory).
+    :param loaded_bytes: the memory its load added in the process that loaded it (PSS
+        before and after ``serving.loading.load_artifact``, in bytes), when measured: the
+        master's one copy for a model its workers share.
     :param estimator: the Python object ``predict_batch`` calls (a scikit-learn estimator,
         a booster), for compiling it (``serving.model.compiled``) and tuning; None for a
         graph, a function or your own class.
@@ -114,6 +117,7 @@ class ModelHandle:
     examples_from: str = "examples"
     pyfunc_output: PyfuncOutput = "predictions"
     sha256: str | None = None
+    loaded_bytes: int | None = None
     estimator: Any = None
     engine: str = ""
 

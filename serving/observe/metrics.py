@@ -150,6 +150,22 @@ class ServingMetrics:
             buckets=LOAD_BUCKETS_S,
             registry=registry,
         )
+        self.memory = Gauge(
+            "serving_model_memory_bytes",
+            "Memory each worker added loading a model version (its own copy when it reads "
+            "the file, compiling, warming up): PSS before and after, summed over live workers.",
+            MODEL_LABELS,
+            multiprocess_mode="livesum",
+            registry=registry,
+        )
+        self.shared_memory = Gauge(
+            "serving_model_shared_memory_bytes",
+            "Memory the master added loading the one copy of a model version its workers "
+            "share (PSS before and after), while a live worker serves it.",
+            MODEL_LABELS,
+            multiprocess_mode="livemax",
+            registry=registry,
+        )
         self.model_info = Gauge(
             "serving_model_info",
             "1 for each model a live worker serves, labelled with where it runs.",
@@ -377,9 +393,17 @@ class ServingMetrics:
         return list(registry.collect())
 
     @never_raises
-    def model_loaded(self, handle: ModelHandle, seconds: float) -> None:
+    def model_loaded(
+        self,
+        handle: ModelHandle,
+        seconds: float,
+        memory_bytes: int | None = None,
+        shared_memory_bytes: int | None = None,
+    ) -> None:
         """Set ``serving_model_info`` for a model this worker now serves (``device``:
-        ``cuda:N`` on a GPU, else ``cpu``) and count its load of ``seconds``."""
+        ``cuda:N`` on a GPU, else ``cpu``), count its load of ``seconds`` and set the
+        memory it added here and, when it is the master's copy, there (bytes, when
+        measured: ``ModelRuntime.memory_bytes``, ``shared_memory_bytes``)."""
         device = f"cuda:{handle.device_id}" if handle.device_id is not None else "cpu"
         labels = (
             handle.name, handle.version, handle.format, handle.execution_provider, device,
@@ -387,6 +411,10 @@ class ServingMetrics:
         )  # fmt: skip
         self.model_info.labels(*labels).set(1)
         self.load_duration.labels(handle.name, handle.version).observe(seconds)
+        if memory_bytes is not None:
+            self.memory.labels(handle.name, handle.version).set(memory_bytes)
+        if shared_memory_bytes is not None:
+            self.shared_memory.labels(handle.name, handle.version).set(shared_memory_bytes)
 
     def render(self) -> bytes:
         """The text exposition of all workers (multiprocess mode) or of ``registry``."""

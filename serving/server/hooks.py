@@ -46,6 +46,7 @@ from serving.server.metrics_dir import prepare_metrics_dir, run_at_exit, set_mas
 from serving.server.pinning import Always, pin_while_quiet
 from serving.server.recycling import recycle_one_at_a_time
 from serving.server.rollover import roll_over
+from serving.server.unloads import Unloads
 from serving.server.worker import ConnectionLimits, ServingWorker
 from serving.server.worker_boot import (
     Boot,
@@ -81,6 +82,8 @@ _boot: Boot | None = None
 _settings: Settings | None = None
 # The master's record of repository versions its workers could not load (poll, none).
 _quarantine: repository.Quarantine | None = None
+# The versions the master's workers serve, and the count of those reloads left out.
+_unloads: Unloads | None = None
 # Reloads (SIGHUP) the master has done; a worker's copy, taken at its fork, is its
 # generation (on the board: /healthz shows a fleet serving two at once).
 _generation = 0
@@ -278,8 +281,9 @@ def when_ready(server: Any, settings: Settings) -> None:
     (``serving.server.sharing``), saying which and why in one line. A load past
     ``SERVING_LOAD_TIMEOUT_S`` stops the start (exit status 3) with a line naming the
     model."""
-    global _quarantine
+    global _quarantine, _unloads
     _log_to_gunicorn(server)  # the loader's own lines (read and checked, loaded as)
+    _unloads = Unloads(settings)
     repository.say_refused(server.log.warning, settings)
     _quarantine = repository.follow(
         server.log, settings, _boot.board if _boot is not None else None,
@@ -312,11 +316,13 @@ def on_reload(server: Any, settings: Settings) -> None:
     """Master, on ``SIGHUP``, after re-reading the configuration and before forking the new
     workers: load the new artifacts to share, each first in a separate process (a load
     that would crash the master is left out; a failure keeps nothing shared: the new
-    workers load for themselves, fail and retry, the old ones serve on). The workers forked
-    from now on are the next generation."""
+    workers load for themselves, fail and retry, the old ones serve on) and count the
+    versions it leaves out. The workers forked from now on are the next generation."""
     global _generation
     _generation += 1
     repository.say_refused(server.log.warning, settings)
+    if _unloads is not None:
+        _unloads.reloaded(settings)  # serving_model_unloads_total
     sharing.load_in_master(settings, server.log.info, server.log.error, trial=True)
 
 

@@ -111,6 +111,8 @@ def test_explicit_control_loads_and_unloads_through_tritonclient_while_others_se
         cancer_1 = infer(client, "cancer", X[:20], version="1")
         again = requests.post(f"{server.url}/v2/repository/models/churn/load", timeout=120)
         churn = infer(client, "churn", X[:20])
+        index = requests.post(f"{server.url}/v2/repository/index", timeout=30).json()
+        metrics = requests.get(f"{server.url}/metrics", timeout=30).text
     finally:
         client.close()
         sender.stopped.set()
@@ -128,6 +130,15 @@ def test_explicit_control_loads_and_unloads_through_tritonclient_while_others_se
     assert again.headers["Connection"] == "close"  # its next request: a worker serving it
     assert churn == (expect["churn", "1"], "1")
     assert sender.sent > 20 and sender.failed == []  # churn served throughout, unchanged
+    # issue 32 item 6: unloads counted by the master; each version's memory, measured
+    assert 'serving_model_unloads_total{model="cancer",version="2"} 1.0' in metrics
+    assert 'serving_model_unloads_total{model="churn"' not in metrics  # read again, kept
+    for entry in index:  # joblib files: the master's copy, shared
+        assert isinstance(entry["shared_memory_bytes"], int), entry
+        assert isinstance(entry["memory_bytes"], int), entry
+        labels = f'model="{entry["name"]}",version="{entry["version"]}"'
+        shared = float(entry["shared_memory_bytes"])
+        assert f"serving_model_shared_memory_bytes{{{labels}}} {shared}" in metrics
 
 
 @pytest.mark.usefixtures("cpu_hog")

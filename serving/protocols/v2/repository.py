@@ -114,6 +114,16 @@ class V2RepositoryModel(BaseModel):
     sha256: str | None = Field(
         None, description="The SHA-256 of the file's bytes as they were loaded, hex."
     )
+    memory_bytes: int | None = Field(
+        None,
+        description="Memory the worker answering added loading it (its own copy when it "
+        "read the file, compiling, warming up): PSS before and after, bytes.",
+    )
+    shared_memory_bytes: int | None = Field(
+        None,
+        description="Memory the master added loading the one copy every worker shares "
+        "(PSS before and after), bytes; absent when each worker loads its own.",
+    )
 
 
 class V2RepositoryIndex(RootModel[list[V2RepositoryModel]]):
@@ -174,7 +184,8 @@ def repository_index(
 ) -> list[dict[str, Any]]:
     """Every model version served, in configuration order, with its state, the reason
     it is not ready (``""`` when it is), the path it is served from, the SHA-256 of the
-    bytes loaded and when this worker loaded it; then, unless ``ready_only``, each repository
+    bytes loaded, when this worker loaded it and the memory that added (here, and in the
+    master for its shared copy); then, unless ``ready_only``, each repository
     entry ``refused`` (``Settings.refused_models()``; version ``""`` for a whole model)."""
     index = []
     for runtime in models.runtimes:
@@ -192,6 +203,9 @@ def repository_index(
             entry["path"] = str(runtime.settings.path)
         if runtime.handle is not None and runtime.handle.sha256 is not None:
             entry["sha256"] = runtime.handle.sha256
+        for field in ("memory_bytes", "shared_memory_bytes"):
+            if getattr(runtime, field) is not None:
+                entry[field] = getattr(runtime, field)
         if runtime.loaded_at is not None:
             when = datetime.fromtimestamp(runtime.loaded_at, UTC)
             entry["loaded_at"] = when.isoformat(timespec="seconds").replace("+00:00", "Z")
