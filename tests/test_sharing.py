@@ -242,3 +242,31 @@ def test_trial_load_says_whether_a_separate_process_loads_the_models(tmp_path: P
     hangs.write_bytes(pickle.dumps(UnevenLoading((30.0,), str(tmp_path / "tickets"))))
     assert trial_load([good.model_copy(update={"path": hangs, "format": "pickle"})],
                       timeout_s=2) == "took longer than 2 s (SERVING_LOAD_TIMEOUT_S)"  # fmt: skip
+
+
+def test_trial_load_tells_a_crash_while_a_handler_reaps_every_child(tmp_path: Path) -> None:
+    """Gunicorn's master reaps every child in its SIGCHLD handler (``waitpid(-1)``): a
+    trial whose exit status it took was read as a clean exit, and the master then loaded
+    the file that crashes it."""
+    import os
+    import signal
+
+    from serving.server.trial import trial_load
+
+    crashing = tmp_path / "crash.pkl"
+    crashing.write_bytes(pickle.dumps(_Segfaults()))
+    model = ModelSettings(name="crash", version="1", path=crashing, format="pickle")
+
+    def reap(_signum: int, _frame: object) -> None:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+
+    previous = signal.signal(signal.SIGCHLD, reap)
+    try:
+        outcomes = {trial_load([model], timeout_s=60) for _ in range(3)}
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+    assert None not in outcomes and all(o.startswith("died") for o in outcomes), outcomes
