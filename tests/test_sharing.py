@@ -270,3 +270,18 @@ def test_trial_load_tells_a_crash_while_a_handler_reaps_every_child(tmp_path: Pa
     finally:
         signal.signal(signal.SIGCHLD, previous)
     assert None not in outcomes and all(o.startswith("died") for o in outcomes), outcomes
+
+
+def test_trial_load_from_a_thread_tells_a_good_load(tmp_path: Path) -> None:
+    """The master runs the trial on its loading thread: the forked child must still set
+    its signals and load (a child that failed there would read as a death)."""
+    import threading
+
+    from serving.server.trial import trial_load
+
+    good = ModelSettings(name="demo", version="1", path=DEMO_MODEL_PATH, format="joblib")
+    outcome: list[str | None] = []
+    thread = threading.Thread(target=lambda: outcome.append(trial_load([good], timeout_s=60)))
+    thread.start()
+    thread.join(60)
+    assert outcome == [None]
