@@ -107,7 +107,9 @@ def compile_handle(
                 reasons.append(f"{what}: {reason(exc, estimator)}")
                 continue
             if reasons or what != "as a whole":
-                tried = f" (tried first: {'; '.join(reasons)})" if reasons else ""
+                # not an error: the way that serves is said, and why the ones before
+                # it did not convert (a newcomer read ONNX Runtime's text as a failure)
+                tried = f"; other ways do not convert: {'; '.join(reasons)}" if reasons else ""
                 log.info("model %r: compiled %s%s", handle.name, what, tried)
             break
         else:
