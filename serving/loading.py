@@ -31,7 +31,7 @@ from serving.model.loaders import check_artifact, default_loaders
 from serving.model.loaders import load_model as load_bytes
 from serving.model.onnx_loader import OnnxLoader
 from serving.model_settings import ModelSettings
-from serving.observe.memory import added_since, pss_bytes
+from serving.observe.memory import Look
 
 __all__ = [
     "AUTO_COMPILE_MAX_NODES",
@@ -85,7 +85,8 @@ def load_artifact(
     checked are the bytes loaded, never the path again): its owner and mode (unless
     ``allow_world_writable``) and its SHA-256 (``sha256``). The handle carries the
     SHA-256 of the bytes loaded (the repository index shows it) and the memory its load
-    added (``loaded_bytes``: PSS before and after, ``serving.observe.memory``). Each stage
+    added (``loaded_bytes``: PSS before and after, ``serving.observe.memory``; with the
+    libraries it imported first, ``loaded_imports``). Each stage
     is logged with its size and time; ``enter(stage)`` is called as it starts
     (``reading``, ``loading``). BLAS/OpenMP threads are not pinned here: the caller does
     (after loading, since pinning reaches only the libraries already loaded).
@@ -97,7 +98,7 @@ def load_artifact(
     path, fmt = model.path, model.format
     if path is None:
         raise ValueError(f"model {model.name!r} was handed over in memory: no artifact to load")
-    before = pss_bytes()
+    before = Look.now()
     loaders = model_loaders(model) if loaders is None else loaders
     loader = loaders.get(fmt)
     enter("reading")
@@ -131,7 +132,10 @@ def load_artifact(
     )  # fmt: skip
     digest = None if data is None else hashlib.sha256(data).hexdigest()  # the bytes loaded
     del data  # not counted as the model's memory
-    return replace(handle, sha256=digest or handle.sha256, loaded_bytes=added_since(before))
+    added, imported = before.added()
+    return replace(
+        handle, sha256=digest or handle.sha256, loaded_bytes=added, loaded_imports=imported
+    )
 
 
 def load_model(

@@ -38,7 +38,7 @@ from serving.loading import (
 )
 from serving.model.handle import ModelHandle, ModelLoader, TensorSpec
 from serving.model_settings import ModelSettings
-from serving.observe.memory import added_since, pss_bytes
+from serving.observe.memory import Look
 from serving.observe.metrics import ServingMetrics
 from serving.warmup import warm_up
 
@@ -94,6 +94,10 @@ class ModelRuntime:
         #: The PSS the process that handed it over added loading it (the master's one copy
         #: every worker shares), in bytes; None when this process loaded it.
         self.shared_memory_bytes: int | None = None
+        #: The libraries this process, and the one that handed it over, first imported
+        #: loading it (their memory is in ``memory_bytes``, ``shared_memory_bytes``).
+        self.memory_imports: tuple[str, ...] = ()
+        self.shared_memory_imports: tuple[str, ...] = ()
         self._stopping = False
 
     @property
@@ -138,7 +142,7 @@ class ModelRuntime:
         :raises ModelLoadError: when the model fails on its own warm-up examples.
         """
         settings = self.settings
-        started, before = time.perf_counter(), pss_bytes()
+        started, before = time.perf_counter(), Look.now()
         shared = handle or self.inherited
         try:
             if handle is None and self.inherited is not None:
@@ -175,8 +179,10 @@ class ModelRuntime:
             self.batcher = batcher.start()
             self.stage = None
             self.loaded_at = time.time()
-            self.memory_bytes = added_since(before)
-            self.shared_memory_bytes = shared.loaded_bytes if shared is not None else None
+            self.memory_bytes, self.memory_imports = before.added()
+            if shared is not None:
+                self.shared_memory_bytes = shared.loaded_bytes
+                self.shared_memory_imports = shared.loaded_imports
             self.metrics.model_loaded(
                 handle, time.perf_counter() - started, self.memory_bytes,
                 self.shared_memory_bytes,

@@ -8,6 +8,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from flask.testing import FlaskClient
 from prometheus_client import CollectorRegistry
 
@@ -171,3 +172,39 @@ def test_v2_repository_index_gives_the_memory_each_version_added(tmp_path: Any) 
     # handed over loaded (as the master's copy is): measured where it was loaded
     assert 46 * 2**20 <= entry["shared_memory_bytes"] <= 120 * 2**20
     assert entry["memory_bytes"] < 24 * 2**20  # this process's warm-up added little
+
+
+def test_v2_repository_index_names_the_libraries_a_load_imported_first(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the new-user trial: the first version of a library's model carried the
+    library's import in its memory (137 MB for a 5 MB forest, 16 MB after a reload), and
+    nothing said so."""
+    import pickle
+    import sys
+
+    from serving.loading import load_model
+
+    (tmp_path / "echolib").mkdir()
+    (tmp_path / "echolib" / "__init__.py").write_text(
+        "class Echo:\n"
+        "    n_features_in_ = 2\n"
+        "    def predict(self, X):\n"
+        "        return X[:, 0].copy()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import echolib
+
+    path = tmp_path / "echo.pkl"
+    path.write_bytes(pickle.dumps(echolib.Echo()))
+    del sys.modules["echolib"]  # as in a master that has not loaded such a model yet
+    handle = load_model(path, name="echo")
+    app = create_app(Settings(), models=[handle], metrics=ServingMetrics(CollectorRegistry()))
+    try:
+        (entry,) = app.test_client().post("/v2/repository/index").get_json()
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+        sys.modules.pop("echolib", None)
+
+    assert entry["shared_memory_imports"] == ["echolib"]
+    assert "memory_imports" not in entry  # this process imported nothing more for it

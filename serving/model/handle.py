@@ -86,6 +86,8 @@ class ModelHandle:
     :param loaded_bytes: the memory its load added in the process that loaded it (PSS
         before and after ``serving.loading.load_artifact``, in bytes), when measured: the
         master's one copy for a model its workers share.
+    :param loaded_imports: the libraries that load imported first (their memory is in
+        ``loaded_bytes``: once per process), sorted.
     :param estimator: the Python object ``predict_batch`` calls (a scikit-learn estimator,
         a booster), for compiling it (``serving.model.compiled``) and tuning; None for a
         graph, a function or your own class.
@@ -118,6 +120,7 @@ class ModelHandle:
     pyfunc_output: PyfuncOutput = "predictions"
     sha256: str | None = None
     loaded_bytes: int | None = None
+    loaded_imports: tuple[str, ...] = ()
     estimator: Any = None
     engine: str = ""
 

@@ -124,6 +124,16 @@ class V2RepositoryModel(BaseModel):
         description="Memory the master added loading the one copy every worker shares "
         "(PSS before and after), bytes; absent when each worker loads its own.",
     )
+    memory_imports: list[str] | None = Field(
+        None,
+        description="Libraries the worker first imported loading it: their memory, once "
+        "per process, is in memory_bytes. Absent when none.",
+    )
+    shared_memory_imports: list[str] | None = Field(
+        None,
+        description="Libraries the master first imported loading it: their memory is in "
+        "shared_memory_bytes. Absent when none.",
+    )
 
 
 class V2RepositoryIndex(RootModel[list[V2RepositoryModel]]):
@@ -193,7 +203,7 @@ def repository_index(
         if ready_only and state != "ready":
             continue
         reason = runtime.problem() or (str(runtime.error) if runtime.error is not None else "")
-        entry = {
+        entry: dict[str, Any] = {
             "name": runtime.model_name,
             "version": runtime.model_version,
             "state": _STATES[state],
@@ -206,6 +216,9 @@ def repository_index(
         for field in ("memory_bytes", "shared_memory_bytes"):
             if getattr(runtime, field) is not None:
                 entry[field] = getattr(runtime, field)
+        for field in ("memory_imports", "shared_memory_imports"):
+            if getattr(runtime, field):
+                entry[field] = list(getattr(runtime, field))
         if runtime.loaded_at is not None:
             when = datetime.fromtimestamp(runtime.loaded_at, UTC)
             entry["loaded_at"] = when.isoformat(timespec="seconds").replace("+00:00", "Z")
