@@ -763,3 +763,30 @@ def test_v2_bool_null_is_a_missing_value_as_on_predict(settings: Any) -> None:
     assert v2.get_json()["outputs"][0]["data"] == predict.get_json()["predictions"] == expected
     assert expected == [2.0, -3.0, 0.0]
     assert refused.status_code == 400
+
+
+def test_v2_infer_an_input_the_model_lacks_is_named_before_its_values_are_checked(
+    settings: Settings, metrics: ServingMetrics
+) -> None:
+    """Found by the new-user trial: a tensor named ``input-0`` of mixed values, sent to a
+    model whose inputs are its columns, was refused for its third value not being a
+    string; the same call with strings was told the model has no such input."""
+    from tests.tabular import tier_pipeline
+
+    model, _ = tier_pipeline()
+    from serving.model.loaders import estimator_handle
+
+    handle = estimator_handle(model, name="tiers", version="1", format="joblib")
+    app = create_app(settings, models=[handle], metrics=metrics)
+    body = {"inputs": [
+        {"name": "input-0", "shape": [1, 3], "datatype": "BYTES", "data": ["pro", 2, 3.5]},
+    ]}  # fmt: skip
+    try:
+        answer = app.test_client().post("/v2/models/tiers/infer", json=body)
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    assert answer.status_code == 400
+    error = answer.get_json()
+    assert error["code"] == "invalid_input", error
+    assert "the model has no input 'input-0' (its inputs: tier, plan, usage)" in error["error"]

@@ -40,7 +40,7 @@ from serving.inputs.values import Locate, column, matrix, typed_matrix
 from serving.model.handle import ModelHandle, TensorSpec
 from serving.model.schema import Feature, feature, structured_dtype, uniform_dtype
 
-__all__ = ["conform"]
+__all__ = ["conform", "no_such_input"]
 
 
 def conform(instances: Instances, handle: ModelHandle, rules: Rules = STRICT) -> npt.NDArray[Any]:
@@ -296,6 +296,13 @@ def _tensors(tensors: Tensors, handle: ModelHandle, rules: Rules) -> npt.NDArray
     return _tensor_table(columns, features, where, [name for name, _ in tensors.inputs])
 
 
+def no_such_input(index: int, name: str, names: list[str]) -> InvalidInput:
+    """The refusal of request input ``index`` named ``name``, which is none of the model's
+    input ``names`` (``input_name``)."""
+    msg = f"the model has no input {name!r} (its inputs: {', '.join(names)})"
+    return InvalidInput.at(f"inputs[{index}]", msg, "input_name")
+
+
 def _given(tensors: Tensors, specs: tuple[TensorSpec, ...], rules: Rules) -> dict[str, int]:
     """Each model input's index in the request; names it does not have are refused or
     ignored (``rules``)."""
@@ -308,8 +315,7 @@ def _given(tensors: Tensors, specs: tuple[TensorSpec, ...], rules: Rules) -> dic
                 if rules.on_ignored is not None:
                     rules.on_ignored(name)
                 continue
-            msg = f"the model has no input {name!r} (its inputs: {', '.join(names)})"
-            raise InvalidInput.at(loc, msg, "input_name")
+            raise no_such_input(index, name, names)
         if name in given:
             raise InvalidInput.at(loc, f"input {name!r} is given twice", "input_name")
         given[name] = index

@@ -51,8 +51,10 @@ import numpy as np
 import numpy.typing as npt
 
 from serving.errors import InvalidInput, PayloadTooLarge
+from serving.inputs.conform import no_such_input
 from serving.inputs.instances import Tensors
-from serving.model.handle import Outputs
+from serving.inputs.rules import Rules
+from serving.model.handle import ModelHandle, Outputs
 from serving.protocols.v2.parameters import null_tokens
 from serving.protocols.v2.schemas import (
     Datatype,
@@ -67,7 +69,14 @@ from serving.protocols.v2.tensor_values import (
     json_values,
 )
 
-__all__ = ["HEADER_LENGTH", "datatype_of", "decode", "encode_outputs", "split_body"]
+__all__ = [
+    "HEADER_LENGTH",
+    "datatype_of",
+    "decode",
+    "encode_outputs",
+    "names_before_values",
+    "split_body",
+]
 
 #: The binary extension's header: the JSON part's length in bytes.
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -232,6 +241,16 @@ def decode(body: V2InferRequest, binary: bytearray, max_instances: int) -> Tenso
             values[values == tokens[index]] = None
         decoded.append((tensor.name, values.reshape(tensor.shape)))
     return Tensors(decoded)
+
+
+def names_before_values(body: V2InferRequest, handle: ModelHandle, rules: Rules) -> None:
+    """Called while refusing a tensor's values: raise the refusal of an input the model
+    does not have instead (unless ``rules`` ignore such names): ``["pro", 2]`` sent as
+    ``input-0`` to a model whose inputs are its columns has a wrong name, not a value."""
+    names = [spec.name for spec in handle.input_specs()]
+    for index, tensor in enumerate(body.inputs):
+        if tensor.name not in names and rules.extra != "ignore":
+            raise no_such_input(index, tensor.name, names)
 
 
 def _bytes_elements(array: npt.NDArray[Any]) -> list[bytes]:

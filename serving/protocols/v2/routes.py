@@ -46,6 +46,7 @@ from serving.protocols.v2.codec import (
     datatype_of,
     decode,
     encode_outputs,
+    names_before_values,
     split_body,
 )
 from serving.protocols.v2.repository import (
@@ -240,6 +241,7 @@ def infer(
     :raises InvalidInput: (400 here) naming the input or output that is wrong.
     :raises UnreadableBody: (400) for a compressed body (Content-Encoding is not supported).
     """
+    body: V2InferRequest | None = None
     try:
         header, binary = split_body(
             read_body(environ, plane.settings), environ.get(_HEADER_LENGTH_KEY)
@@ -247,8 +249,11 @@ def infer(
         body = parse_body(V2InferRequest, header)
         wanted = [out.name for out in body.outputs] if body.outputs else None
         inputs = decode(body, binary, plane.settings.max_instances_per_request)
-    except ServingError:
+    except ServingError as exc:
         model_before_body(plane, model_name, model_version)
+        handle = plane.models.resolve(model_name, model_version).handle
+        if body is not None and isinstance(exc, InvalidInput) and handle is not None:
+            names_before_values(body, handle, plane.rules)  # as good values would get
         raise
     answer = plane.infer(call, model_name, model_version, inputs, outputs=wanted)
     binary_default = bool(body.parameters and body.parameters.binary_data_output)
