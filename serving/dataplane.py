@@ -41,7 +41,13 @@ from serving.batching.arrivals import Arrivals, process_arrivals
 from serving.batching.batcher import ThreadedBatcher
 from serving.cache import ModelCache
 from serving.context import Call, Timing
-from serving.errors import InvalidInput, Overloaded, PayloadTooLarge, RequestTimeout
+from serving.errors import (
+    InvalidInput,
+    Overloaded,
+    PayloadTooLarge,
+    RequestTimeout,
+    VersionConflict,
+)
 from serving.inputs.conform import conform
 from serving.inputs.instances import Instances, Tensors
 from serving.inputs.rules import Rules
@@ -135,9 +141,26 @@ class DataPlane:
         :raises ModelNotFound: (404). :raises VersionConflict: (409).
         :raises NotReady: (503) while it loads or stops.
         """
-        runtime = self.get_models().resolve(name, version)
+        runtime = self.resolve(name, version)
         handle, _ = runtime.require_ready()
         return runtime, handle
+
+    def resolve(self, name: str | None, version: str | None) -> ModelRuntime:
+        """``ModelCache.resolve``; a ``VersionConflict`` also says why the repository does
+        not serve the version asked for (its policy passed it over, it was refused).
+
+        :raises ModelNotFound: (404). :raises VersionConflict: (409).
+        """
+        models = self.get_models()
+        try:
+            return models.resolve(name, version)
+        except VersionConflict as exc:
+            model = models.model_name if name is None else name
+            why = {(r.model, r.version): r.reason for r in self.settings.refused_models()}
+            if (model, exc.requested) not in why:
+                raise
+            reason = why[model, exc.requested]
+            raise VersionConflict(exc.requested, exc.served, exc.name, reason) from None
 
     def infer(
         self,
@@ -170,7 +193,7 @@ class DataPlane:
         """
         timing = call.timing
         timing.model, timing.version = model_name, version  # asked for: logged on a 404
-        runtime = self.get_models().resolve(model_name, version)  # 404 whatever the body
+        runtime = self.resolve(model_name, version)  # 404 whatever the body
         limit = self.settings.max_instances_per_request
         count = _count(instances)
         if count > limit:

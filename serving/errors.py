@@ -217,11 +217,15 @@ class VersionConflict(ServingError):
     status = 409
     code = "version_conflict"
 
-    def __init__(self, requested: str, served: str, name: str | None = None) -> None:
-        self.requested, self.served, self.name = requested, served, name
+    def __init__(
+        self, requested: str, served: str, name: str | None = None, why: str | None = None
+    ) -> None:
+        self.requested, self.served, self.name, self.why = requested, served, name, why
         model = f" of model {name!r}" if name is not None else ""
+        because = f" (version {requested!r} is not served: {why})" if why else ""
         super().__init__(
-            f"model_version {requested!r}{model} was requested but this replica serves {served!r}"
+            f"model_version {requested!r}{model} was requested but this replica serves "
+            f"{served!r}{because}"
         )
 
 

@@ -495,3 +495,40 @@ def test_repository_explicit_control_names_an_unsafe_folder_as_such_not_unloaded
     assert [(r.model, r.reason.split(" (")[0]) for r in result.refused] == [
         ("bad name", "not a safe model name")
     ]
+
+
+def test_repository_a_version_asked_for_but_passed_over_is_refused_with_why(
+    tmp_path: Path,
+) -> None:
+    """Found by the new-user trial: asking for a version the policy passed over got
+    "this replica serves '2'", and not that version 1 is there but not chosen."""
+    from prometheus_client import CollectorRegistry
+
+    from serving.app import create_app
+    from serving.observe.metrics import ServingMetrics
+
+    root = tmp_path / "models"
+    version(root, "churn", "1")
+    version(root, "churn", "2")
+    settings = Settings(model_repository=root)
+    app = create_app(settings, metrics=ServingMetrics(CollectorRegistry()))
+    app.extensions["serving"].get_models().start_loading().join(60)
+    try:
+        client = app.test_client()
+        answer = client.post(
+            "/predict/churn", json={"instances": [[0.0] * 30], "model_version": "1"}
+        )
+        v2 = client.post("/v2/models/churn/versions/1/infer", json={"inputs": [
+            {"name": "input-0", "shape": [1, 30], "datatype": "FP64", "data": [0.0] * 30}
+        ]})  # fmt: skip
+    finally:
+        app.extensions["serving"].get_models().stop(timeout_s=10)
+
+    for response in (answer, v2):
+        assert response.status_code == 409
+        error = response.get_json()["error"]
+        message = error["message"] if isinstance(error, dict) else error  # /predict's, V2's
+        assert "this replica serves '2'" in message
+        assert "version '1' is not served: passed over: not chosen by its version_policy" in (
+            message
+        )

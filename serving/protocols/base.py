@@ -260,7 +260,7 @@ def model_before_body(plane: DataPlane, model_name: str | None, version: str | N
     error stands. Only on that path: a good request looks its model up once, in the data
     plane."""
     if model_name is not None:
-        plane.models.resolve(model_name, version)
+        plane.resolve(model_name, version)
 
 
 def dataplane() -> DataPlane:
