@@ -315,3 +315,20 @@ def credit_handle(seen: list[Any], keep: str | None = None) -> Any:
         name="credit", version="1", format="python", predict_batch=predict, features=features,
         feature_names=("dependents", "income"),
     )  # fmt: skip
+
+
+def run_then_echo(code: str) -> RowEcho:
+    """Runs ``code`` (trial-load tests: a load that forks, hangs, lists its descriptors),
+    then is a RowEcho."""
+    exec(code)
+    return RowEcho()
+
+
+class RunsOnLoad:
+    """Unpickling it runs ``code`` in the loading process (``run_then_echo``)."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return run_then_echo, (self.code,)

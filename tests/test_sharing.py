@@ -21,7 +21,7 @@ from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime
 from serving.server import sharing
 from serving.settings import DEMO_MODEL_PATH, Settings
-from tests.models import Ballast, UnevenLoading
+from tests.models import Ballast, RunsOnLoad, UnevenLoading
 
 log = logging.getLogger("test")
 
@@ -285,3 +285,155 @@ def test_trial_load_from_a_thread_tells_a_good_load(tmp_path: Path) -> None:
     thread.start()
     thread.join(60)
     assert outcome == [None]
+
+
+def _runs(tmp_path: Path, code: str) -> ModelSettings:
+    path = tmp_path / "runs.pkl"
+    path.write_bytes(pickle.dumps(RunsOnLoad(code)))
+    return ModelSettings(name="runs", version="1", path=path, format="pickle")
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"
+
+
+def test_trial_load_a_child_that_forks_and_dies_is_told_at_once_and_its_fork_ended(
+    tmp_path: Path,
+) -> None:
+    """Found by the attack: a load that forked a sleeper and then aborted read as past
+    the timeout (the sleeper held the pipe), and the sleeper outlived it with the
+    master's listening socket."""
+    import time
+
+    from serving.server.trial import trial_load
+
+    pid_file = tmp_path / "grandchild"
+    code = (
+        "import os, time\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(120); os._exit(0)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(pid))\n"
+        "os.abort()\n"
+    )
+    started = time.monotonic()
+    assert trial_load([_runs(tmp_path, code)], timeout_s=30) == "died of SIGABRT"
+    assert time.monotonic() - started < 10
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild)
+
+
+def test_trial_load_child_keeps_none_of_the_masters_descriptors(tmp_path: Path) -> None:
+    """Found by the attack: a hung trial kept the listening socket and the metrics lock
+    of a master that had exited."""
+    import socket
+
+    from serving.server.trial import trial_load
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    held = tmp_path / "held"
+    code = (
+        "import os\n"
+        "fds = os.listdir('/proc/self/fd')\n"
+        "links = []\n"
+        "for fd in fds:\n"
+        "    try:\n"
+        "        links.append(os.readlink(f'/proc/self/fd/{fd}')) if int(fd) > 2 else None\n"
+        "    except OSError:\n"
+        "        pass  # the listing's own, closed since\n"
+        f"open({str(held)!r}, 'w').write('\\n'.join(links))\n"
+    )
+    try:
+        assert trial_load([_runs(tmp_path, code)], timeout_s=30) is None
+    finally:
+        listening.close()
+    links = held.read_text().splitlines()
+    assert [link for link in links if link.startswith("socket:")] == [], links
+    assert len(links) <= 2, links  # the pipe to the master (and the listing's own)
+
+
+def test_trial_load_stop_ends_a_hanging_trial_and_its_child(tmp_path: Path) -> None:
+    """Found by the attack: SIGTERM during a hung trial left the child running after the
+    master exited; ``stop_trials`` (called when a stop signal ends the master's wait)
+    kills it."""
+    import threading
+    import time
+
+    from serving.server.trial import stop_trials, trial_load
+
+    pid_file = tmp_path / "child"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    outcome: list[str | None] = []
+    thread = threading.Thread(
+        target=lambda: outcome.append(trial_load([_runs(tmp_path, code)], timeout_s=60))
+    )
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    stop_trials()
+    thread.join(10)
+    assert outcome and outcome[0] is not None and outcome[0].startswith("died"), outcome
+    assert not _alive(child)
+
+
+def test_a_stop_signal_during_a_trial_ends_the_trial_child(tmp_path: Path) -> None:
+    """Found by the attack: SIGTERM while a trial hung ended the master's wait, and the
+    master exited, but the child lived on (holding the port) until its load ended."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from serving.server.trial import trial_load
+
+    pid_file = tmp_path / "child"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    model = _runs(tmp_path, code)
+    came: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: came.append(signum))
+
+    def terminate() -> None:
+        deadline = time.monotonic() + 20
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate, daemon=True).start()
+    try:
+        done, _, stopped_by = sharing._bounded(lambda: trial_load([model], 60), 60)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (done, stopped_by, came) == (False, signal.SIGTERM, [signal.SIGTERM])
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def test_bounded_calls_meanwhile_while_it_waits() -> None:
+    """Found by the attack: a worker killed during a 30 s trial stayed a zombie, and was
+    not replaced, until the trial ended (Gunicorn 27 only queues SIGCHLD): the master now
+    reaps between looks."""
+    import time
+
+    calls: list[float] = []
+    done, result, stopped_by = sharing._bounded(
+        lambda: time.sleep(0.5) or "loaded", 10, lambda: calls.append(time.monotonic())
+    )
+    assert (done, result, stopped_by) == (True, "loaded", None)
+    assert len(calls) >= 5

@@ -323,7 +323,10 @@ def on_reload(server: Any, settings: Settings) -> None:
     repository.say_refused(server.log.warning, settings)
     if _unloads is not None:
         _unloads.reloaded(settings)  # serving_model_unloads_total
-    sharing.load_in_master(settings, server.log.info, server.log.error, trial=True)
+    sharing.load_in_master(
+        settings, server.log.info, server.log.error, trial=True,
+        meanwhile=server.reap_workers,  # a worker dying meanwhile is reaped (Gunicorn 27)
+    )  # fmt: skip
 
 
 def pre_fork(server: Any, worker: Any) -> None:

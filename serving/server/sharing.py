@@ -54,7 +54,7 @@ from typing import Literal, TypeVar
 
 from serving.model.handle import ModelHandle
 from serving.model_settings import ModelSettings
-from serving.server.trial import trial_load
+from serving.server.trial import stop_trials, trial_load
 from serving.settings import Settings
 
 __all__ = [
@@ -177,6 +177,7 @@ def load_in_master(
     error: Callable[..., None],
     *,
     trial: bool = False,
+    meanwhile: Callable[[], None] = lambda: None,
 ) -> Outcome:
     """Master, before forking workers (start-up, each reload): drop the models loaded
     before, log which models are shared (``describe``) and load those, within
@@ -185,7 +186,9 @@ def load_in_master(
 
     :param trial: first load what changed in a separate process
         (``serving.server.trial``; on a reload, while old workers serve): a load that would
-        crash the master leaves it out instead."""
+        crash the master leaves it out instead.
+    :param meanwhile: called about every 50 ms while a load or trial runs, on the
+        master's thread (reaping dead workers: Gunicorn 27 only queues ``SIGCHLD``)."""
     global _handles, _files
     before, files, _handles, _files = _handles, _files, {}, {}
     try:
@@ -213,7 +216,7 @@ def load_in_master(
     if not wanted and not kept:
         return "none"
     started = time.perf_counter()
-    handles = _loaded(wanted, settings, error, trial=trial)
+    handles = _loaded(wanted, settings, error, trial=trial, meanwhile=meanwhile)
     if not isinstance(handles, dict):
         return handles
     gc.freeze()  # the collector no longer writes to the pages of these objects
@@ -228,16 +231,21 @@ def load_in_master(
 
 
 def _loaded(
-    wanted: list[Choice], settings: Settings, error: Callable[..., None], *, trial: bool
+    wanted: list[Choice],
+    settings: Settings,
+    error: Callable[..., None],
+    *,
+    trial: bool,
+    meanwhile: Callable[[], None],
 ) -> dict[Key, ModelHandle] | Outcome:
     """``wanted`` loaded (after a trial in a separate process, with ``trial``), or why
     not, logged: ``failed``, ``timed_out`` or ``interrupted``."""
     labels = ", ".join(c.label for c in wanted)
-    refused = _tried(wanted, settings, error) if trial and wanted else None
+    refused = _tried(wanted, settings, error, meanwhile) if trial and wanted else None
     if refused is not None:
         return refused
     done, handles, stopped_by = _bounded(
-        lambda: _load(wanted, error), settings.load_timeout_s
+        lambda: _load(wanted, error), settings.load_timeout_s, meanwhile
     )  # fmt: skip
     if stopped_by is not None:
         error("model sharing: the master stopped loading %s (%s)", labels, stopped_by.name)
@@ -252,14 +260,20 @@ def _loaded(
     return "failed" if handles is None else handles
 
 
-def _tried(wanted: list[Choice], settings: Settings, error: Callable[..., None]) -> Outcome | None:
+def _tried(
+    wanted: list[Choice],
+    settings: Settings,
+    error: Callable[..., None],
+    meanwhile: Callable[[], None],
+) -> Outcome | None:
     """None when ``wanted`` loads in a separate process (``serving.server.trial``), else
     the outcome for the master, logged: ``failed`` (the trial died, failed or ran too
     long) or ``interrupted`` (a stop signal came)."""
     labels = ", ".join(c.label for c in wanted)
     models = [c.model for c in wanted]
     ended, why, stopped_by = _bounded(
-        lambda: trial_load(models, settings.load_timeout_s), settings.load_timeout_s + 5
+        lambda: trial_load(models, settings.load_timeout_s), settings.load_timeout_s + 5,
+        meanwhile,
     )  # fmt: skip
     if stopped_by is not None:
         error("model sharing: the master stopped loading %s (%s)", labels, stopped_by.name)
@@ -275,13 +289,14 @@ def _tried(wanted: list[Choice], settings: Settings, error: Callable[..., None])
 
 
 def _bounded(
-    work: Callable[[], Done], timeout_s: float
+    work: Callable[[], Done], timeout_s: float, meanwhile: Callable[[], None] = lambda: None
 ) -> tuple[bool, Done | None, signal.Signals | None]:
     """Run ``work`` on a daemon thread and wait for it at most ``timeout_s`` seconds, or
     until a stop signal (``STOP_SIGNALS``) comes: (whether it finished, its result, the
-    signal). The master's handlers for those signals are put back afterwards and a signal
-    that came is raised again for them, so the master acts on it as usual; other signals
-    (``SIGCHLD``: a worker died) reach its handlers meanwhile."""
+    signal), calling ``meanwhile()`` between looks. The master's handlers for those
+    signals are put back afterwards, a trial running is ended (``stop_trials``), and a
+    signal that came is raised again for them, so the master acts on it as usual; other
+    signals reach its handlers meanwhile."""
     result: list[Done] = []
     came: list[signal.Signals] = []
 
@@ -298,10 +313,12 @@ def _bounded(
         deadline = time.monotonic() + timeout_s
         while thread.is_alive() and not came and time.monotonic() < deadline:
             thread.join(0.05)
+            meanwhile()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if came:
+        stop_trials()  # a trial child would outlive a master that stops
         signal.raise_signal(came[0])
         return False, None, came[0]
     return bool(result), result[0] if result else None, None
