@@ -46,7 +46,7 @@ from serving.server.metrics_dir import prepare_metrics_dir, run_at_exit, set_mas
 from serving.server.pinning import Always, pin_while_quiet
 from serving.server.recycling import recycle_one_at_a_time
 from serving.server.rollover import roll_over
-from serving.server.unloads import Unloads
+from serving.server.unloads import Unloads, versions
 from serving.server.worker import ConnectionLimits, ServingWorker
 from serving.server.worker_boot import (
     Boot,
@@ -283,7 +283,10 @@ def when_ready(server: Any, settings: Settings) -> None:
     model."""
     global _quarantine, _unloads
     _log_to_gunicorn(server)  # the loader's own lines (read and checked, loaded as)
-    _unloads = Unloads(settings)
+    if _boot is not None:
+        _unloads = Unloads(_boot.board)
+        _unloads.note(_generation, versions(settings))
+        _unloads.start(lambda: _generation, server.log.warning)
     repository.say_refused(server.log.warning, settings)
     _quarantine = repository.follow(
         server.log, settings, _boot.board if _boot is not None else None,
@@ -316,13 +319,14 @@ def on_reload(server: Any, settings: Settings) -> None:
     """Master, on ``SIGHUP``, after re-reading the configuration and before forking the new
     workers: load the new artifacts to share, each first in a separate process (a load
     that would crash the master is left out; a failure keeps nothing shared: the new
-    workers load for themselves, fail and retry, the old ones serve on) and count the
-    versions it leaves out. The workers forked from now on are the next generation."""
+    workers load for themselves, fail and retry, the old ones serve on) and note what it
+    serves (``serving.server.unloads``). The workers forked from now on are the next
+    generation."""
     global _generation
     _generation += 1
     repository.say_refused(server.log.warning, settings)
     if _unloads is not None:
-        _unloads.reloaded(settings)  # serving_model_unloads_total
+        _unloads.note(_generation, versions(settings))  # serving_model_unloads_total
     sharing.load_in_master(
         settings, server.log.info, server.log.error, trial=True,
         meanwhile=server.reap_workers,  # a worker dying meanwhile is reaped (Gunicorn 27)

@@ -168,7 +168,9 @@ def test_explicit_control_a_failed_load_is_answered_with_why_and_undone(
         with pytest.raises(InferenceServerException):
             client.load_model("cancer")
         served_on = states(client)
+        undone = requests.get(f"{server.url}/metrics", timeout=30).text
         client.unload_model("cancer")
+        unloaded = until_metric(server.url, 'serving_model_unloads_total{model="cancer"')
         with pytest.raises(InferenceServerException) as last:
             client.unload_model("churn")
         churn = infer(client, "churn", X[:20])
@@ -189,8 +191,23 @@ def test_explicit_control_a_failed_load_is_answered_with_why_and_undone(
     assert served_on[("cancer", "")][1].startswith("its last load failed: worker")
     assert "cancer/2/m.joblib" in served_on[("cancer", "")][1]
     assert "last model served" in str(last.value)
+    # the failed loads undone count no unload (the attack found both versions counted)
+    assert "serving_model_unloads_total{" not in undone
+    assert 'serving_model_unloads_total{model="cancer",version="1"} 1.0' in unloaded
     assert churn == (joblib.load(DEMO_MODEL_PATH).predict(X[:20]).tolist(), "1")
     assert "under explicit control: only load and unload calls change what is served" in log
+
+
+def until_metric(url: str, prefix: str, timeout_s: float = 20) -> str:
+    """``/metrics`` once a line starts with ``prefix`` (or at ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = requests.get(f"{url}/metrics", timeout=30).text
+        if any(line.startswith(prefix) for line in text.splitlines()):
+            return text
+        if time.monotonic() > deadline:
+            return text
+        time.sleep(0.2)
 
 
 def _tensor(rows: np.ndarray) -> triton.InferInput:
