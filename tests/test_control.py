@@ -114,6 +114,28 @@ def test_control_outcome_answers_a_new_workers_load_error_or_a_refused_reload(
     )
 
 
+def test_control_outcome_answers_a_new_worker_that_died_while_loading(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    """Found by the attack: an explicit load of a version whose load aborts the process
+    answered 504 after 55 s (the dead workers left no failed state), and was not undone."""
+    old, new, _ = workers
+    board = board_of(tmp_path)
+    board.generation = 0
+    board.write(old, "ready")
+    board.generation = 1
+    board.write(new, "warming", model=("broken", "2"))
+    board.generation = None  # the master notes the death, from the worker's own file
+    board.note_death(new, ("broken", "2"))
+    board.remove(new)
+    applied.note_applied(board, 3, 1, None)
+
+    failed = applied.outcome(board, 3, 5, "broken")
+    assert failed is not None and not failed.other
+    assert failed.why.startswith(f"worker {new} died while loading broken/2")
+    assert [tuple(d) for d in board.deaths()] == [(new, 1, "broken", "2")]
+
+
 def test_control_begin_wants_the_versions_served_at_start_and_counts_no_change(
     tmp_path: Path,
 ) -> None:

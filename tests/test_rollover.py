@@ -201,3 +201,33 @@ def test_a_reload_with_invalid_settings_is_refused_and_the_board_says_why(
     assert refused["errors"][0]["error"] == "invalid setting SERVING_MODEL_PATH: gone"
     assert refused["ready"] == 2
     assert "rollout" not in accepted and "errors" not in accepted
+
+
+def test_no_worker_is_forked_while_the_backoff_holds_after_deaths_while_loading(
+    tmp_path: Path, five: list[int]
+) -> None:
+    """Found by the attack: a version whose load aborts the process killed each new
+    worker, and the master forked the next at once (28 a second, without end)."""
+    from serving.server.respawn import Backoff
+
+    old_a, old_b, new_a, new_b, spare = five
+    now = [0.0]
+    backoff = Backoff(clock=lambda: now[0])
+    board = Board(tmp_path)
+    for pid in (old_a, old_b):
+        board.write(pid, "ready")
+    server: Any = ReloadingArbiter([old_a, old_b], fresh=[new_a, new_b], spares=[spare])
+    roll_over(server, board, on_booted=lambda: None, hold=backoff)
+    server.reload()
+    for pid in (new_a, new_b):
+        board.write(pid, "warming")
+
+    del server.WORKERS[new_a]  # died while loading
+    board.remove(new_a)
+    backoff.died_loading()
+    server.manage_workers()
+    assert server.spawned == []  # held: the old workers serve on
+    assert server.signals == []
+    now[0] += 1.5
+    server.manage_workers()
+    assert server.spawned == [spare]  # the pause is over

@@ -107,6 +107,13 @@ def _look(
             failed = fleet.failed_models.get(pid)
             why = f"worker {pid}: {fleet.errors[pid]}"
             return ("other" if name and failed is not None and failed[0] != name else "failed"), why
+    for death in board.deaths():  # a crash in native code leaves no error behind
+        if death.generation is not None and death.generation >= generation:
+            why = (
+                f"worker {death.pid} died while loading {death.name}/{death.version} (the "
+                "process ended: a crash in native code, or an exit, while the file loaded)"
+            )
+            return ("other" if name and death.name != name else "failed"), why
     if not newer or len(newer) < len(staying) or any(fleet.states[p] != "ready" for p in newer):
         return "loading", ""
     me = os.getpid()

@@ -34,11 +34,12 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 __all__ = [
     "GOING",
     "Board",
+    "Death",
     "Fleet",
     "WorkerState",
     "alive",
@@ -55,6 +56,9 @@ _COUNTED = ("starting", "ready")
 GOING = ("leaving", "stopping")
 #: The master's note of a reload it refused (not a pid: skipped as a worker's file).
 _RELOAD = "reload"
+#: The master's note of the last workers that died while loading (``Board.deaths``).
+_DEATHS = "deaths"
+_DEATHS_KEPT = 16
 
 
 def alive(pid: int) -> bool:
@@ -66,6 +70,16 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+class Death(NamedTuple):
+    """A worker that died while it loaded model ``name`` at ``version`` (a crash in
+    native code: it left no error), and its generation (None: unknown)."""
+
+    pid: int
+    generation: int | None
+    name: str
+    version: str
 
 
 @dataclass(frozen=True)
@@ -224,6 +238,31 @@ class Board:
             note.unlink(missing_ok=True)
             return
         write_json(note, {"pid": os.getpid(), "error": problem})
+
+    def note_death(self, pid: int, model: tuple[str, str]) -> None:
+        """Master: worker ``pid`` died while it loaded ``model`` ``(name, version)``; kept
+        with its generation among the last ``_DEATHS_KEPT`` (``deaths``)."""
+        death = {"pid": pid, "generation": self._generation(pid), "model": list(model)}
+        write_json(self.path / _DEATHS, {"deaths": [*self._deaths()[-_DEATHS_KEPT + 1 :], death]})
+
+    def deaths(self) -> list[Death]:
+        """The last workers that died while loading, oldest first."""
+        found = []
+        for entry in self._deaths():
+            try:
+                name, version = entry["model"]
+                generation = entry["generation"]
+                found.append(Death(int(entry["pid"]), generation, str(name), str(version)))
+            except (KeyError, TypeError, ValueError):
+                continue
+        return found
+
+    def _deaths(self) -> list[Any]:
+        try:
+            deaths = json.loads((self.path / _DEATHS).read_text())["deaths"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        return deaths if isinstance(deaths, list) else []
 
     def read(self) -> Fleet:
         """The state of every live worker with a file (a file whose process is gone, or that

@@ -45,6 +45,7 @@ from serving.server.children import forget_server_in_children, stop_children
 from serving.server.metrics_dir import prepare_metrics_dir, run_at_exit, set_master
 from serving.server.pinning import Always, pin_while_quiet
 from serving.server.recycling import recycle_one_at_a_time
+from serving.server.respawn import Backoff
 from serving.server.rollover import roll_over
 from serving.server.unloads import Unloads, versions
 from serving.server.worker import ConnectionLimits, ServingWorker
@@ -82,6 +83,8 @@ _boot: Boot | None = None
 _settings: Settings | None = None
 # The master's record of repository versions its workers could not load (poll, none).
 _quarantine: repository.Quarantine | None = None
+# The master's pause in forking after workers died while loading (serving.server.respawn).
+_respawn = Backoff()
 # The versions the master's workers serve, and the count of those reloads left out.
 _unloads: Unloads | None = None
 # Reloads (SIGHUP) the master has done; a worker's copy, taken at its fork, is its
@@ -238,7 +241,10 @@ def on_starting(server: Any) -> None:
         if not server.reexec_pid and not boot.shared.value:
             boot.stopping.value = 1
 
-    roll_over(server, boot.board, booted, gate=boot.gate, on_stop=stopping, check=reload_problem)
+    roll_over(
+        server, boot.board, booted, gate=boot.gate, on_stop=stopping, check=reload_problem,
+        hold=_respawn,
+    )  # fmt: skip
 
 
 def _address_taken(server: Any) -> str | None:
@@ -469,8 +475,9 @@ def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
 def child_exit(server: Any, worker: Any) -> None:
     """Master: drop the dead worker's live gauges (``livesum``) from the metrics, fold its
     counters and histograms into the archive (``serving.server.metrics_archive``), tell the
-    quarantine of a model version it died loading (a crash in native code leaves no
-    error behind) and drop its state file from the board."""
+    quarantine and the board of a model version it died loading (a crash in native code
+    leaves no error behind), pause forking for it, and drop its state file from the
+    board."""
     from prometheus_client import multiprocess
 
     from serving.server.metrics_archive import archive_dead_worker
@@ -484,9 +491,24 @@ def child_exit(server: Any, worker: Any) -> None:
         server.log.warning("worker %s: metrics not archived: %s", worker.pid, exc)
     if _boot is not None:
         loading = _boot.board.loading(worker.pid)
-        if loading is not None and _quarantine is not None:  # died loading it (a crash)
-            _quarantine.died(worker.pid, loading, _generation)
+        if loading is not None:  # died loading it (a crash): no error left behind
+            _died_loading(server, worker.pid, loading)
         _boot.board.remove(worker.pid)
+
+
+def _died_loading(server: Any, pid: int, loading: tuple[str, str]) -> None:
+    """Master: worker ``pid`` died while it loaded model version ``loading``: noted on the
+    board (a load call waiting on it answers with why), for the quarantine, and no worker
+    is forked for a while (``serving.server.respawn``)."""
+    assert _boot is not None
+    _boot.board.note_death(pid, loading)
+    if _quarantine is not None:
+        _quarantine.died(pid, loading, _generation)
+    pause = _respawn.died_loading()
+    server.log.warning(
+        "worker %s died while loading %s/%s; no worker is forked for %g s (doubling while "
+        "workers die loading)", pid, loading[0], loading[1], pause,
+    )  # fmt: skip
 
 
 def on_exit(server: Any) -> None:

@@ -12,6 +12,9 @@ changes it so that
   4 whenever it comes: a model calling ``os._exit(3)`` would stop every worker);
 * a worker leaving for ``SERVING_MAX_REQUESTS`` (``serving.server.recycling``) is replaced
   as soon as it leaves, while it drains;
+* after workers died while loading (a version whose load crashes the process), no worker
+  is forked while ``hold`` says (``serving.server.respawn``: 1 s, doubling to 60 s, until
+  the newest workers all serve): Gunicorn forked the next one at once, 28 a second;
 * after a reload, every worker forked before it is replaced by one forked after it,
   whatever dies meanwhile: a new worker killed while it loads (the OOM killer during its
   warm-up) is replaced by another new one. It was not (the old and new workers together
@@ -37,6 +40,7 @@ from typing import Any
 
 from serving.server.board import GOING, Board
 from serving.server.recycling import RecycleGate
+from serving.server.respawn import Backoff
 
 __all__ = ["roll_over"]
 
@@ -49,6 +53,7 @@ def roll_over(
     gate: RecycleGate | None = None,
     on_stop: Callable[[], None] = lambda: None,
     check: Callable[[], str | None] = lambda: None,
+    hold: Backoff | None = None,
 ) -> None:
     """Make the Gunicorn arbiter ``server`` roll workers over one by one and stop halting
     once the first boot is over (see the module docstring and ``_RollOver``);
@@ -56,8 +61,11 @@ def roll_over(
     ``gate`` learns the number of workers wanted each time the master looks;
     ``on_stop()`` is called as the master stops the whole server, before its workers;
     ``check()``, at each reload before anything is re-read, says why the reload would
-    fail (an invalid setting), or None."""
-    _RollOver(server, board, on_booted, gate=gate, on_stop=on_stop, check=check).install()
+    fail (an invalid setting), or None; ``hold``, after workers died loading, when to
+    fork none."""
+    _RollOver(
+        server, board, on_booted, gate=gate, on_stop=on_stop, check=check, hold=hold
+    ).install()
 
 
 class _RollOver:
@@ -88,9 +96,10 @@ class _RollOver:
         gate: RecycleGate | None = None,
         on_stop: Callable[[], None] = lambda: None,
         check: Callable[[], str | None] = lambda: None,
+        hold: Backoff | None = None,
     ) -> None:
         self.server, self.board, self.on_booted, self.gate = server, board, on_booted, gate
-        self.on_stop, self.check = on_stop, check
+        self.on_stop, self.check, self.hold = on_stop, check, hold
         self.retiring: set[int] = set()
         #: Workers forked before the last reload: none counts towards the new generation.
         self.older: set[int] = set()
@@ -123,12 +132,16 @@ class _RollOver:
 
     def manage_workers(self) -> None:
         server = self.server
-        if len(server.WORKERS) < server.num_workers:
+        held = self.hold is not None and self.hold.holding()
+        if len(server.WORKERS) < server.num_workers and not held:
             server.spawn_workers()
         self.sync()
         states = self.board.read().states
         staying = [p for p in server.WORKERS if states.get(p) not in GOING and p not in self.older]
-        for _ in range(server.num_workers - len(staying)):
+        serving = sum(states.get(p) == "ready" for p in staying)
+        if self.hold is not None and not held and serving >= server.num_workers:
+            self.hold.settle()  # the newest workers all serve
+        for _ in range(0 if held else server.num_workers - len(staying)):
             # a recycling worker's replacement, while it drains; after a reload, a new
             # worker's in place of one that died
             server.spawn_worker()

@@ -344,3 +344,46 @@ def test_explicit_control_a_call_waiting_when_the_server_stops_is_answered_503(
     assert "the server is stopping" in answer.json()["error"]
     assert took < 10, took
     assert status == 0
+
+
+@pytest.mark.usefixtures("cpu_hog")
+def test_explicit_control_a_version_whose_load_kills_the_worker_is_answered_and_undone(
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """Found by the attack: a load of a version whose unpickling aborts the process
+    forked a worker after each death at once (28 a second), answered 504 after 55 s and
+    was never undone."""
+    from tests.models import RunsOnLoad
+
+    X, _ = breast_cancer
+    root = tmp_path / "models"
+    (root / "churn" / "1").mkdir(parents=True)
+    shutil.copy(DEMO_MODEL_PATH, root / "churn" / "1" / "m.joblib")
+    server = GunicornServer(tmp_path, model_repository=root, model_control="explicit")
+    server.start()
+    client = triton.InferenceServerClient(url=f"127.0.0.1:{server.port}", network_timeout=120)
+    try:
+        server.wait_ready()
+        booted = server.output().count("Booting worker")
+        (root / "crash" / "1").mkdir(parents=True)
+        (root / "crash" / "1" / "m.pkl").write_bytes(
+            pickle.dumps(RunsOnLoad("import os; os.abort()"))
+        )
+        started = time.monotonic()
+        call = requests.post(f"{server.url}/v2/repository/models/crash/load", timeout=120)
+        answered_s = time.monotonic() - started
+        server.wait_ready(timeout_s=120)  # undone: the workers serve as before
+        index = states(client)
+        churn = infer(client, "churn", X[:20])
+        log = server.output()
+    finally:
+        client.close()
+        server.kill()
+
+    assert (call.status_code, call.json()["code"]) == (400, "load_failed"), call.text
+    assert "died while loading crash/1" in call.json()["error"]
+    assert answered_s < 30
+    assert log.count("Booting worker") - booted <= 8, log[-3000:]  # not a fork storm
+    assert "died while loading crash/1; no worker is forked for" in log
+    assert index[("churn", "1")] == ("READY", "")
+    assert churn == (joblib.load(DEMO_MODEL_PATH).predict(X[:20]).tolist(), "1")
