@@ -185,6 +185,33 @@ def test_quarantine_leaves_out_a_new_version_a_worker_could_not_load_until_it_ch
     assert quarantine.excluded() == {}  # tried again
 
 
+def test_quarantine_a_file_completed_after_its_workers_failed_is_tried_again(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    """Found by the attack: a version whose file was completed between the workers'
+    failure and the quarantine's look was recorded as it was then, so the completed file
+    stayed left out until it changed again."""
+    from serving.server.repository import Quarantine
+
+    root = tmp_path / "models"
+    (root / "churn" / "2").mkdir(parents=True)
+    (root / "churn" / "2" / "m.joblib").write_bytes(b"cut short")
+    (tmp_path / "board").mkdir()
+    board = Board(tmp_path / "board")
+    quarantine = Quarantine(root, board, lambda: None, lambda line: None, {("churn", "1")})
+    served = {("churn", "2")}
+    quarantine.loading(served)  # the reload that brings churn/2: its files as read
+    old, new, _ = workers
+    board.generation = 0
+    board.write(old, "ready")
+    board.generation = 1
+    board.write(new, "failed", "cannot load model churn/2/m.joblib: EOF", model=("churn", "2"))
+    (root / "churn" / "2" / "m.joblib").write_bytes(b"the whole file, before the look")
+
+    assert quarantine.look(1, served) is True
+    assert quarantine.excluded() == {}  # its files changed since they were read: tried again
+
+
 def test_quarantine_never_leaves_out_a_version_that_served_before(
     tmp_path: Path, workers: list[int]
 ) -> None:

@@ -333,6 +333,8 @@ def on_reload(server: Any, settings: Settings) -> None:
     repository.say_refused(server.log.warning, settings)
     if _unloads is not None:
         _unloads.note(_generation, versions(settings))  # serving_model_unloads_total
+    if _quarantine is not None:
+        _quarantine.loading(repository.served_keys(settings))  # its files as read now
     sharing.load_in_master(
         settings, server.log.info, server.log.error, trial=True,
         meanwhile=server.reap_workers,  # a worker dying meanwhile is reaped (Gunicorn 27)

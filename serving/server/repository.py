@@ -80,6 +80,16 @@ class Quarantine:
         self._kept: set[Key] = set()
         #: Versions a worker died loading: the generation and why.
         self._deaths: dict[Key, tuple[int, str]] = {}
+        #: Each version's files as the last reload read them (``loading``).
+        self._read: dict[Key, object] = {}
+
+    def loading(self, served: set[Key]) -> None:
+        """Master, at each reload: the versions its new workers load; their files as they
+        are now are what a failure is about (a file completed after the workers failed on
+        it, before a look, is then tried again)."""
+        states: dict[Key, object] = {k: folder_state(self.root / k[0] / k[1]) for k in served}
+        with self._lock:
+            self._read = states
 
     def look(self, generation: int, served: set[Key]) -> bool:
         """One look at the board; True when it found a version to leave out."""
@@ -112,7 +122,8 @@ class Quarantine:
                         f"version of its model; the old workers serve on ({reason})"
                     )
                     continue
-                self._failed[key] = (folder_state(self.root / key[0] / key[1]), reason)
+                state = self._read.get(key) or folder_state(self.root / key[0] / key[1])
+                self._failed[key] = (state, reason)
             found.append(key)
             self._say(
                 f"model repository: {key[0]}/{key[1]} left out until its files change: {reason}"
