@@ -530,3 +530,15 @@ def test_child_exit_survives_a_dead_workers_metric_file_it_cannot_read(
 
     assert "worker 4242: metrics not archived" in caplog.text
     assert (tmp_path / "counter_4242.db").exists()
+
+
+@pytest.mark.unit
+def test_load_error_line_names_what_is_no_exception_or_says_nothing() -> None:
+    from serving.errors import ModelLoadError
+    from serving.server.worker_boot import load_error_line
+
+    assert load_error_line(SystemExit(4)) == "the load raised SystemExit(4)"
+    assert load_error_line(KeyboardInterrupt()) == "the load raised KeyboardInterrupt"
+    assert load_error_line(ValueError("")) == "the load raised ValueError"
+    error = ModelLoadError(Path("m.pkl"), "EOF\nat byte 3")
+    assert load_error_line(error) == " ".join(str(error).split())  # one line

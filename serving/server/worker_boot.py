@@ -43,6 +43,7 @@ __all__ = [
     "Boot",
     "Retry",
     "halt_on_failure",
+    "load_error_line",
     "load_before_accepting",
     "load_while_accepting",
     "stop_on_signal_until_serving",
@@ -197,7 +198,7 @@ def load_before_accepting(
         if error is None:
             return cache, None
         failed_on = _failed_model(cache)
-        last_error = " ".join(str(error).split())  # one line: a message may hold newlines
+        last_error = load_error_line(error)
         if cache is not None and board is not None and board.read().ready_count == 0:
             server.log.error(
                 "worker %s: %s; no worker serves: accepting meanwhile (503 not_ready), "
@@ -219,6 +220,17 @@ def load_before_accepting(
             board.write(pid, "failed", last_error, model=failed_on)
         _wait_alive(worker, delay_s)
         delay_s = min(delay_s * 2, RETRY_MAX_S)
+
+
+def load_error_line(error: BaseException) -> str:
+    """``error`` as one line for the log, the board and the repository index; one that
+    is no ``Exception`` (a file whose load calls ``sys.exit(4)`` or raises
+    ``KeyboardInterrupt``) or says nothing is named by its type (the attack read ``a worker
+    could not load it: 4``, and an empty reason)."""
+    text = " ".join(str(error).split())  # a message may hold newlines
+    if isinstance(error, Exception) and text:
+        return text
+    return f"the load raised {type(error).__name__}" + (f"({text})" if text else "")
 
 
 def _unloaded(settings: Settings, slot: int) -> Any:
