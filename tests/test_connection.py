@@ -228,3 +228,21 @@ def test_chunked_body_without_trailers_ends_after_the_last_chunks_crlf() -> None
 
     assert scan.end(request[:-2]) == INCOMPLETE
     assert scan.end(request) == len(request)
+
+
+def test_without_expect_continue_drops_only_a_lone_http11_100_continue() -> None:
+    from serving.server.connection import without_expect_continue
+
+    head = b"POST /p HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue \r\nContent-Length: 2\r\n\r\n"
+    assert without_expect_continue(head) == (
+        b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n"
+    )
+    assert without_expect_continue(head + b"{}") == (
+        b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    )
+    assert without_expect_continue(head.replace(b"HTTP/1.1", b"HTTP/1.0")) is None  # ignored
+    assert without_expect_continue(head.replace(b"100-Continue", b"gzip")) is None  # 417
+    twice = head.replace(b"Host: x", b"Expect: 100-continue")
+    assert without_expect_continue(twice) is None  # the parser judges it
+    assert without_expect_continue(head[:-2]) is None  # not a whole head yet
+    assert without_expect_continue(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") is None

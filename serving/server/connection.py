@@ -73,7 +73,8 @@ def body_end(head: bytes, most_bytes: int) -> int | None:
     head, perhaps with some of its body), when the main loop may read the body too: the
     head's length plus its one ``Content-Length``. None where a thread should take the
     connection as it is: no body, a body framed otherwise (chunked) or sent only once
-    answered (``Expect: 100-continue``), several or odd lengths (the parser refuses
+    answered (``Expect: 100-continue``: ``without_expect_continue`` first), several or
+    odd lengths (the parser refuses
     them), or a body larger than ``most_bytes``. Only decides where to read; Gunicorn's
     parser still parses the whole request."""
     end = head.find(b"\r\n\r\n")
@@ -86,6 +87,30 @@ def body_end(head: bytes, most_bytes: int) -> int | None:
     if len(lengths) != 1 or not 0 < int(lengths[0]) <= most_bytes:
         return None
     return end + 4 + int(lengths[0])
+
+
+_EXPECT = re.compile(rb"\r\nexpect[ \t]*:([^\r\n]*)", re.I)
+#: The interim answer to ``Expect: 100-continue`` (RFC 9110, 10.1.1).
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def without_expect_continue(head: bytes) -> bytes | None:
+    """``head`` (a complete head, perhaps with some of its body) without its
+    ``Expect: 100-continue`` field, when that is the request's one expectation and it is
+    HTTP/1.1: the main loop then answers it (``CONTINUE``) and reads the body, and the
+    thread's parser, seeing no expectation, sends no second 100. None otherwise (no
+    expectation, another one: Gunicorn answers 417; HTTP/1.0: ignored, as RFC 9110
+    says)."""
+    end = head.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    headers = head[: end + 2]
+    found = list(_EXPECT.finditer(headers))
+    if len(found) != 1 or found[0].group(1).strip().lower() != b"100-continue":
+        return None
+    if not headers[: headers.find(b"\r\n")].endswith(b" HTTP/1.1"):
+        return None
+    return head[: found[0].start()] + head[found[0].end() :]
 
 
 _TRANSFER_ENCODING = re.compile(rb"\r\ntransfer-encoding[ \t]*:([^\r\n]*)", re.I)

@@ -15,7 +15,7 @@ come, ``serving.server.connection.ChunkedBody``, within the same limits), is rea
 main loop too, by the body deadline: a trickling body holds no thread either; one late,
 or cut short by the client, goes to a thread, which answers it (408, 400), and so does
 one malformed or over the limit (400, 413). One sent after ``Expect: 100-continue`` is
-read on the thread.
+read on the main loop too, which answers the ``100 Continue`` itself.
 
 A stopping worker keeps idle connections ``STOP_LINGER_S`` at most, for a request a
 client may already be sending, and waits as long for a body the main loop is reading
@@ -41,6 +41,7 @@ from gunicorn.workers import gthread  # type: ignore[import-untyped]
 
 from serving.batching.arrivals import Arrivals
 from serving.server.connection import (
+    CONTINUE,
     HEAD_READ_BYTES,
     INCOMPLETE,
     ChunkedBody,
@@ -48,6 +49,7 @@ from serving.server.connection import (
     body_end,
     chunked_start,
     head_complete,
+    without_expect_continue,
 )
 from serving.server.lingering import Lingerer
 
@@ -208,6 +210,7 @@ class HeadReadingWorker(gthread.ThreadWorker):  # type: ignore[misc]
         main loop reads its body first, by the body deadline."""
         assert self.limits is not None
         most = self.limits.body_buffer_bytes
+        self._answer_expectation(conn, most)
         end = body_end(conn.head, most)
         start = chunked_start(conn.head) if end is None and most else None
         if start is not None:
@@ -226,6 +229,21 @@ class HeadReadingWorker(gthread.ThreadWorker):  # type: ignore[misc]
         conn.body_end = end
         conn.body_deadline = conn.deadline = time.monotonic() + self.limits.body_timeout_s
         return False
+
+    def _answer_expectation(self, conn: ServingConn, most: int) -> None:
+        """A body sent only once answered (``Expect: 100-continue``) that the main loop
+        may read: answer ``100 Continue`` here and drop the expectation from the head (the
+        thread's parser sends no second one), so the body is read here like any other.
+        The attack held every thread with such requests and no body (``/livez`` 9.5 s)."""
+        stripped = without_expect_continue(conn.head)
+        if stripped is None or body_end(stripped, most) is None:
+            return
+        if len(stripped) == stripped.find(b"\r\n\r\n") + 4:  # the client waits for it
+            try:
+                conn.sock.send(CONTINUE)  # 25 bytes: a new connection's send buffer is empty
+            except OSError:
+                return  # the thread answers it, as Gunicorn does
+        conn.head = stripped
 
     def _chunked_complete(self, conn: ServingConn) -> bool:
         """Whether the main loop is done with ``conn``'s chunked body: it ended, cannot be

@@ -608,3 +608,53 @@ def test_a_stopping_worker_gives_bodies_still_arriving_a_short_linger_not_their_
     assert status == 0
     assert took < 15, server.output()  # was the 30 s deadline
     assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers
+
+
+def _read_until(client: socket.socket, marker: bytes) -> bytes:
+    data = b""
+    while marker not in data:
+        chunk = client.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_bodies_sent_after_100_continue_hold_no_thread_and_are_answered_once(
+    gunicorn: Start, pickled: Pickled
+) -> None:
+    """Found by the attack: 64 connections sending ``Expect: 100-continue`` and then no
+    body held every thread (their bodies were read on the threads) and /livez waited
+    9.5 s. The main loop now answers the expectation and reads the body."""
+    model = pickled(RowOffset(offset=0.0), "m.pkl")
+    server = gunicorn(model_path=model, workers=1, threads=4, request_timeout_ms=8000)
+    server.wait_ready(workers=1)
+    head = (
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 20\r\nExpect: 100-continue\r\n\r\n"
+    )
+    stuck = []
+    for _ in range(8):  # twice the worker's threads; each sends no body
+        client = socket.create_connection(("127.0.0.1", server.port), timeout=20)
+        client.sendall(head)
+        stuck.append(client)
+    try:
+        continues = [_read_until(client, b"\r\n\r\n") for client in stuck]
+        live = requests.get(f"{server.url}/livez", timeout=3)
+        good = socket.create_connection(("127.0.0.1", server.port), timeout=20)
+        good.sendall(head)
+        interim = _read_until(good, b"\r\n\r\n")
+        good.sendall(b'{"instances":[[3]]}\n')
+        answer = _read_until(good, b"}")
+        good.close()
+        answers = [client.recv(64) for client in stuck]  # their 408, at the deadline
+    finally:
+        for client in stuck:
+            client.close()
+
+    assert continues == [b"HTTP/1.1 100 Continue\r\n\r\n"] * 8
+    assert live.status_code == 200
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert answer.startswith(b"HTTP/1.1 200"), answer  # one 100, then the answer
+    assert b'"predictions":[3.0]' in answer
+    assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers
