@@ -18,8 +18,10 @@ in turn (``m3`` and ``m4`` never change):
   its answer.
 
 Printed: the CPU model; requests sent and failed (any answer but 200 from a model that
-was meant to serve; an unloaded model's 404s are counted apart); p50/p99 per model before
-and during the changes, the untouched models' p99 during over before; each change's time;
+was meant to serve; an unloaded model's 404s are counted apart); p50/p99 per model before,
+during and after the changes (``--settle-s`` more of the same load once the last change
+is over), the p99 during over before and over after; the CPUs each worker may run on
+before and after (pinned while quiet, or not: it moves the p99); each change's time;
 the server's PSS (master and workers, ``/proc/<pid>/smaps_rollup``) before the first
 change and after the last. Figures also go to ``bench/results/repository-<control>.json``.
 """
@@ -174,6 +176,7 @@ def main() -> None:
         time.sleep(args.settle_s)
         quiet = time.monotonic()
         pss_before = server_pss(proc.pid)
+        pinned = {"before": cpus_of_workers(proc.pid)}
         times: list[tuple[str, str, float]] = []
         for cycle in range(args.cycles):
             model = CHANGED[cycle % len(CHANGED)]
@@ -181,6 +184,10 @@ def main() -> None:
         changed = time.monotonic()
         until(lambda: settled(url, proc.pid))
         pss_after = server_pss(proc.pid)
+        settled_at = time.monotonic()
+        time.sleep(args.settle_s)  # the same load again, once every change is over
+        ended = time.monotonic()
+        pinned["after"] = cpus_of_workers(proc.pid)
     finally:
         client.stop()
         proc.terminate()
@@ -188,11 +195,22 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
     before, during = client.since(started, quiet), client.since(quiet, changed)
+    after = client.since(settled_at, ended)
     report = _report(
-        args, before=before, during=during, times=times, pss_before=pss_before,
-        pss_after=pss_after,
+        args, before=before, during=during, after=after, times=times,
+        pss_before=pss_before, pss_after=pss_after, pinned=pinned,
     )  # fmt: skip
     (RESULTS / f"repository-{args.control}.json").write_text(json.dumps(report, indent=2))
+
+
+def cpus_of_workers(pid: int) -> list[str]:
+    """Each worker's CPUs (``Cpus_allowed_list``): pinned (``0``) or not (``0-1``)."""
+    found = []
+    for child in children(pid):
+        for line in Path(f"/proc/{child}/status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                found.append(line.split()[1])
+    return sorted(found)
 
 
 def _ready(url: str) -> bool:
@@ -241,31 +259,37 @@ def _report(
     *,
     before: list[tuple[float, str, int, float, str]],
     during: list[tuple[float, str, int, float, str]],
+    after: list[tuple[float, str, int, float, str]],
     times: list[tuple[str, str, float]],
     pss_before: float,
     pss_after: float,
+    pinned: dict[str, list[str]],
 ) -> dict[str, Any]:
     unloading = args.control == "explicit"
-    failed = [a for a in during + before if a[2] != 200 and not (unloading and a[2] == 404)]
+    failed = [a for a in during + before + after if a[2] != 200 and not (unloading and a[2] == 404)]
     not_served = sum(1 for a in during if unloading and a[2] == 404)
     print(
-        f"requests: {len(before) + len(during)} sent, {len(failed)} failed"
+        f"requests: {len(before) + len(during) + len(after)} sent, {len(failed)} failed"
         + (f", {not_served} answered 404 while their model was unloaded" if unloading else "")
     )
     rows = {}
     for model in MODELS:
         p50b, p99b = percentiles(before, model)
         p50d, p99d = percentiles(during, model)
+        p50a, p99a = percentiles(after, model)
         rows[model] = {
             "p50_before_ms": p50b,
             "p99_before_ms": p99b,
             "p50_during_ms": p50d,
             "p99_during_ms": p99d,
+            "p50_after_ms": p50a,
+            "p99_after_ms": p99a,
         }
         kind = "changed" if model in CHANGED else "untouched"
         print(
-            f"  {model} ({kind:9}): p50 {p50b:6.1f} -> {p50d:6.1f} ms, "
-            f"p99 {p99b:6.1f} -> {p99d:6.1f} ms ({p99d / p99b:4.2f}x)"
+            f"  {model} ({kind:9}): p50 {p50b:6.1f} -> {p50d:6.1f} -> {p50a:6.1f} ms, "
+            f"p99 {p99b:6.1f} -> {p99d:6.1f} -> {p99a:6.1f} ms (during: {p99d / p99b:4.2f}x "
+            f"before, {p99d / p99a:4.2f}x after)"
         )
     for step in sorted({s for s, _, _ in times}):
         seconds = [t for s, _, t in times if s == step]
@@ -277,11 +301,13 @@ def _report(
         f"  PSS: {pss_before} MiB before the first change, {pss_after} MiB after the last "
         f"({args.cycles} cycles)"
     )
+    print(f"  workers' CPUs: before {pinned['before']}, after {pinned.get('after')}")
     return {
         "cpu": cpu_model(),
         "control": args.control,
         "cycles": args.cycles,
-        "sent": len(before) + len(during),
+        "sent": len(before) + len(during) + len(after),
+        "workers_cpus": pinned,
         "failed": len(failed),
         "failed_statuses": sorted({a[2] for a in failed}),
         "models": rows,
