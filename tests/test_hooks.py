@@ -542,3 +542,29 @@ def test_load_error_line_names_what_is_no_exception_or_says_nothing() -> None:
     assert load_error_line(ValueError("")) == "the load raised ValueError"
     error = ModelLoadError(Path("m.pkl"), "EOF\nat byte 3")
     assert load_error_line(error) == " ".join(str(error).split())  # one line
+
+
+@pytest.mark.unit
+def test_the_master_imports_what_a_worker_imports_to_serve(tmp_path: Path) -> None:
+    """Each fork imported the app, Flask, werkzeug and prometheus-client again: 0.2 s of
+    CPU per worker, at every rollover. The master imports them once, before it forks."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys\n"
+        f"os.environ['PROMETHEUS_MULTIPROC_DIR'] = {str(tmp_path)!r}\n"
+        "from serving.server import hooks\n"
+        "hooks._import_what_workers_import()\n"
+        "before = set(sys.modules)\n"
+        "import wsgi\n"  # what a worker does at boot (gunicorn's load_wsgi)
+        "print(' '.join(sorted(set(sys.modules) - before)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    new = done.stdout.split()
+    late = [m for m in new if m.split(".")[0] in ("flask", "werkzeug", "prometheus_client")]
+    assert late == [], late
+    assert [m for m in new if m.startswith("serving")] == [], new

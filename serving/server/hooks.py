@@ -289,6 +289,7 @@ def when_ready(server: Any, settings: Settings) -> None:
     model."""
     global _quarantine, _unloads
     _log_to_gunicorn(server)  # the loader's own lines (read and checked, loaded as)
+    _import_what_workers_import()
     if _boot is not None:
         _unloads = Unloads(_boot.board)
         _unloads.note(_generation, versions(settings))
@@ -311,6 +312,18 @@ def when_ready(server: Any, settings: Settings) -> None:
             file=sys.stderr,
         )
         raise SystemExit(3)
+
+
+def _import_what_workers_import() -> None:
+    """Master, once, before the first fork (``PROMETHEUS_MULTIPROC_DIR`` set since
+    ``on_starting``): import the modules every worker imports to serve (the app's, Flask,
+    werkzeug, prometheus-client: 189 modules), so each fork inherits them, and shares
+    their pages, instead of importing them again: 0.2 s of CPU per worker at each fork,
+    and a rollover forks every worker while the old ones serve. Modules only: no app is
+    created, no thread started, no metric written (``preload_app`` stays off)."""
+    import serving.app
+    import serving.cache
+    import serving.protocols.dispatch  # noqa: F401
 
 
 def pre_exec(server: Any) -> None:

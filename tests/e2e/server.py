@@ -135,7 +135,13 @@ class GunicornServer:
         """Requests to ``route`` answered so far, over every worker (0 before the first)."""
         text = requests.get(f"{self.url}/metrics", timeout=10).text
         label = f'http_requests_total{{route="{route}"}}'
-        return self.metric(label, text) if f'route="{route}"' in text else 0.0
+        # the counter's own line: another series of the route (its in-flight gauge, its
+        # duration) can show before the first answer is counted
+        counted = any(
+            line.startswith("http_requests_total{") and f'route="{route}"' in line
+            for line in text.splitlines()
+        )
+        return self.metric(label, text) if counted else 0.0
 
     def wait_answered(self, count: float, timeout_s: float = 30.0) -> None:
         """Wait until ``count`` /predict requests have been answered in all."""
