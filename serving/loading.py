@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from serving.model.artifacts import check_model_path, format_from_path
+from serving.model.artifacts import check_model_path, format_from_path, tree_sha256
 from serving.model.artifacts import model_name as default_model_name
 from serving.model.custom import PythonLoader
 from serving.model.handle import ModelHandle, ModelLoader
@@ -130,12 +130,21 @@ def load_artifact(
         "model %r: loaded as %s, %s (%.2f s)",
         handle.name, handle.format, describe_features(handle), time.perf_counter() - started,
     )  # fmt: skip
-    digest = None if data is None else hashlib.sha256(data).hexdigest()  # the bytes loaded
+    # the bytes loaded; a path the loader read itself: its files, read again
+    digest = hashlib.sha256(data).hexdigest() if data is not None else _tree_digest(path)
     del data  # not counted as the model's memory
     added, imported = before.added()
     return replace(
         handle, sha256=digest or handle.sha256, loaded_bytes=added, loaded_imports=imported
     )
+
+
+def _tree_digest(path: Path) -> str | None:
+    """``tree_sha256(path)``, or None when a file cannot be read again."""
+    try:
+        return tree_sha256(path)
+    except OSError:
+        return None
 
 
 def load_model(

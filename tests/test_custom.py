@@ -261,3 +261,33 @@ def test_warm_up_failure_on_invented_rows_names_the_class_and_serves(
     assert runtime.state == "ready"
     assert "class tests.models:StringsWithoutSchema" in caplog.text
     assert "TypeError: ufunc 'isnan'" in caplog.text and "warmup_instances" in caplog.text
+
+
+def test_a_class_folder_loaded_has_the_sha256_of_its_files_manifest(tmp_path: Path) -> None:
+    """Issue 32 item 6: a version a class loads from its folder gets a digest too, the
+    one ``sha256sum`` gives over its files' ``sha256sum`` lines (docs/repository.md)."""
+    import subprocess
+
+    from serving.loading import load_artifact
+    from serving.model_settings import ModelSettings
+    from tests.tabular import write_churn
+
+    folder = tmp_path / "churn"
+    folder.mkdir()
+    write_churn(folder)
+    (folder / "sub").mkdir()
+    (folder / "sub" / "notes.txt").write_text("v2\n")
+    (folder / "link.txt").symlink_to(folder / "sub" / "notes.txt")  # not followed
+    model = ModelSettings(
+        name="churn", version="1", path=folder, format="python",
+        model_class="tests.models:TypedChurn",
+    )  # fmt: skip
+    handle = load_artifact(model)
+
+    recipe = "find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum"
+    shell = subprocess.run(
+        ["sh", "-c", recipe], cwd=folder, capture_output=True, text=True, check=True
+    ).stdout.split()[0]
+    assert handle.sha256 == shell
+    (folder / "sub" / "notes.txt").write_text("v3\n")
+    assert load_artifact(model).sha256 != shell  # a file changed: another digest

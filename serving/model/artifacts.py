@@ -31,6 +31,7 @@ __all__ = [
     "format_from_path",
     "model_name",
     "read_model_list",
+    "tree_sha256",
     "trusted_path",
 ]
 
@@ -206,6 +207,37 @@ EXTENSIONS = {
     ".skops": "skops",
     ".onnx": "onnx",
 }
+
+
+def tree_sha256(path: Path) -> str:
+    """The SHA-256 of what a loader that reads ``path`` itself reads, hex: a file's bytes;
+    a folder's manifest: a ``<sha256>  ./<path>`` line for each regular file under it
+    (links not followed), sorted by path bytewise, as ``sha256sum`` writes them, so that
+    ``find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum`` in the
+    folder gives the same digest. Reads every file once (about 1 GB/s).
+
+    :raises OSError: when a file cannot be read.
+    """
+    if not path.is_dir():
+        return _file_sha256(path)
+    lines = []
+    for directory, _, names in os.walk(path):
+        for name in names:
+            file = Path(directory, name)
+            if file.is_symlink() or not file.is_file():
+                continue
+            relative = "./" + file.relative_to(path).as_posix()
+            lines.append((os.fsencode(relative), _file_sha256(file)))
+    manifest = b"".join(f"{digest}  ".encode() + name + b"\n" for name, digest in sorted(lines))
+    return hashlib.sha256(manifest).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def format_from_path(path: Path) -> str:

@@ -112,7 +112,9 @@ class V2RepositoryModel(BaseModel):
         None, description="When the worker answering loaded it, RFC 3339 UTC; once ready."
     )
     sha256: str | None = Field(
-        None, description="The SHA-256 of the file's bytes as they were loaded, hex."
+        None,
+        description="The SHA-256 of the file's bytes as they were loaded, hex; for a "
+        "folder a class reads, of its files' sha256sum lines (docs/repository.md).",
     )
     memory_bytes: int | None = Field(
         None,
