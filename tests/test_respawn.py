@@ -22,3 +22,16 @@ def test_backoff_doubles_after_each_death_up_to_its_maximum_and_settles() -> Non
     assert not backoff.holding()
     backoff.settle()
     assert backoff.died_loading() == FIRST_S
+
+
+def test_backoff_settled_ends_the_pause_at_once() -> None:
+    """Found by the second attack: the pause outlived the crash loop (``settle`` only
+    reset the doubling), so a healthy worker killed after the fleet served again was not
+    replaced for 58 s."""
+    now = [0.0]
+    backoff = Backoff(clock=lambda: now[0])
+    for _ in range(7):
+        backoff.died_loading()
+    assert backoff.holding()
+    backoff.settle()
+    assert not backoff.holding()

@@ -231,3 +231,28 @@ def test_no_worker_is_forked_while_the_backoff_holds_after_deaths_while_loading(
     now[0] += 1.5
     server.manage_workers()
     assert server.spawned == [spare]  # the pause is over
+
+
+def test_the_backoff_ends_once_the_newest_workers_serve(tmp_path: Path, five: list[int]) -> None:
+    """Found by the second attack: after a crash loop, the newest workers served, then
+    one was killed (no load involved) and was not replaced until the pause ran out."""
+    from serving.server.respawn import Backoff
+
+    old_a, old_b, new_a, new_b, spare = five
+    now = [0.0]
+    backoff = Backoff(clock=lambda: now[0])
+    board = Board(tmp_path)
+    for pid in (old_a, old_b):
+        board.write(pid, "ready")
+    server: Any = ReloadingArbiter([old_a, old_b], fresh=[new_a, new_b], spares=[spare])
+    roll_over(server, board, on_booted=lambda: None, hold=backoff)
+    for _ in range(7):
+        backoff.died_loading()  # a crash loop, 60 s pause
+    server.reload()
+    for pid in (new_a, new_b):
+        board.write(pid, "ready")  # the fixed version serves
+    server.manage_workers()
+    del server.WORKERS[new_a]  # a healthy worker killed
+    board.remove(new_a)
+    server.manage_workers()
+    assert server.spawned == [spare]  # at once

@@ -437,3 +437,21 @@ def test_bounded_calls_meanwhile_while_it_waits() -> None:
     )
     assert (done, result, stopped_by) == (True, "loaded", None)
     assert len(calls) >= 5
+
+
+def test_trial_load_a_child_that_says_it_loaded_and_then_dies_is_a_death(tmp_path: Path) -> None:
+    """Found by the second attack: a load that wrote the trial's byte itself and then
+    aborted passed the trial, and the master's own load aborted the master."""
+    from serving.server.trial import trial_load
+
+    code = "import os; os.write(3, b'.'); os.abort()"
+    assert trial_load([_runs(tmp_path, code)], timeout_s=30) == "died of SIGABRT"
+
+
+def test_trial_load_a_child_that_closes_its_pipe_and_hangs_is_said_so(tmp_path: Path) -> None:
+    """Found by the second attack: it was said to have died of SIGKILL, the master's own."""
+    from serving.server.trial import trial_load
+
+    code = "import os, time; os.close(3); time.sleep(60)"
+    outcome = trial_load([_runs(tmp_path, code)], timeout_s=30)
+    assert outcome == "closed its pipe to the master while it loaded", outcome

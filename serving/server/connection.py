@@ -89,7 +89,8 @@ def body_end(head: bytes, most_bytes: int) -> int | None:
     return end + 4 + int(lengths[0])
 
 
-_EXPECT = re.compile(rb"\r\nexpect[ \t]*:([^\r\n]*)", re.I)
+#: No space before the colon: Gunicorn refuses such a field name (400), as RFC 9112 says.
+_EXPECT = re.compile(rb"\r\nexpect:([^\r\n]*)", re.I)
 #: The interim answer to ``Expect: 100-continue`` (RFC 9110, 10.1.1).
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 

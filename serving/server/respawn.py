@@ -56,6 +56,8 @@ class Backoff:
             return self._clock() < self._until
 
     def settle(self) -> None:
-        """Every worker serves: the next death pauses ``FIRST_S`` again."""
+        """The newest workers all serve: the pause ends, and the next death pauses
+        ``FIRST_S`` again (a pause that outlived the crash loop kept a healthy worker's
+        replacement waiting 58 s: the second attack)."""
         with self._lock:
-            self._next_s = FIRST_S
+            self._next_s, self._until = FIRST_S, 0.0

@@ -100,6 +100,7 @@ class _RollOver:
     ) -> None:
         self.server, self.board, self.on_booted, self.gate = server, board, on_booted, gate
         self.on_stop, self.check, self.hold = on_stop, check, hold
+        self._said_held = False
         self.retiring: set[int] = set()
         #: Workers forked before the last reload: none counts towards the new generation.
         self.older: set[int] = set()
@@ -132,15 +133,22 @@ class _RollOver:
 
     def manage_workers(self) -> None:
         server = self.server
+        states = self.board.read().states
+        staying = [p for p in server.WORKERS if states.get(p) not in GOING and p not in self.older]
+        if self.hold is not None and sum(states.get(p) == "ready" for p in staying) >= (
+            server.num_workers
+        ):
+            self.hold.settle()  # the newest workers all serve: no pause
         held = self.hold is not None and self.hold.holding()
         if len(server.WORKERS) < server.num_workers and not held:
             server.spawn_workers()
         self.sync()
         states = self.board.read().states
         staying = [p for p in server.WORKERS if states.get(p) not in GOING and p not in self.older]
-        serving = sum(states.get(p) == "ready" for p in staying)
-        if self.hold is not None and not held and serving >= server.num_workers:
-            self.hold.settle()  # the newest workers all serve
+        if held and len(staying) < server.num_workers and not self._said_held:
+            self._said_held = True
+            server.log.info("worker replacement paused: workers died while loading")
+        self._said_held = self._said_held and held
         for _ in range(0 if held else server.num_workers - len(staying)):
             # a recycling worker's replacement, while it drains; after a reload, a new
             # worker's in place of one that died

@@ -37,6 +37,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from typing import Literal
 
 from serving.model_settings import ModelSettings
 
@@ -48,6 +49,8 @@ _ENDED = b"."
 _PIPE_FD = 3
 #: Seconds between two looks at whether the child still runs.
 _LOOK_S = 0.05
+#: Seconds a child that wrote its byte (or closed its pipe) has to exit on its own.
+_EXIT_S = 2.0
 #: The signals the master handles: the child takes the defaults back.
 _MASTER_SIGNALS = ("SIGHUP", "SIGQUIT", "SIGINT", "SIGTERM", "SIGTTIN", "SIGTTOU",
                    "SIGUSR1", "SIGUSR2", "SIGWINCH", "SIGCHLD")  # fmt: skip
@@ -71,8 +74,14 @@ def trial_load(models: Sequence[ModelSettings], timeout_s: float) -> str | None:
     with _lock:
         _running.add(pid)
     status: list[int] = []
+    hung = False  # the pipe closed, and the child ran on
     try:
         ended = _wait(pid, read_end, timeout_s, status)
+        if ended is not None and ended is not False and not status:
+            # the byte, or a closed pipe: the child's own exit says the rest (a load that
+            # wrote the byte itself and then aborted passed the trial: the second attack)
+            found, hung = _exit_within(pid, _EXIT_S)
+            status.extend(found)
     finally:
         os.close(read_end)
         _kill_group(pid)  # what the load forked, and the child itself when past its time
@@ -82,11 +91,23 @@ def trial_load(models: Sequence[ModelSettings], timeout_s: float) -> str | None:
             _running.discard(pid)
     if ended is None:
         return f"took longer than {timeout_s:g} s (SERVING_LOAD_TIMEOUT_S)"
-    if ended:
-        return None
+    if hung:
+        return (
+            "did not exit once it loaded"
+            if ended is True
+            else ("closed its pipe to the master while it loaded")
+        )
+    return _why(ended is True, status)
+
+
+def _why(said_loaded: bool, status: list[int]) -> str | None:
+    """The outcome of a trial that ended by itself: whether the child wrote its byte,
+    and its exit status (none: a ``SIGCHLD`` handler took it)."""
     if status and os.WIFSIGNALED(status[0]):
         return f"died of {signal.Signals(os.WTERMSIG(status[0])).name}"
-    return "died while loading"
+    if status and os.WEXITSTATUS(status[0]) != 0:
+        return f"exited with status {os.WEXITSTATUS(status[0])} while it loaded"
+    return None if said_loaded else "died while loading"
 
 
 def stop_trials() -> None:
@@ -126,15 +147,18 @@ def _child(models: Sequence[ModelSettings], write_end: int) -> None:
         os._exit(0)
 
 
-def _wait(pid: int, read_end: int, timeout_s: float, status: list[int]) -> bool | None:
+def _wait(
+    pid: int, read_end: int, timeout_s: float, status: list[int]
+) -> bool | Literal["closed"] | None:
     """True when the byte came, False when the child exited without it (a death, even
-    while something it forked holds the pipe open), None when ``timeout_s`` passed
-    first. ``status`` gets the child's exit status when this look reaped it."""
+    while something it forked holds the pipe open), ``"closed"`` when the pipe closed
+    without it (the child's exit tells the rest), None when ``timeout_s`` passed first.
+    ``status`` gets the child's exit status when this look reaped it."""
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
         readable, _, _ = select.select([read_end], [], [], min(left, _LOOK_S))
         if readable:
-            return os.read(read_end, 1) == _ENDED
+            return True if os.read(read_end, 1) == _ENDED else "closed"
         try:
             done, code = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:  # a SIGCHLD handler reaped it: it has exited
@@ -145,6 +169,23 @@ def _wait(pid: int, read_end: int, timeout_s: float, status: list[int]) -> bool 
             readable, _, _ = select.select([read_end], [], [], 0)
             return bool(readable) and os.read(read_end, 1) == _ENDED
     return None
+
+
+def _exit_within(pid: int, seconds: float) -> tuple[list[int], bool]:
+    """The child's exit status once it exits within ``seconds`` (after its byte it only
+    calls ``os._exit(0)``), or none when a ``SIGCHLD`` handler reaped it; and whether it
+    still ran at the end (it is killed)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            done, code = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return [], False
+        if done:
+            return [code], False
+        if time.monotonic() > deadline:
+            return [], True
+        time.sleep(0.005)
 
 
 def _kill_group(pid: int) -> None:
