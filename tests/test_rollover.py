@@ -203,11 +203,9 @@ def test_a_reload_with_invalid_settings_is_refused_and_the_board_says_why(
     assert "rollout" not in accepted and "errors" not in accepted
 
 
-def test_no_worker_is_forked_while_the_backoff_holds_after_deaths_while_loading(
-    tmp_path: Path, five: list[int]
-) -> None:
-    """Found by the attack: a version whose load aborts the process killed each new
-    worker, and the master forked the next at once (28 a second, without end)."""
+def _held(tmp_path: Path, five: list[int]) -> tuple[Any, Board, Any, list[float]]:
+    """Two old workers ready and the arbiter rolling over with a backoff on a clock:
+    (server, board, backoff, the clock's now)."""
     from serving.server.respawn import Backoff
 
     old_a, old_b, new_a, new_b, spare = five
@@ -218,6 +216,16 @@ def test_no_worker_is_forked_while_the_backoff_holds_after_deaths_while_loading(
         board.write(pid, "ready")
     server: Any = ReloadingArbiter([old_a, old_b], fresh=[new_a, new_b], spares=[spare])
     roll_over(server, board, on_booted=lambda: None, hold=backoff)
+    return server, board, backoff, now
+
+
+def test_no_worker_is_forked_while_the_backoff_holds_after_deaths_while_loading(
+    tmp_path: Path, five: list[int]
+) -> None:
+    """Found by the attack: a version whose load aborts the process killed each new
+    worker, and the master forked the next at once (28 a second, without end)."""
+    _, _, new_a, new_b, spare = five
+    server, board, backoff, now = _held(tmp_path, five)
     server.reload()
     for pid in (new_a, new_b):
         board.write(pid, "warming")
@@ -236,16 +244,8 @@ def test_no_worker_is_forked_while_the_backoff_holds_after_deaths_while_loading(
 def test_the_backoff_ends_once_the_newest_workers_serve(tmp_path: Path, five: list[int]) -> None:
     """Found by the second attack: after a crash loop, the newest workers served, then
     one was killed (no load involved) and was not replaced until the pause ran out."""
-    from serving.server.respawn import Backoff
-
-    old_a, old_b, new_a, new_b, spare = five
-    now = [0.0]
-    backoff = Backoff(clock=lambda: now[0])
-    board = Board(tmp_path)
-    for pid in (old_a, old_b):
-        board.write(pid, "ready")
-    server: Any = ReloadingArbiter([old_a, old_b], fresh=[new_a, new_b], spares=[spare])
-    roll_over(server, board, on_booted=lambda: None, hold=backoff)
+    _, _, new_a, new_b, spare = five
+    server, board, backoff, _ = _held(tmp_path, five)
     for _ in range(7):
         backoff.died_loading()  # a crash loop, 60 s pause
     server.reload()
