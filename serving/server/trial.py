@@ -77,7 +77,7 @@ def trial_load(models: Sequence[ModelSettings], timeout_s: float) -> str | None:
     hung = False  # the pipe closed, and the child ran on
     try:
         ended = _wait(pid, read_end, timeout_s, status)
-        if ended is not None and ended is not False and not status:
+        if ended in (True, "closed") and not status:
             # the byte, or a closed pipe: the child's own exit says the rest (a load that
             # wrote the byte itself and then aborted passed the trial: the second attack)
             found, hung = _exit_within(pid, _EXIT_S)
@@ -91,12 +91,10 @@ def trial_load(models: Sequence[ModelSettings], timeout_s: float) -> str | None:
             _running.discard(pid)
     if ended is None:
         return f"took longer than {timeout_s:g} s (SERVING_LOAD_TIMEOUT_S)"
+    if hung and ended is True:
+        return "did not exit once it loaded"
     if hung:
-        return (
-            "did not exit once it loaded"
-            if ended is True
-            else ("closed its pipe to the master while it loaded")
-        )
+        return "closed its pipe to the master while it loaded"
     return _why(ended is True, status)
 
 

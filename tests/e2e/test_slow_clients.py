@@ -620,6 +620,7 @@ def _read_until(client: socket.socket, marker: bytes) -> bytes:
     return data
 
 
+@pytest.mark.usefixtures("cpu_hog")
 def test_bodies_sent_after_100_continue_hold_no_thread_and_are_answered_once(
     gunicorn: Start, pickled: Pickled
 ) -> None:
