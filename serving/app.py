@@ -213,7 +213,11 @@ def _models_getter(
 ) -> Callable[[], ModelCache]:
     """How the data plane finds the models it serves: those given, else this process's."""
     if models is None:
-        return lambda: current_cache(lambda: ModelCache.of(settings.model_settings(), metrics))
+        return lambda: current_cache(
+            lambda: ModelCache.of(
+                settings.model_settings(), metrics, refused=settings.refused_models()
+            )
+        )
     if not isinstance(models, ModelCache):
         if not models:
             raise ValueError("models: give at least one ModelHandle, or a ModelCache")
@@ -221,7 +225,7 @@ def _models_getter(
         for handle in models:
             model = settings.model_defaults(
                 name=handle.name, version=handle.version, path=handle.source,
-                format=handle.format,
+                format=handle.format, labels=settings.version_labels(handle.name),
             )  # fmt: skip
             runtime = ModelRuntime(model, metrics)
             runtime.load(handle)
@@ -249,7 +253,7 @@ def _openapi(plane: DataPlane, operations: list[Operation], api_keys: bool) -> C
                     bodies |= protocol.examples(example) if protocol.examples else {}
                 handle = example.handle
                 parameters = {"model_name": handle.name, "model_version": handle.version}
-                labels = plane.settings.version_labels(handle.name)
+                labels = plane.models.version_labels(handle.name)
                 if labels:
                     parameters["label"] = next(iter(labels))
             documents[ready] = orjson.dumps(build_document(

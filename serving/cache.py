@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from serving.errors import ModelNotFound, VersionConflict
 from serving.model.handle import ModelHandle
@@ -23,7 +24,7 @@ from serving.model_settings import ModelSettings
 from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime, State
 
-__all__ = ["ModelCache", "current_cache", "installed_cache", "install_cache"]
+__all__ = ["ModelCache", "current_cache", "installed_cache", "install_cache", "load_runtime"]
 
 
 class ModelCache:
@@ -38,12 +39,16 @@ class ModelCache:
         runtime = cache.resolve("breast_cancer", "2")   # 404 / 409 when not served
     """
 
-    def __init__(self, runtimes: Sequence[ModelRuntime]) -> None:
-        """:param runtimes: built already, loaded or not (``of`` builds them from settings)."""
+    def __init__(self, runtimes: Sequence[ModelRuntime], refused: Sequence[Any] = ()) -> None:
+        """:param runtimes: built already, loaded or not (``of`` builds them from settings).
+        :param refused: the repository entries the settings that chose these models could
+            not serve (``Settings.refused_models()``), for the index and a 409's reason."""
         if not runtimes:
             raise ValueError("a ModelCache serves at least one model")
         self.runtimes = list(runtimes)
         self.default = self.runtimes[0]
+        self.refused = tuple(refused)
+        self._retired = threading.Event()
 
     @classmethod
     def of(
@@ -52,11 +57,13 @@ class ModelCache:
         metrics: ServingMetrics,
         worker_slot: int = 0,
         inherit: Callable[[ModelSettings], ModelHandle | None] = lambda model: None,
+        refused: Sequence[Any] = (),
     ) -> ModelCache:
         """A runtime per model, not loaded yet; ``worker_slot`` picks each one's GPU."""
-        return cls([
+        runtimes = [
             ModelRuntime(model, metrics, worker_slot, inherited=inherit(model)) for model in models
-        ])  # fmt: skip
+        ]
+        return cls(runtimes, refused)
 
     def report_stages(self, report: Callable[[str], None]) -> None:
         """Call ``report`` with each stage every model's load enters (``model 'churn':
@@ -100,6 +107,15 @@ class ModelCache:
     def versions(self, name: str) -> list[str]:
         return [r.model_version for r in self.runtimes if r.model_name == name]
 
+    def version_labels(self, name: str) -> dict[str, str]:
+        """Model ``name``'s TF Serving version labels (label -> version), from each of its
+        versions' settings."""
+        labels: dict[str, str] = {}
+        for runtime in self.runtimes:
+            if runtime.model_name == name:
+                labels.update(runtime.settings.labels)
+        return labels
+
     def resolve(self, name: str | None = None, version: str | None = None) -> ModelRuntime:
         """The runtime of model ``name`` (default: the first model) at ``version`` (default:
         the first version listed for that name).
@@ -130,7 +146,7 @@ class ModelCache:
 
         def target() -> None:
             for runtime in self.runtimes:
-                error = _load(runtime)
+                error = load_runtime(runtime)
                 if error is not None:
                     if on_failure is not None:
                         on_failure(error)
@@ -143,17 +159,22 @@ class ModelCache:
         return thread
 
     def start_watchdog(self, on_problem: Callable[[str], None], interval_s: float = 0.5) -> None:
-        """Check ``problem()`` every ``interval_s`` seconds; ``on_problem(reason)`` once."""
+        """Check ``problem()`` every ``interval_s`` seconds; ``on_problem(reason)`` once,
+        unless ``retire()`` came first."""
 
         def watch() -> None:
-            while True:
-                time.sleep(interval_s)
+            while not self._retired.wait(interval_s):
                 reason = self.problem()
                 if reason is not None:
                     on_problem(reason)
                     return
 
         threading.Thread(target=watch, name="serving-watchdog", daemon=True).start()
+
+    def retire(self) -> None:
+        """No longer this process's models (a change in place installed others): the
+        watchdog stops looking (a version it drops stops, and is no problem)."""
+        self._retired.set()
 
     def stop(self, timeout_s: float | None = None) -> None:
         """Stop every batcher, answering what is queued (``timeout_s`` for all together)."""
@@ -163,7 +184,7 @@ class ModelCache:
             runtime.stop(left)
 
 
-def _load(runtime: ModelRuntime) -> BaseException | None:
+def load_runtime(runtime: ModelRuntime) -> BaseException | None:
     """Load one runtime (under its own load timeout); its error, or None once ready."""
     done = threading.Event()
     failures: list[BaseException] = []

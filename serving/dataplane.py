@@ -156,7 +156,7 @@ class DataPlane:
             return models.resolve(name, version)
         except VersionConflict as exc:
             model = models.model_name if name is None else name
-            why = {(r.model, r.version): r.reason for r in self.settings.refused_models()}
+            why = {(r.model, r.version): r.reason for r in models.refused}
             if (model, exc.requested) not in why:
                 raise
             reason = why[model, exc.requested]

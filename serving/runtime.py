@@ -36,6 +36,7 @@ from serving.loading import (
     may_compile,
     model_loaders,
 )
+from serving.model.artifacts import file_identity
 from serving.model.handle import ModelHandle, ModelLoader, TensorSpec
 from serving.model_settings import ModelSettings
 from serving.observe.memory import Look
@@ -68,6 +69,9 @@ class ModelRuntime:
         inherited: ModelHandle | None = None,
     ) -> None:
         self.settings = settings
+        #: The model file as it was before this runtime read it (``file_identity``): a
+        #: change in place reloads it when it differs now.
+        self.file_identity = file_identity(settings.path)
         self.metrics = metrics
         #: This worker's index among the live workers (0, 1, ...): picks its CUDA device.
         self.worker_slot = worker_slot

@@ -497,20 +497,21 @@ def test_board_says_the_stage_each_loading_worker_is_at(
     loading, warming, ready, failed = live_pids
     board.write(loading, "starting", stage="model 'churn': loading")
     board.write(warming, "warming", stage="model 'churn': warming up")
-    board.write(ready, "ready", stage="model 'churn': warming up")  # a stale stage: not shown
-    board.write(failed, "failed", "cannot load model /m.pkl: gone")
+    board.write(ready, "ready", stage="model 'cancer': warming up")  # a change in place
+    board.write(failed, "failed", "cannot load model /m.pkl: gone", stage="model 'x': loading")
 
     summary = board.read().summary()
 
     assert summary["loading"] == 2
     assert summary["stages"] == [
         {"pid": pid, "stage": stage}
-        for pid, stage in sorted(
-            [(loading, "model 'churn': loading"), (warming, "model 'churn': warming up")]
-        )
-    ]
-    board.write(loading, "ready")
-    board.write(warming, "ready")
+        for pid, stage in sorted([
+            (loading, "model 'churn': loading"), (warming, "model 'churn': warming up"),
+            (ready, "model 'cancer': warming up"),
+        ])
+    ]  # fmt: skip
+    for pid in (loading, warming, ready):
+        board.write(pid, "ready")
     assert "stages" not in board.read().summary()
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "check_artifact",
     "check_format",
     "check_model_path",
+    "file_identity",
     "find_artifact",
     "format_from_path",
     "model_name",
@@ -207,6 +208,19 @@ EXTENSIONS = {
     ".skops": "skops",
     ".onnx": "onnx",
 }
+
+
+def file_identity(path: Path | None) -> tuple[int, ...] | None:
+    """A model file's device, inode, size, mtime and ctime (a file renamed over it, or
+    written in place, is another), or None when it has no path or cannot be looked at
+    (then it is read again)."""
+    if path is None:
+        return None
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def tree_sha256(path: Path) -> str:

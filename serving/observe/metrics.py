@@ -416,6 +416,19 @@ class ServingMetrics:
         if shared_memory_bytes is not None:
             self.shared_memory.labels(handle.name, handle.version).set(shared_memory_bytes)
 
+    def model_unloaded(self, handle: ModelHandle) -> None:
+        """This worker no longer serves ``handle`` (a change in place dropped it): its
+        ``serving_model_info`` and memory gauges go to 0 (a live worker's series stays in
+        the multiprocess files; 0 adds nothing to a sum, nor to a maximum)."""
+        device = f"cuda:{handle.device_id}" if handle.device_id is not None else "cpu"
+        labels = (
+            handle.name, handle.version, handle.format, handle.execution_provider, device,
+            handle.engine,
+        )  # fmt: skip
+        self.model_info.labels(*labels).set(0)
+        self.memory.labels(handle.name, handle.version).set(0)
+        self.shared_memory.labels(handle.name, handle.version).set(0)
+
     def render(self) -> bytes:
         """The text exposition of all workers (multiprocess mode) or of ``registry``."""
         if "PROMETHEUS_MULTIPROC_DIR" in os.environ:

@@ -103,7 +103,7 @@ def _look(
     staying = [pid for pid, state in fleet.states.items() if state not in GOING]
     newer = [p for p in staying if fleet.generations.get(p, -1) >= generation]
     for pid in newer:
-        if fleet.states[pid] == "failed" and pid in fleet.errors:
+        if fleet.failed(pid) and pid in fleet.errors:
             failed = fleet.failed_models.get(pid)
             why = f"worker {pid}: {fleet.errors[pid]}"
             return ("other" if name and failed is not None and failed[0] != name else "failed"), why
@@ -114,7 +114,14 @@ def _look(
                 "process ended: a crash in native code, or an exit, while the file loaded)"
             )
             return ("other" if name and death.name != name else "failed"), why
-    if not newer or len(newer) < len(staying) or any(fleet.states[p] != "ready" for p in newer):
+    if (
+        not newer
+        or len(newer) < len(staying)
+        or any(
+            fleet.states[p] != "ready" or p in fleet.stages
+            for p in newer  # stage: in place
+        )
+    ):
         return "loading", ""
     me = os.getpid()
     older = [

@@ -113,6 +113,23 @@ class Fleet:
     def count(self, state: WorkerState) -> int:
         return sum(s == state for s in self.states.values())
 
+    def failed(self, pid: int) -> bool:
+        """Whether worker ``pid`` could not load what its generation serves: ``failed``,
+        or ``ready`` with an error (a change in place that failed: it serves on what it
+        served before, ``serving.server.worker_change``)."""
+        state = self.states.get(pid)
+        return state == "failed" or (state == "ready" and pid in self.errors)
+
+    def alone(self, generation: int) -> bool:
+        """Whether every worker taking requests (not ``leaving`` or ``stopping``) is of
+        ``generation``, ready, and loaded all it serves."""
+        staying = [pid for pid, state in self.states.items() if state not in GOING]
+        return bool(staying) and all(
+            self.states[p] == "ready" and p not in self.errors and p not in self.stages
+            and self.generations.get(p) == generation
+            for p in staying
+        )  # fmt: skip
+
     def summary(self) -> dict[str, Any]:
         """``{"ready": N, "total": M}``, plus ``loading``/``failed`` counts, the stage each
         loading worker is at and the last load error of each failed worker when there are
@@ -127,15 +144,16 @@ class Fleet:
         loading = self.count("warming") + self.count("starting")
         if loading:
             body["loading"] = loading
-            stages = [
-                {"pid": pid, "stage": stage}
-                for pid, stage in sorted(self.stages.items())
-                if self.states.get(pid) in ("warming", "starting")
-            ]
-            if stages:
-                body["stages"] = stages
+        stages = [
+            {"pid": pid, "stage": stage}
+            for pid, stage in sorted(self.stages.items())
+            if self.states.get(pid) in ("warming", "starting", "ready")  # ready: in place
+        ]
+        if stages:
+            body["stages"] = stages
         retrying = [
             p for p in self.errors if self.states.get(p) in ("failed", "warming", "starting")
+            or self.failed(p)
         ]  # fmt: skip
         if self.count("failed"):
             body["failed"] = self.count("failed")
@@ -223,7 +241,9 @@ class Board:
         except (OSError, ValueError):
             return None
         model = data.get("model") if isinstance(data, dict) else None
-        if data.get("state") not in ("starting", "warming") or not isinstance(model, list):
+        changing = data.get("state") == "ready" and data.get("stage") and not data.get("error")
+        loading = data.get("state") in ("starting", "warming") or changing  # boot, in place
+        if not loading or not isinstance(model, list):
             return None
         return (str(model[0]), str(model[1])) if len(model) == 2 else None
 

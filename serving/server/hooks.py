@@ -40,7 +40,7 @@ from serving.batching.arrivals import process_arrivals
 from serving.errors import SettingsError
 from serving.observe import access_log, tracing, tracing_guards
 from serving.observe.payload_sinks import check_sink
-from serving.server import applied, control, repository, sharing
+from serving.server import applied, control, in_place, repository, sharing, worker_change
 from serving.server.children import forget_server_in_children, stop_children
 from serving.server.metrics_dir import prepare_metrics_dir, run_at_exit, set_master
 from serving.server.pinning import Always, pin_while_quiet
@@ -90,6 +90,12 @@ _unloads: Unloads | None = None
 # Reloads (SIGHUP) the master has done; a worker's copy, taken at its fork, is its
 # generation (on the board: /healthz shows a fleet serving two at once).
 _generation = 0
+# What the master read of each model version its workers serve (serving.server.in_place).
+_identities: dict[str, tuple[int, ...] | None] = {}
+# Load and unload calls made (explicit control) as of the last reload, and whether one
+# came since the reload before it (a reload a call asked for may be taken in place).
+_calls = 0
+_call_came = False
 
 
 #: Variables Kubernetes injects for a Service named "serving" (SERVING_SERVICE_HOST, SERVING_PORT,
@@ -177,7 +183,9 @@ def reload_problem() -> str | None:
     would stop on (``"SERVING_MODEL_PATH: ..."``: a model file removed before its copy, a
     half-written ``SERVING_MODELS`` file), or None. The rollover then refuses the reload
     and the running workers serve on (``serving.server.rollover``)."""
+    global _calls, _call_came
     changes = control.changes(_boot.board) if _boot is not None else 0  # read before
+    _call_came, _calls = changes > _calls, max(changes, _calls)
     try:
         checked_settings()
     except SettingsError as exc:
@@ -243,7 +251,7 @@ def on_starting(server: Any) -> None:
 
     roll_over(
         server, boot.board, booted, gate=boot.gate, on_stop=stopping, check=reload_problem,
-        hold=_respawn,
+        hold=_respawn, in_place=lambda: change_in_place(server),
     )  # fmt: skip
 
 
@@ -305,6 +313,7 @@ def when_ready(server: Any, settings: Settings) -> None:
             "model repository: %s under explicit control: only load and unload calls "
             "change what is served", settings.model_repository,
         )  # fmt: skip
+    _identities.update(in_place.identities(sharing.models_of(settings)))
     if sharing.load_in_master(settings, server.log.info, server.log.error) == "timed_out":
         print(
             f"serving: the master's load of model {settings.model_settings()[0].name!r} took "
@@ -341,17 +350,56 @@ def on_reload(server: Any, settings: Settings) -> None:
     workers load for themselves, fail and retry, the old ones serve on) and note what it
     serves (``serving.server.unloads``). The workers forked from now on are the next
     generation."""
-    global _generation
+    global _generation, _identities
     _generation += 1
-    repository.say_refused(server.log.warning, settings)
-    if _unloads is not None:
-        _unloads.note(_generation, versions(settings))  # serving_model_unloads_total
-    if _quarantine is not None:
-        _quarantine.loading(repository.served_keys(settings))  # its files as read now
+    _note_change(server, settings)
+    _identities = in_place.identities(sharing.models_of(settings))
     sharing.load_in_master(
         settings, server.log.info, server.log.error, trial=True,
         meanwhile=server.reap_workers,  # a worker dying meanwhile is reaped (Gunicorn 27)
     )  # fmt: skip
+
+
+def _note_change(server: Any, settings: Settings) -> None:
+    """Master, at each reload (rolled or in place): say what the repository refuses, and
+    note what the new generation serves (``serving_model_unloads_total``) and the files
+    of the versions it loads (the quarantine)."""
+    repository.say_refused(server.log.warning, settings)
+    if _unloads is not None:
+        _unloads.note(_generation, versions(settings))
+    if _quarantine is not None:
+        _quarantine.loading(repository.served_keys(settings))  # its files as read now
+
+
+def change_in_place(server: Any) -> bool:
+    """Master, at a reload the checks passed (``serving.server.rollover``): when the
+    master or a load or unload call asked for it and the running workers can take it in
+    place (``serving.server.in_place``), publish the plan they follow and return True:
+    no worker is forked. Else False: the workers roll over."""
+    global _generation, _settings, _identities
+    asked, settings = in_place.take_asked() or _call_came, _settings
+    if not asked or settings is None or _boot is None:
+        return False
+    try:
+        new = checked_settings()
+        why = in_place.why_unsettled(_boot.board.read(), server.WORKERS, _generation)
+        why = why or in_place.why_rolled(
+            settings, new, sharing.models_of(settings), sharing.models_of(new), _identities
+        )  # fmt: skip
+    except (SettingsError, ValueError) as exc:  # a file gone since the check: rolled
+        why = str(exc)
+    if why is not None:
+        server.log.info("model repository: the change rolls the workers over (%s)", why)
+        return False
+    _settings, _generation = new, _generation + 1
+    _note_change(server, new)
+    _identities = in_place.identities(sharing.models_of(new))
+    in_place.publish(_boot.board, in_place.Plan(_generation, new, sharing.models_of(new)))
+    server.log.info(
+        "model repository: generation %s taken in place by the running workers (only "
+        "models loaded in each worker changed)", _generation,
+    )  # fmt: skip
+    return True
 
 
 def pre_fork(server: Any, worker: Any) -> None:
@@ -374,6 +422,12 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     cache = _get_model(server, worker, settings, service_log)
     recycle_one_at_a_time(server, worker, _boot.gate if _boot is not None else None)
     cache.start_watchdog(_recycle_on_problem(server, worker))
+    if _boot is not None and settings.model_repository is not None:
+        board, slot = _boot.board, getattr(worker, "serving_slot", 0)
+        worker_change.follow(board, lambda plan: worker_change.apply(
+            plan, board, slot=slot, on_problem=_recycle_on_problem(server, worker),
+            log=server.log,
+        ))  # fmt: skip
     _guard_connections(worker, settings)
 
 
@@ -420,7 +474,9 @@ def _get_model(server: Any, worker: Any, settings: Settings, service_log: Any) -
             board.write(pid, "ready")
         return cache
     models = sharing.models_of(settings)
-    cache = ModelCache.of(models, default_metrics(), slot, sharing.inherited)
+    cache = ModelCache.of(
+        models, default_metrics(), slot, sharing.inherited, settings.refused_models()
+    )
     install_cache(cache)
     load_while_accepting(cache, board, halt_on_failure(server, worker, _boot, service_log))
     return cache

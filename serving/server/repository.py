@@ -5,8 +5,6 @@ that a reload brought and its workers could not load (``Quarantine``, under ``po
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +13,8 @@ from typing import Any
 
 from serving.repository import PASSED_OVER
 from serving.repository.poll import Poller, folder_state
-from serving.server.board import GOING, Board
+from serving.server.board import Board
+from serving.server.in_place import ask_reload
 from serving.settings import Settings
 
 __all__ = ["LOOK_S", "Quarantine", "follow", "say_refused", "served_keys"]
@@ -94,17 +93,14 @@ class Quarantine:
     def look(self, generation: int, served: set[Key]) -> bool:
         """One look at the board; True when it found a version to leave out."""
         fleet = self.board.read()
-        staying = [pid for pid, state in fleet.states.items() if state not in GOING]
-        if staying and all(
-            fleet.states[p] == "ready" and fleet.generations.get(p) == generation for p in staying
-        ):
+        if fleet.alone(generation):
             self._proven |= served
         with self._lock:
             deaths, self._deaths = self._deaths, {}
         failures = [
             (key, f"a worker could not load it: {fleet.errors.get(pid, '')}")
             for pid, key in fleet.failed_models.items()
-            if fleet.states.get(pid) == "failed" and fleet.generations.get(pid) == generation
+            if fleet.failed(pid) and fleet.generations.get(pid) == generation
         ] + [(key, why) for key, (born, why) in deaths.items() if born == generation]
         found = []
         for key, why in failures:
@@ -189,11 +185,7 @@ def follow(
     and stat files, and log)."""
     if settings.model_repository is None or settings.controls_explicitly():
         return None
-    master = os.getpid()
-
-    def reload() -> None:
-        os.kill(master, signal.SIGHUP)
-
+    reload = ask_reload  # SIGHUP, marked as the master's own: it may be taken in place
     quarantine = None
     if board is not None:
 

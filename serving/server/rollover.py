@@ -1,6 +1,8 @@
 """How the master (a Gunicorn ``Arbiter``) rolls workers over: ``roll_over(server, board)``
 changes it so that
 
+* a change of the model repository that only models loaded in each worker take is no
+  rollover: the running workers take it in place (``in_place``);
 * a reload (``SIGHUP``) stops an old worker only once a new one is ready: capacity never
   drops (Gunicorn itself stops all old workers at once, and new ones load for seconds);
   old workers that serve nothing (failed to load) are stopped at once, and the master
@@ -54,6 +56,7 @@ def roll_over(
     on_stop: Callable[[], None] = lambda: None,
     check: Callable[[], str | None] = lambda: None,
     hold: Backoff | None = None,
+    in_place: Callable[[], bool] = lambda: False,
 ) -> None:
     """Make the Gunicorn arbiter ``server`` roll workers over one by one and stop halting
     once the first boot is over (see the module docstring and ``_RollOver``);
@@ -62,10 +65,12 @@ def roll_over(
     ``on_stop()`` is called as the master stops the whole server, before its workers;
     ``check()``, at each reload before anything is re-read, says why the reload would
     fail (an invalid setting), or None; ``hold``, after workers died loading, when to
-    fork none."""
+    fork none; ``in_place()``, at a reload the check passed, whether the running workers
+    took it in place (``serving.server.in_place``: then nothing is forked)."""
     _RollOver(
-        server, board, on_booted, gate=gate, on_stop=on_stop, check=check, hold=hold
-    ).install()
+        server, board, on_booted, gate=gate, on_stop=on_stop, check=check, hold=hold,
+        in_place=in_place,
+    ).install()  # fmt: skip
 
 
 class _RollOver:
@@ -97,9 +102,10 @@ class _RollOver:
         on_stop: Callable[[], None] = lambda: None,
         check: Callable[[], str | None] = lambda: None,
         hold: Backoff | None = None,
+        in_place: Callable[[], bool] = lambda: False,
     ) -> None:
         self.server, self.board, self.on_booted, self.gate = server, board, on_booted, gate
-        self.on_stop, self.check, self.hold = on_stop, check, hold
+        self.on_stop, self.check, self.hold, self.in_place = on_stop, check, hold, in_place
         self._said_held = False
         self.retiring: set[int] = set()
         #: Workers forked before the last reload: none counts towards the new generation.
@@ -160,6 +166,8 @@ class _RollOver:
         self.board.note_reload(problem)
         if problem is not None:
             self.server.log.error("reload refused: %s; the running workers serve on", problem)
+            return
+        if self.booted and self.in_place():
             return
         self.older |= set(self.server.WORKERS)
         self.reloading, self.spawned = True, False

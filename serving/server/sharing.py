@@ -52,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
+from serving.model.artifacts import file_identity
 from serving.model.handle import ModelHandle
 from serving.model_settings import ModelSettings
 from serving.server.trial import stop_trials, trial_load
@@ -64,6 +65,7 @@ __all__ = [
     "choose",
     "describe",
     "inherited",
+    "is_shared",
     "load_in_master",
     "models_of",
 ]
@@ -125,6 +127,11 @@ def models_of(settings: Settings) -> tuple[ModelSettings, ...]:
     return _built[1]
 
 
+def is_shared(model: ModelSettings) -> bool:
+    """Whether the master loads ``model`` for every worker (``choose``)."""
+    return model.share != "off" and model.format in SHARED_FORMATS
+
+
 def choose(settings: Settings) -> list[Choice]:
     """Per model of ``settings``, whether the master
     loads it for every worker: formats in ``SHARED_FORMATS`` under ``share_model=auto``."""
@@ -149,20 +156,8 @@ def describe(choices: list[Choice]) -> str:
 
 
 _handles: dict[Key, ModelHandle] = {}
-#: The file each of ``_handles`` was loaded from, as ``_identity`` saw it before reading.
+#: The file each of ``_handles`` was loaded from, as ``file_identity`` saw it before reading.
 _files: dict[Key, tuple[int, ...] | None] = {}
-
-
-def _identity(model: ModelSettings) -> tuple[int, ...] | None:
-    """The model file's device, inode, size, mtime and ctime, or None when it has none or
-    cannot be looked at (then it is loaded again)."""
-    if model.path is None:
-        return None
-    try:
-        info = model.path.stat()
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def inherited(model: ModelSettings) -> ModelHandle | None:
@@ -200,7 +195,7 @@ def load_in_master(
     kept: dict[Key, ModelHandle] = {}
     identities: dict[Key, tuple[int, ...] | None] = {}
     for choice in choices:
-        key, identity = _key(choice.model), _identity(choice.model)
+        key, identity = _key(choice.model), file_identity(choice.model.path)
         identities[key] = identity
         if choice.shared and key in before and identity is not None and files[key] == identity:
             kept[key] = before[key]

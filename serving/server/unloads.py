@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from serving.server.board import GOING, Board
+from serving.server.board import Board
 from serving.settings import Settings
 
 __all__ = ["LOOK_S", "Unloads", "versions"]
@@ -81,12 +81,7 @@ class Unloads:
         """One look at the board: when every worker on it that takes requests (not one
         stopping or leaving: it only finishes what it holds) is of ``generation`` and
         ready, count (and return) the versions served before that it does not serve."""
-        fleet = self.board.read()
-        staying = {pid: state for pid, state in fleet.states.items() if state not in GOING}
-        alone = bool(staying) and all(
-            state == "ready" and fleet.generations.get(pid) == generation
-            for pid, state in staying.items()
-        )
+        alone = self.board.read().alone(generation)
         with self._lock:
             served = self._served_by.get(generation)
             if not alone or served is None:

@@ -239,7 +239,10 @@ def _unloaded(settings: Settings, slot: int) -> Any:
     from serving.cache import ModelCache
     from serving.observe.metrics import default_metrics
 
-    return ModelCache.of(sharing.models_of(settings), default_metrics(), slot, sharing.inherited)
+    return ModelCache.of(
+        sharing.models_of(settings), default_metrics(), slot, sharing.inherited,
+        settings.refused_models(),
+    )  # fmt: skip
 
 
 def _retry_while_accepting(
@@ -304,7 +307,10 @@ def _load_once(
 
     metrics = default_metrics()
     try:
-        cache = ModelCache.of(sharing.models_of(settings), metrics, slot, sharing.inherited)
+        cache = ModelCache.of(
+            sharing.models_of(settings), metrics, slot, sharing.inherited,
+            settings.refused_models(),
+        )  # fmt: skip
     except ValueError as exc:  # the paths were checked when the settings were read: vanished
         reason = "; ".join(e["msg"] for e in getattr(exc, "errors", lambda: [])())
         name, version, path = _first_model(settings)

@@ -92,7 +92,7 @@ def _version(
     """
     if label is None:
         return model_version
-    labels = plane.settings.version_labels(model_name)
+    labels = plane.models.version_labels(model_name)
     if label not in labels:
         plane.models.resolve(model_name)  # an unknown model is a model_not_found
         raise LabelNotFound(model_name, label, sorted(labels))

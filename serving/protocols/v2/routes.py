@@ -322,7 +322,7 @@ def repository() -> Response:
     plane = dataplane()
     body = read_body(request.environ, plane.settings)
     wanted = parse_body(V2RepositoryIndexRequest, body) if body else None
-    refused = control.explain(installed_board(), plane.settings.refused_models())
+    refused = control.explain(installed_board(), plane.models.refused)
     index = repository_index(plane.models, bool(wanted and wanted.ready), refused)
     data = orjson.dumps(index)
     return Response(data, mimetype="application/json")

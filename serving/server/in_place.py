@@ -1,0 +1,162 @@
+"""A change of the model repository that the running workers take in place.
+
+A reload rolls every worker over: new workers are forked, load every model and replace
+the old ones (``serving.server.rollover``). The pickle, joblib and skops models they
+inherit from the master cost them nothing, but each of them loaded an ONNX model, your
+own class's model or a compiled tree model again at every change of any other model.
+So a change the poller, the quarantine or a load or unload call asked for, that leaves
+every server setting as it was and that adds, replaces or drops only models loaded in
+each worker, is not a rollover:
+
+- the master writes a ``Plan`` on the board (``publish``): its next generation, its
+  settings and the model versions they serve;
+- each worker (``serving.server.worker_change``) loads the versions it does not hold
+  beside those it serves, warms them up, then serves the new set, keeps serving every
+  other version as it was (not read again), and stops the versions the plan drops once
+  the requests they hold are answered.
+
+A change that adds, replaces or drops a model the master shares still rolls the
+workers over: a worker forked before the master loaded a new version cannot get that
+copy, and a worker dropping its inherited copy would write to every page of it. So does
+a ``SIGHUP`` someone sends (it may be for ``gunicorn.conf.py``) and any change of a
+server setting (``why_rolled``), and any change while a rollover is not over
+(``why_unsettled``).
+
+Imports the standard library and ``serving`` settings only; the plan travels as a
+pickle in the board's own directory (its mode 0700: only this server's user reads it).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from serving.model.artifacts import file_identity
+from serving.model_settings import ModelSettings
+from serving.server.board import GOING, Board, Fleet
+from serving.server.sharing import is_shared
+from serving.settings import Settings
+
+__all__ = [
+    "Plan",
+    "ask_reload",
+    "identities",
+    "plan_path",
+    "publish",
+    "read_plan",
+    "take_asked",
+    "why_rolled",
+    "why_unsettled",
+]
+
+_PLAN = "plan.pickle"
+_asked = threading.Event()
+
+#: What the master read of each model version it serves: its settings (as JSON) -> the
+#: file's identity then.
+Identities = Mapping[str, tuple[int, ...] | None]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the workers serve from ``generation`` on: ``models`` (``models_of(settings)``),
+    in order, and ``settings`` (the repository's refusals and labels with them)."""
+
+    generation: int
+    settings: Settings
+    models: tuple[ModelSettings, ...]
+
+
+def ask_reload() -> None:
+    """Master, from a thread of its own (the repository's poller, the quarantine): ask
+    for a reload, which may be taken in place (``take_asked``)."""
+    _asked.set()
+    os.kill(os.getpid(), signal.SIGHUP)
+
+
+def take_asked() -> bool:
+    """Master, at a reload: whether the master itself asked for one since the last
+    (``ask_reload``); the mark is cleared."""
+    asked = _asked.is_set()
+    _asked.clear()
+    return asked
+
+
+def identities(models: Sequence[ModelSettings]) -> dict[str, tuple[int, ...] | None]:
+    """Each model's settings (as JSON) and its file's identity now (``file_identity``)."""
+    return {model.model_dump_json(): file_identity(model.path) for model in models}
+
+
+def why_rolled(
+    old: Settings,
+    new: Settings,
+    old_models: Sequence[ModelSettings],
+    new_models: Sequence[ModelSettings],
+    read: Identities,
+) -> str | None:
+    """Why the change from ``old`` to ``new`` settings cannot be taken in place, or None
+    when it can. ``read``: the identities of ``old_models``' files when they were
+    loaded (``identities``), so a file replaced under the same settings counts as a
+    change."""
+    if old.model_repository is None:
+        return "no model repository"
+    if old.model_dump() != new.model_dump():
+        return "a server setting changed"
+    now = identities(new_models)
+    served = {model.model_dump_json() for model in old_models}
+    changed = [
+        model for model, key in zip(new_models, now, strict=True)
+        if key not in served or read.get(key) != now[key]
+    ]  # fmt: skip
+    dropped = [model for model in old_models if model.model_dump_json() not in now]
+    shared = [m for m in (*changed, *dropped) if is_shared(m)]
+    if shared:
+        names = ", ".join(f"{m.name}/{m.version}" for m in shared)
+        return f"{names}: loaded once in the master and shared"
+    return None
+
+
+def why_unsettled(fleet: Fleet, workers: Iterable[int], generation: int) -> str | None:
+    """Why the master's ``workers`` cannot take a change in place now, or None: each one
+    not on its way out must serve ``generation`` (the master's last), ``ready``. A
+    rollover still going on (its new workers loading, or failing) is left to the
+    rollover: its old workers serve what an older generation chose."""
+    for pid in workers:
+        state = fleet.states.get(pid)
+        if state in GOING:
+            continue
+        born = fleet.generations.get(pid)
+        if state != "ready" or born != generation:
+            return f"worker {pid} is {state or 'starting'}, of generation {born}"
+    return None
+
+
+def publish(board: Board, plan: Plan) -> None:
+    """Master: make ``plan`` the one the workers follow (written whole, then renamed)."""
+    path = plan_path(board)
+    temporary = path.with_name(f".{_PLAN}.tmp")
+    with temporary.open("wb") as out:
+        pickle.dump(plan, out, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(temporary, path)
+
+
+def plan_path(board: Board) -> Path:
+    """Where ``publish`` writes the plan (a worker looks at its mtime)."""
+    return board.path / _PLAN
+
+
+def read_plan(board: Board, newer_than: int) -> Plan | None:
+    """Worker: the plan on the board when it is of a generation after ``newer_than``,
+    else None (none yet, or one this worker follows already)."""
+    path = plan_path(board)
+    try:
+        with path.open("rb") as source:
+            plan = pickle.load(source)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
+    return plan if isinstance(plan, Plan) and plan.generation > newer_than else None

@@ -1,0 +1,166 @@
+"""Worker: take a change of the model repository in place (``serving.server.in_place``).
+
+``follow`` starts a thread that looks at the board's plan every ``LOOK_S`` seconds. When
+the master publishes a newer generation, the worker, once it serves, applies it
+(``apply``):
+
+1. every version of the plan this worker serves already, from the same settings and the
+   same file (``ModelRuntime.file_identity``), is kept as it is: not read again, its
+   batcher and its queue untouched;
+2. the others are loaded and warmed up one after another, beside the versions served,
+   while the worker is ``ready`` on the board with the stage it is at and the version it
+   loads (a crash names it, as in a worker's boot);
+3. once all have loaded, the new set serves (``install_cache``) and the worker says the
+   new generation; the versions the plan drops stop ``DROP_AFTER_S`` later (a request
+   that found one just before answers), answering what they hold;
+4. when one fails, the new ones are stopped and the worker serves on what it served,
+   ``ready`` of the new generation with the error and the version it failed on: the
+   quarantine leaves the version out, a load call answers 400 and undoes it.
+
+Imports the standard library at module level; ``serving.cache`` (and with it
+prometheus-client) only in the worker, when a plan comes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from serving.server import sharing
+from serving.server.board import Board
+from serving.server.in_place import Plan, plan_path, read_plan
+from serving.server.worker_boot import load_error_line
+
+__all__ = ["DROP_AFTER_S", "LOOK_S", "apply", "follow"]
+
+#: Seconds between two looks at the plan's file (a ``stat``).
+LOOK_S = 0.25
+#: Seconds a dropped version keeps its batcher after the new set serves: a request that
+#: resolved it just before the swap still gets its answer.
+DROP_AFTER_S = 2.0
+
+
+def follow(board: Board, change: Callable[[Plan], object]) -> threading.Thread:
+    """Worker: a daemon thread calling ``change(plan)`` for each plan newer than the
+    worker's generation, once its models serve (returned, started)."""
+
+    def run() -> None:
+        from serving.cache import installed_cache
+
+        seen: int | None = None
+        while True:
+            time.sleep(LOOK_S)
+            try:
+                mtime = plan_path(board).stat().st_mtime_ns
+            except OSError:
+                continue
+            cache = installed_cache()
+            if mtime == seen or cache is None or cache.state != "ready":
+                continue  # a worker still loading applies it once it serves
+            plan = read_plan(board, board.generation if board.generation is not None else -1)
+            seen = mtime
+            if plan is not None:
+                change(plan)
+
+    thread = threading.Thread(target=run, name="serving-worker-change", daemon=True)
+    thread.start()
+    return thread
+
+
+def apply(
+    plan: Plan,
+    board: Board,
+    *,
+    slot: int,
+    on_problem: Callable[[str], None],
+    log: Any,
+) -> bool:
+    """Serve ``plan`` in place of the installed models (see the module docstring); True
+    when it serves, False when a version failed (logged, and said on the board)."""
+    from serving.cache import ModelCache, install_cache, installed_cache, load_runtime
+    from serving.observe.metrics import default_metrics
+    from serving.runtime import ModelRuntime
+
+    pid, metrics = os.getpid(), default_metrics()
+    cache = installed_cache()
+    assert cache is not None
+    runtimes, fresh = [], []
+    for model in plan.models:
+        runtime = _served(cache.runtimes, model)
+        if runtime is None:
+            runtime = ModelRuntime(model, metrics, slot, inherited=sharing.inherited(model))
+            fresh.append(runtime)
+        runtimes.append(runtime)
+    dropped = [runtime for runtime in cache.runtimes if runtime not in runtimes]
+    board.generation = plan.generation
+    if fresh or dropped:
+        log.info(
+            "worker %s: changing in place (generation %s): loading %s, dropping %s; %d "
+            "other version(s) serve on", pid, plan.generation, _labels(fresh) or "nothing",
+            _labels(dropped) or "nothing", len(runtimes) - len(fresh),
+        )  # fmt: skip
+    for runtime in fresh:
+        loading = (runtime.model_name, runtime.model_version)
+
+        def report(stage: str, loading: tuple[str, str] = loading) -> None:
+            board.write(pid, "ready", None, stage, model=loading)
+
+        runtime.on_stage = report
+        error = load_runtime(runtime)
+        if error is not None:
+            why = load_error_line(error)
+            metrics.model_load_failed(*loading)
+            log.error(
+                "worker %s: %s/%s could not be loaded (%s); serving on what it served",
+                pid, *loading, why,
+            )  # fmt: skip
+            board.write(pid, "ready", why, model=loading)
+            _stop_later([r for r in fresh if r.state != "loading"], 0.0, metrics)
+            return False
+    replacement = ModelCache(runtimes, plan.settings.refused_models())
+    install_cache(replacement)
+    cache.retire()
+    replacement.start_watchdog(on_problem)
+    board.write(pid, "ready")
+    _stop_later(dropped, DROP_AFTER_S, metrics, plan.settings.drain_timeout_s)
+    return True
+
+
+def _served(runtimes: list[Any], model: Any) -> Any:
+    """The runtime of ``runtimes`` serving ``model`` from the same settings and the same
+    file as now, or None."""
+    from serving.model.artifacts import file_identity
+
+    for runtime in runtimes:
+        if (
+            runtime.settings == model
+            and runtime.state == "ready"
+            and runtime.file_identity == file_identity(model.path)
+        ):
+            return runtime
+    return None
+
+
+def _labels(runtimes: list[Any]) -> str:
+    return ", ".join(f"{r.model_name}/{r.model_version}" for r in runtimes)
+
+
+def _stop_later(runtimes: list[Any], after_s: float, metrics: Any, drain_s: float = 0) -> None:
+    """Stop ``runtimes`` in a daemon thread ``after_s`` seconds from now, each answering
+    what it holds (``drain_s`` seconds for all), and zero the gauges of those that served
+    (``ServingMetrics.model_unloaded``)."""
+    if not runtimes:
+        return
+
+    def run() -> None:
+        time.sleep(after_s)
+        deadline = time.monotonic() + drain_s
+        for runtime in runtimes:
+            runtime.stop(max(0.0, deadline - time.monotonic()))
+            if runtime.handle is not None:
+                metrics.model_unloaded(runtime.handle)
+
+    threading.Thread(target=run, name="serving-drop-versions", daemon=True).start()

@@ -1,0 +1,190 @@
+"""A repository change that only models loaded in each worker take (ONNX here) is taken
+in place by the running workers under the real Gunicorn: no worker is forked, the
+models that did not change are not loaded again (their loads counted in
+``serving_model_load_seconds_count``), the new version answers as onnxruntime does on
+the same rows in-process, no request fails, and a version that cannot load is left out
+while the one before serves on. A change of a shared (joblib) model still rolls the
+workers over."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import requests
+from skl2onnx import to_onnx
+from sklearn.linear_model import LogisticRegression
+
+from serving.settings import DEMO_MODEL_PATH
+from tests.e2e.server import GunicornServer
+from tests.e2e.test_repository import until
+
+MODELS = ("fixed", "shared", "moving")
+DEMO_ONNX_PATH = DEMO_MODEL_PATH.with_suffix(".onnx")
+
+
+def build(root: Path) -> Path:
+    """fixed/1 and moving/1: the demo ONNX model; shared/1: the demo joblib model."""
+    for model, source in (
+        ("fixed", DEMO_ONNX_PATH), ("moving", DEMO_ONNX_PATH), ("shared", DEMO_MODEL_PATH)
+    ):  # fmt: skip
+        (root / model / "1").mkdir(parents=True)
+        shutil.copy(source, root / model / "1" / source.name)
+    return root
+
+
+def publish(root: Path, model: str, version: str, data: bytes, name: str = "m.onnx") -> None:
+    """Copy beside the model under a hidden name, then rename into place."""
+    hidden = root / model / f".{version}.partial"
+    hidden.mkdir()
+    (hidden / name).write_bytes(data)
+    os.rename(hidden, root / model / version)
+
+
+def other_onnx(X: np.ndarray, y: np.ndarray) -> bytes:
+    """Another fit of the breast cancer rows as ONNX (some answers differ from the demo)."""
+    model = LogisticRegression(C=0.002, max_iter=2000).fit(X, y)
+    graph = to_onnx(model, X[:1].astype(np.float32), options={"zipmap": False})
+    return bytes(graph.SerializeToString())
+
+
+class Client:
+    """Threads sending 3 rows to each model in turn until stopped; every status kept."""
+
+    def __init__(self, url: str, rows: list[list[float]], threads: int = 4) -> None:
+        self.url, self.rows = url, rows
+        self.statuses: Counter[tuple[str, int]] = Counter()
+        self.stopped = threading.Event()
+        self.threads = [threading.Thread(target=self._run) for _ in range(threads)]
+
+    def __enter__(self) -> Client:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join(30)
+
+    def _run(self) -> None:
+        with requests.Session() as session:
+            while not self.stopped.is_set():
+                for model in MODELS:
+                    answer = session.post(
+                        f"{self.url}/predict/{model}", json={"instances": self.rows}, timeout=30
+                    )
+                    self.statuses[model, answer.status_code] += 1
+
+
+def version_of(server: GunicornServer, model: str, rows: np.ndarray) -> str:
+    answer = requests.post(
+        f"{server.url}/predict/{model}", json={"instances": rows.tolist()}, timeout=30
+    )
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["model_version"])
+
+
+def loads(server: GunicornServer, model: str, version: str = "1") -> float:
+    return server.metric(f'serving_model_load_seconds_count{{model="{model}",version="{version}"}}')
+
+
+def unloads(server: GunicornServer, model: str, version: str) -> float:
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    name = f'serving_model_unloads_total{{model="{model}",version="{version}"}}'
+    return server.metric(name, text) if name in text else 0.0
+
+
+def settled(server: GunicornServer) -> bool:
+    body = requests.get(f"{server.url}/healthz", timeout=10).json()
+    return body.get("status") == "ready" and "rollout" not in body.get("workers", {})
+
+
+@pytest.mark.usefixtures("cpu_hog")  # a lifecycle: on a busy machine, as production is
+def test_repository_in_place_an_onnx_version_published_and_removed_reloads_nothing_else(
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, y = breast_cancer
+    root = build(tmp_path / "models")
+    data = other_onnx(X, y)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    labels, probabilities = session.run(
+        None, {session.get_inputs()[0].name: X[:5].astype(np.float32)}
+    )
+    server = GunicornServer(tmp_path, model_repository=root, repository_poll_s=0.5)
+    server.start()
+    try:
+        server.wait_ready()
+        pids = sorted(server.worker_pids())
+        before = {model: loads(server, model) for model in MODELS}
+        with Client(server.url, X[:3].tolist()) as client:
+            publish(root, "moving", "2", data)
+            until(lambda: [version_of(server, "moving", X[:3]) for _ in range(10)] == ["2"] * 10)
+            until(lambda: settled(server))
+            answer = requests.post(
+                f"{server.url}/predict/moving", json={"instances": X[:5].tolist()}, timeout=30
+            ).json()
+            pids_published = sorted(server.worker_pids())
+            after = {model: loads(server, model) for model in MODELS}
+            loaded = loads(server, "moving", "2")
+            shutil.rmtree(root / "moving" / "2")
+            until(lambda: [version_of(server, "moving", X[:3]) for _ in range(10)] == ["1"] * 10)
+            until(lambda: unloads(server, "moving", "2"))
+            pids_removed = sorted(server.worker_pids())
+            untouched = {model: loads(server, model) for model in MODELS}
+        # A change of the shared joblib model rolls the workers over, as before.
+        publish(root, "shared", "2", DEMO_MODEL_PATH.read_bytes(), DEMO_MODEL_PATH.name)
+        until(lambda: version_of(server, "shared", X[:3]) == "2")
+        until(lambda: set(server.worker_pids()).isdisjoint(pids))
+        log = server.output()
+    finally:
+        server.kill()
+
+    assert before == {"fixed": 2, "shared": 2, "moving": 2}
+    assert pids_published == pids_removed == pids, log  # no worker forked
+    assert after == before  # the others not loaded again
+    # moving/1, dropped for version 2 (the policy serves the latest), is loaded again
+    assert untouched == {"fixed": 2, "shared": 2, "moving": 4}
+    assert loaded == 2  # the new version, once in each worker
+    assert answer["model_version"] == "2"
+    assert answer["predictions"] == labels.tolist()
+    np.testing.assert_allclose(answer["probabilities"], probabilities, rtol=1e-6)
+    assert set(client.statuses) == {(model, 200) for model in MODELS}, client.statuses
+    assert log.count("taken in place by the running workers") == 2, log
+    assert "the change rolls the workers over (shared/2, shared/1: loaded once in the master" in log
+
+
+@pytest.mark.usefixtures("cpu_hog")
+def test_repository_in_place_a_version_that_cannot_load_is_left_out_the_one_before_serves(
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, y = breast_cancer
+    root = build(tmp_path / "models")
+    server = GunicornServer(tmp_path, model_repository=root, repository_poll_s=0.5)
+    server.start()
+    try:
+        server.wait_ready()
+        pids = sorted(server.worker_pids())
+        with Client(server.url, X[:3].tolist()) as client:
+            publish(root, "moving", "2", other_onnx(X, y)[:200])  # cut short
+            server.wait_for_log("moving/2 left out until its files change", 1)
+            until(lambda: settled(server))
+            index = requests.post(f"{server.url}/v2/repository/index", json={}, timeout=10).json()
+            version = version_of(server, "moving", X[:3])
+        after = sorted(server.worker_pids())
+        log = server.output()
+    finally:
+        server.kill()
+
+    assert after == pids, log
+    assert version == "1"
+    left_out = [e for e in index if (e["name"], e["version"]) == ("moving", "2")]
+    assert [e["state"] for e in left_out] == ["UNAVAILABLE"], index
+    assert "a worker could not load it" in left_out[0]["reason"], left_out
+    assert set(client.statuses) == {(model, 200) for model in MODELS}, client.statuses

@@ -1,0 +1,293 @@
+"""serving.server.in_place and worker_change: which repository changes the running
+workers take in place, the plan they follow, and a worker applying it to its real
+models (the demo joblib and ONNX files) while the board says where it is."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from serving import cache as cache_module
+from serving.cache import ModelCache
+from serving.observe.metrics import ServingMetrics
+from serving.server import applied, in_place, worker_change
+from serving.server.board import Board
+from serving.server.repository import Quarantine
+from serving.server.unloads import Unloads
+from serving.settings import DEMO_MODEL_PATH, Settings
+from tests.conftest import sleeping_processes
+
+DEMO_ONNX = DEMO_MODEL_PATH.with_suffix(".onnx")
+
+
+@pytest.fixture
+def workers() -> Iterator[list[int]]:
+    yield from sleeping_processes(2)
+
+
+def version(root: Path, model: str, number: str, source: Path = DEMO_ONNX) -> Path:
+    (root / model / number).mkdir(parents=True)
+    return Path(shutil.copy(source, root / model / number / source.name))
+
+
+def repository(tmp_path: Path) -> Path:
+    """onnx/1 (the demo ONNX model) and shared/1 (the demo joblib model)."""
+    root = tmp_path / "models"
+    version(root, "onnx", "1")
+    version(root, "shared", "1", DEMO_MODEL_PATH)
+    return root
+
+
+def rolled(old: Settings, new: Settings, read: in_place.Identities | None = None) -> str | None:
+    models = old.model_settings()
+    read = in_place.identities(models) if read is None else read
+    return in_place.why_rolled(old, new, models, new.model_settings(), read)
+
+
+def test_why_rolled_a_change_of_per_worker_models_only_is_taken_in_place(tmp_path: Path) -> None:
+    root = repository(tmp_path)
+    old = Settings(model_repository=root)
+    version(root, "onnx", "2")  # replaces onnx/1 (the latest version serves)
+    assert rolled(old, Settings(model_repository=root)) is None
+    version(root, "other", "1")  # a model added
+    assert rolled(old, Settings(model_repository=root)) is None
+    shutil.rmtree(root / "onnx")  # a model removed
+    assert rolled(old, Settings(model_repository=root)) is None
+    assert rolled(old, Settings(model_repository=root, max_batch_size=8)) == (
+        "a server setting changed"
+    )
+
+
+def test_why_rolled_names_the_shared_versions_a_change_adds_or_drops(tmp_path: Path) -> None:
+    root = repository(tmp_path)
+    old = Settings(model_repository=root)
+    version(root, "shared", "2", DEMO_MODEL_PATH)
+    assert rolled(old, Settings(model_repository=root)) == (
+        "shared/2, shared/1: loaded once in the master and shared"
+    )
+    off = Settings(model_repository=root, share_model="off")  # nothing shared: in place
+    assert rolled(off, Settings(model_repository=root, share_model="off")) is None
+
+
+def test_why_rolled_a_file_replaced_under_the_same_settings_is_a_change(tmp_path: Path) -> None:
+    root = repository(tmp_path)
+    old = Settings(model_repository=root)
+    read = in_place.identities(old.model_settings())
+    file = root / "shared" / "1" / DEMO_MODEL_PATH.name
+    shutil.copy(DEMO_MODEL_PATH, file.with_name("new"))
+    os.replace(file.with_name("new"), file)  # another inode, the same settings
+
+    assert rolled(old, Settings(model_repository=root), read) == (
+        "shared/1: loaded once in the master and shared"
+    )
+    assert rolled(Settings(model_path=DEMO_MODEL_PATH), Settings(model_path=DEMO_MODEL_PATH)) == (
+        "no model repository"
+    )
+
+
+def test_plan_published_is_read_whole_and_only_when_newer(tmp_path: Path) -> None:
+    root = repository(tmp_path)
+    (root / "bad name").mkdir()
+    board = Board(tmp_path)
+    assert in_place.read_plan(board, -1) is None  # none yet
+    settings = Settings(model_repository=root)
+    in_place.publish(board, in_place.Plan(3, settings, settings.model_settings()))
+
+    plan = in_place.read_plan(board, 2)
+    assert plan is not None and plan.generation == 3
+    assert plan.models == settings.model_settings()
+    assert [r.model for r in plan.settings.refused_models()] == ["bad name"]
+    assert in_place.read_plan(board, 3) is None  # followed already
+    in_place.plan_path(board).write_bytes(b"\x80\x05cut")
+    assert in_place.read_plan(board, 2) is None
+
+
+def test_board_a_worker_changing_in_place_names_its_version_and_a_failure_shows(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    changing, failed = workers
+    board = Board(tmp_path)
+    board.generation = 4
+    board.write(changing, "ready", None, "model 'onnx': warming up", model=("onnx", "2"))
+    board.write(failed, "ready", "cannot load model onnx/2/m.onnx: cut", model=("onnx", "2"))
+
+    fleet = board.read()
+    assert board.loading(changing) == ("onnx", "2")  # a crash now is named
+    assert board.loading(failed) is None
+    assert (fleet.failed(changing), fleet.failed(failed)) == (False, True)
+    assert not fleet.alone(4)
+    assert fleet.ready  # both serve what they served
+    summary = fleet.summary()
+    assert summary["rollout"] == "failed"
+    assert summary["errors"] == [{"pid": failed, "error": "cannot load model onnx/2/m.onnx: cut"}]
+    board.write(changing, "ready")
+    board.write(failed, "ready")
+    assert board.read().alone(4)
+
+
+def test_applied_outcome_waits_for_workers_changing_in_place_and_answers_their_failure(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    first, second = workers
+    board = Board(tmp_path)
+    board.generation = 2
+    board.write(first, "ready")
+    board.write(second, "ready", None, "model 'onnx': loading", model=("onnx", "2"))
+    applied.note_applied(board, 1, 2, None)
+
+    with pytest.raises(TimeoutError):  # the second still loads beside what it serves
+        applied.outcome(board, 1, deadline_s=0.3, name="onnx")
+    board.write(second, "ready", "the load raised SystemExit(4)", model=("onnx", "2"))
+    assert applied.outcome(board, 1, 1, "onnx") == applied.Failed(
+        f"worker {second}: the load raised SystemExit(4)"
+    )
+    board.write(second, "ready")
+    assert applied.outcome(board, 1, 1, "onnx") is None
+
+
+def test_quarantine_and_unloads_a_version_a_worker_could_not_take_in_place(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    root = repository(tmp_path)
+    version(root, "onnx", "2").write_bytes(b"cut short")
+    board = Board(tmp_path / "board")
+    (tmp_path / "board").mkdir()
+    reloads: list[int] = []
+    quarantine = Quarantine(root, board, lambda: reloads.append(1), lambda line: None,
+                            {("onnx", "1")})  # fmt: skip
+    unloads = Unloads(board)
+    unloads.note(0, {("onnx", "1")})
+    unloads.note(1, {("onnx", "2")})
+    board.generation = 1
+    for pid in workers:
+        board.write(pid, "ready", "cannot load model onnx/2/onnx.onnx: cut", model=("onnx", "2"))
+
+    assert quarantine.look(1, {("onnx", "2")}) is True  # left out: a reload asked for
+    assert reloads == [1]
+    assert unloads.look(1) == set()  # onnx/1 serves on: not unloaded
+
+
+@pytest.fixture
+def installed() -> Iterator[None]:
+    yield
+    cache = cache_module.installed_cache()
+    if cache is not None:
+        cache.retire()
+        cache.stop(timeout_s=5)
+    cache_module.install_cache(None)  # type: ignore[arg-type]
+
+
+class Log:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, text: str, *args: object) -> None:
+        self.lines.append(text % args)
+
+    error = info
+
+
+def served(root: Path, metrics: ServingMetrics) -> ModelCache:
+    """The models ``root`` serves, loaded and installed as this process's."""
+    cache = ModelCache.of(Settings(model_repository=root).model_settings(), metrics)
+    cache.start_loading().join(60)
+    cache_module.install_cache(cache)
+    return cache
+
+
+@pytest.mark.usefixtures("installed")
+def test_worker_change_keeps_what_did_not_change_loads_the_new_and_drops_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_change, "DROP_AFTER_S", 0.0)
+    root = repository(tmp_path)
+    board = Board(tmp_path)
+    metrics = ServingMetrics(CollectorRegistry())
+    monkeypatch.setattr("serving.observe.metrics.default_metrics", lambda: metrics)
+    cache = served(root, metrics)
+    kept = cache.resolve("shared", "1")
+    version(root, "onnx", "2")
+    version(root, "added", "1")
+    after = Settings(model_repository=root)
+    problems: list[str] = []
+
+    log = Log()
+    assert worker_change.apply(
+        in_place.Plan(1, after, after.model_settings()), board, slot=0,
+        on_problem=problems.append, log=log,
+    )  # fmt: skip
+
+    now = cache_module.installed_cache()
+    assert now is not None and now is not cache
+    assert now.resolve("shared", "1") is kept  # not loaded again
+    assert [(r.model_name, r.model_version, r.state) for r in now.runtimes] == [
+        ("added", "1", "ready"), ("onnx", "2", "ready"), ("shared", "1", "ready")
+    ]  # fmt: skip
+    dropped = cache.resolve("onnx", "1")
+    deadline = time.monotonic() + 10
+    while dropped.state != "stopping" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert dropped.state == "stopping"
+    assert board.generation == 1
+    assert board.read().states == {os.getpid(): "ready"} and board.read().errors == {}
+    assert "loading added/1, onnx/2, dropping onnx/1; 1 other version(s) serve on" in log.lines[0]
+    assert problems == []
+
+
+@pytest.mark.usefixtures("installed")
+def test_worker_change_a_version_that_fails_leaves_what_served_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = repository(tmp_path)
+    board = Board(tmp_path)
+    metrics = ServingMetrics(CollectorRegistry())
+    monkeypatch.setattr("serving.observe.metrics.default_metrics", lambda: metrics)
+    cache = served(root, metrics)
+    version(root, "onnx", "2").write_bytes(b"cut short")
+    after = Settings(model_repository=root)
+    log = Log()
+
+    assert not worker_change.apply(
+        in_place.Plan(1, after, after.model_settings()), board, slot=0,
+        on_problem=lambda reason: None, log=log,
+    )  # fmt: skip
+
+    assert cache_module.installed_cache() is cache
+    assert [(r.model_name, r.model_version, r.state) for r in cache.runtimes] == [
+        ("onnx", "1", "ready"), ("shared", "1", "ready")
+    ]  # fmt: skip
+    fleet = board.read()
+    me = os.getpid()
+    assert fleet.states[me] == "ready" and fleet.generations[me] == 1 and fleet.failed(me)
+    assert fleet.failed_models[me] == ("onnx", "2")
+    assert "onnx/2" in fleet.errors[me] and "onnx/2 could not be loaded" in log.lines[-1]
+    assert metrics.load_failures.labels("onnx", "2")._value.get() == 1
+
+
+def test_why_unsettled_a_rollover_not_over_is_left_to_the_rollover(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    old, new = workers
+    board = Board(tmp_path)
+    board.generation = 1
+    board.write(old, "ready")
+    board.generation = 2
+    board.write(new, "failed", "cannot load model churn/1/m.joblib: SHA-256 ...")
+
+    assert in_place.why_unsettled(board.read(), [old, new], 2) == (
+        f"worker {old} is ready, of generation 1"
+    )
+    assert (
+        in_place.why_unsettled(board.read(), [new], 2) == f"worker {new} is failed, of generation 2"
+    )
+    assert in_place.why_unsettled(board.read(), [new, 99], 2) is not None  # forked, no file yet
+    board.write(new, "ready", "cannot load model churn/2: cut")  # in place, failed: serves
+    board.generation = None
+    board.write(old, "stopping")
+    assert in_place.why_unsettled(board.read(), [old, new], 2) is None
