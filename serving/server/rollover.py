@@ -167,7 +167,7 @@ class _RollOver:
         if problem is not None:
             self.server.log.error("reload refused: %s; the running workers serve on", problem)
             return
-        if self.booted and self.in_place():
+        if self.in_place():
             return
         self.older |= set(self.server.WORKERS)
         self.reloading, self.spawned = True, False

@@ -188,3 +188,52 @@ def test_repository_in_place_a_version_that_cannot_load_is_left_out_the_one_befo
     assert [e["state"] for e in left_out] == ["UNAVAILABLE"], index
     assert "a worker could not load it" in left_out[0]["reason"], left_out
     assert set(client.statuses) == {(model, 200) for model in MODELS}, client.statuses
+
+
+@pytest.mark.usefixtures("cpu_hog")
+def test_repository_in_place_explicit_load_and_unload_calls_fork_no_worker(
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    import tritonclient.http as triton
+    from tritonclient.utils import InferenceServerException
+
+    X, y = breast_cancer
+    root = build(tmp_path / "models")
+    data = other_onnx(X, y)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    labels, _ = session.run(None, {session.get_inputs()[0].name: X[:20].astype(np.float32)})
+    server = GunicornServer(tmp_path, model_repository=root, model_control="explicit")
+    server.start()
+    client = triton.InferenceServerClient(url=f"127.0.0.1:{server.port}", network_timeout=120)
+    try:
+        server.wait_ready()
+        pids = sorted(server.worker_pids())
+        with Client(server.url, X[:3].tolist()) as client_load:
+            client_load.statuses.clear()
+            client.unload_model("moving")
+            gone = requests.post(f"{server.url}/predict/moving", json={"instances": [[0] * 30]})
+            publish(root, "moving", "2", data)
+            client.load_model("moving", config='{"version_policy": {"all": {}}}')
+            two = version_of(server, "moving", X[:3])
+            answer = requests.post(
+                f"{server.url}/predict/moving", json={"instances": X[:20].tolist()}, timeout=30
+            ).json()
+            publish(root, "moving", "3", data[:300])  # cut short
+            with pytest.raises(InferenceServerException) as failed:
+                client.load_model("moving")
+            after_failure = version_of(server, "moving", X[:3])
+            fixed_loads = loads(server, "fixed")
+        after = sorted(server.worker_pids())
+        log = server.output()
+    finally:
+        client.close()
+        server.kill()
+
+    assert after == pids, log  # no worker forked by any call
+    assert gone.status_code == 404
+    assert two == "2" and answer["predictions"] == labels.tolist()
+    assert "moving/3" in str(failed.value) and after_failure == "2"
+    assert fixed_loads == 2
+    statuses = {key for key in client_load.statuses if key[0] != "moving"}
+    assert statuses == {("fixed", 200), ("shared", 200)}, client_load.statuses
+    assert log.count("taken in place by the running workers") >= 4, log
