@@ -5,9 +5,13 @@ models unloaded and loaded again by API (``explicit``).
     python bench/repository.py                        # poll: publish / roll back, ~3 min
     python bench/repository.py --control explicit     # unload / load by API
     python bench/repository.py --cycles 20 --settle-s 10
+    python bench/repository.py --changed onnx --untouched onnx   # changes taken in place
 
 The server runs in its own session (2 workers, the demo model copied as each model's
-version 1, ``SERVING_REPOSITORY_POLL_S=0.5`` under ``poll``). First ``--settle-s`` seconds
+version 1, as joblib or as ONNX: ``--changed`` for ``m0``..``m2``, ``--untouched`` for
+the others; ``SERVING_REPOSITORY_POLL_S=0.5`` under ``poll``). A change of ONNX models
+only is taken in place by the running workers; one of a joblib (shared) model rolls the
+workers over. First ``--settle-s`` seconds
 of load alone (the "before" p99), then ``--cycles`` changes to the models ``m0``..``m2``
 in turn (``m3`` and ``m4`` never change):
 
@@ -23,7 +27,9 @@ during and after the changes (``--settle-s`` more of the same load once the last
 is over), the p99 during over before and over after; the CPUs each worker may run on
 before and after (pinned while quiet, or not: it moves the p99); each change's time;
 the server's PSS (master and workers, ``/proc/<pid>/smaps_rollup``) before the first
-change and after the last. Figures also go to ``bench/results/repository-<control>.json``.
+change and after the last; the workers forked and each untouched model's loads
+(``serving_model_load_seconds_count``) over the whole run. Figures also go to
+``bench/results/repository-<control>-<changed>-<untouched>.json``.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ GUNICORN = Path(sys.executable).parent / "gunicorn"
 MODELS = [f"m{i}" for i in range(5)]
 CHANGED = MODELS[:3]
 ROW = [float(v) for v in real_rows()[0]]
+#: What each model's versions are copied from: a shared format, or one loaded per worker.
+SOURCES = {"joblib": DEMO_MODEL_PATH, "onnx": DEMO_MODEL_PATH.with_suffix(".onnx")}
 
 
 class Client:
@@ -137,20 +145,36 @@ def percentiles(
     return statistics.median(seconds) * 1000, p99 * 1000
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--control", choices=["poll", "explicit"], default="poll")
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--settle-s", type=float, default=15.0)
     parser.add_argument("--threads", type=int, default=16)
-    args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    print(f"CPU: {cpu_model()}; control {args.control}, 2 workers, {args.threads} threads")
+    parser.add_argument("--changed", choices=sorted(SOURCES), default="joblib")
+    parser.add_argument("--untouched", choices=sorted(SOURCES), default="joblib")
+    return parser.parse_args()
 
+
+def repository(args: argparse.Namespace) -> Path:
+    """A temporary folder holding version 1 of each model."""
     root = Path(tempfile.mkdtemp(prefix="serving-repository-"))
     for model in MODELS:
         (root / model / "1").mkdir(parents=True)
-        shutil.copy(DEMO_MODEL_PATH, root / model / "1" / "model.joblib")
+        source = SOURCES[args.changed if model in CHANGED else args.untouched]
+        shutil.copy(source, root / model / "1" / source.name)
+    return root
+
+
+def main() -> None:
+    args = arguments()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    print(
+        f"CPU: {cpu_model()}; control {args.control}, 2 workers, {args.threads} threads; "
+        f"changed models {args.changed}, untouched {args.untouched}"
+    )
+
+    root = repository(args)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {
@@ -163,7 +187,8 @@ def main() -> None:
         "SERVING_METRICS_DIR": tempfile.mkdtemp(),
         **({"SERVING_REPOSITORY_POLL_S": "0.5"} if args.control == "poll" else {}),
     }
-    log = (RESULTS / f"repository-{args.control}.log").open("wb")
+    log_path = RESULTS / f"repository-{args.control}.log"
+    log = log_path.open("wb")
     command = [str(GUNICORN), "wsgi:app", "-c", "gunicorn.conf.py", "--no-control-socket"]
     proc = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True
@@ -180,7 +205,8 @@ def main() -> None:
         times: list[tuple[str, str, float]] = []
         for cycle in range(args.cycles):
             model = CHANGED[cycle % len(CHANGED)]
-            times.extend(_change(args.control, url, root, model, cycle=cycle, pid=proc.pid))
+            source = SOURCES[args.changed]
+            times.extend(_change(args.control, url, root, model, source, cycle=cycle, pid=proc.pid))
         changed = time.monotonic()
         until(lambda: settled(url, proc.pid))
         pss_after = server_pss(proc.pid)
@@ -188,6 +214,7 @@ def main() -> None:
         time.sleep(args.settle_s)  # the same load again, once every change is over
         ended = time.monotonic()
         pinned["after"] = cpus_of_workers(proc.pid)
+        loads = untouched_loads(url)
     finally:
         client.stop()
         proc.terminate()
@@ -196,11 +223,26 @@ def main() -> None:
 
     before, during = client.since(started, quiet), client.since(quiet, changed)
     after = client.since(settled_at, ended)
+    forked = log_path.read_text(errors="replace").count("Booting worker")
     report = _report(
         args, before=before, during=during, after=after, times=times,
         pss_before=pss_before, pss_after=pss_after, pinned=pinned,
     )  # fmt: skip
-    (RESULTS / f"repository-{args.control}.json").write_text(json.dumps(report, indent=2))
+    print(f"  workers forked: {forked} (2 at start); untouched models' loads: {loads}")
+    report |= {"workers_forked": forked, "untouched_loads": loads}
+    name = f"repository-{args.control}-{args.changed}-{args.untouched}.json"
+    (RESULTS / name).write_text(json.dumps(report, indent=2))
+
+
+def untouched_loads(url: str) -> dict[str, float]:
+    """Each untouched model's loads by the live and dead workers, from /metrics."""
+    counts = dict.fromkeys(MODELS[len(CHANGED) :], 0.0)
+    for line in requests.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("serving_model_load_seconds_count{"):
+            for model in counts:
+                if f'model="{model}"' in line:
+                    counts[model] += float(line.rsplit(" ", 1)[1])
+    return counts
 
 
 def cpus_of_workers(pid: int) -> list[str]:
@@ -221,7 +263,7 @@ def _ready(url: str) -> bool:
 
 
 def _change(
-    control: str, url: str, root: Path, model: str, *, cycle: int, pid: int
+    control: str, url: str, root: Path, model: str, source: Path, *, cycle: int, pid: int
 ) -> list[tuple[str, str, float]]:
     """One change of ``model`` and back, each step after the last rollover is over;
     each step's name, model and seconds."""
@@ -230,7 +272,7 @@ def _change(
         version = str(cycle + 2)
         staging = root / model / f".{version}"
         staging.mkdir()
-        shutil.copy(DEMO_MODEL_PATH, staging / "model.joblib")
+        shutil.copy(source, staging / source.name)
         started = time.monotonic()
         staging.rename(root / model / version)
         first = until(lambda: answers_version(url, model, version))

@@ -9,6 +9,8 @@ directory when it exits. States::
     warming   after first boot: loads before accepting                         not counted
     failed    after first boot: its load failed; retried with backoff, not accepting
     ready     every model loaded and batching, accepting                            counted
+              (with a stage and a model: loading a change in place beside them; with
+              an error: a change in place failed, it serves what it served before)
     leaving   stopped accepting (recycling), answering what it accepted       not counted
     stopping  stopped by the master (a reload, SIGTTOU), answering what it accepted
 

@@ -90,6 +90,8 @@ _unloads: Unloads | None = None
 # Reloads (SIGHUP) the master has done; a worker's copy, taken at its fork, is its
 # generation (on the board: /healthz shows a fleet serving two at once).
 _generation = 0
+# The generation of the last rollover (start, or a reload that forked new workers).
+_rolled_at = 0
 # What the master read of each model version its workers serve (serving.server.in_place).
 _identities: dict[str, tuple[int, ...] | None] = {}
 # Load and unload calls made (explicit control) as of the last reload, and whether one
@@ -350,8 +352,9 @@ def on_reload(server: Any, settings: Settings) -> None:
     workers load for themselves, fail and retry, the old ones serve on) and note what it
     serves (``serving.server.unloads``). The workers forked from now on are the next
     generation."""
-    global _generation, _identities
+    global _generation, _identities, _rolled_at
     _generation += 1
+    _rolled_at = _generation
     _note_change(server, settings)
     _identities = in_place.identities(sharing.models_of(settings))
     sharing.load_in_master(
@@ -382,7 +385,7 @@ def change_in_place(server: Any) -> bool:
         return False
     try:
         new = checked_settings()
-        why = in_place.why_unsettled(_boot.board.read(), server.WORKERS, _generation)
+        why = in_place.why_unsettled(_boot.board.read(), server.WORKERS, _rolled_at)
         why = why or in_place.why_rolled(
             settings, new, sharing.models_of(settings), sharing.models_of(new), _identities
         )  # fmt: skip
@@ -414,7 +417,10 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
     one-at-a-time recycling, a watchdog that recycles the worker if its batcher gets
     stuck, and the limits on its connections. How the model is loaded, and what a failure
     does, depends on whether others serve already (``serving.server.worker_boot``). Each
-    worker publishes its state, and its generation, on the board (``/healthz``)."""
+    worker publishes its state, and its generation, on the board (``/healthz``).
+    ``settings`` are gunicorn.conf.py's, read at start or at the last rollover; the
+    master's since a change in place are newer, and taken instead."""
+    settings = _settings or settings
     stop_on_signal_until_serving(server)
     if _boot is not None:
         _boot.board.generation = _generation  # this process's copy: the one at its fork

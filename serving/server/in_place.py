@@ -121,17 +121,19 @@ def why_rolled(
     return None
 
 
-def why_unsettled(fleet: Fleet, workers: Iterable[int], generation: int) -> str | None:
+def why_unsettled(fleet: Fleet, workers: Iterable[int], rolled_at: int) -> str | None:
     """Why the master's ``workers`` cannot take a change in place now, or None: each one
-    not on its way out must serve ``generation`` (the master's last), ``ready``. A
-    rollover still going on (its new workers loading, or failing) is left to the
-    rollover: its old workers serve what an older generation chose."""
+    not on its way out must be ``ready`` and of the last rollover (generation
+    ``rolled_at``) or a later change in place (one that has not read the last plan yet
+    takes the newest when it does). A rollover still going on (its new workers loading,
+    or failing) is left to the rollover: its old workers serve what an older rollover
+    chose."""
     for pid in workers:
         state = fleet.states.get(pid)
         if state in GOING:
             continue
         born = fleet.generations.get(pid)
-        if state != "ready" or born != generation:
+        if state != "ready" or born is None or born < rolled_at:
             return f"worker {pid} is {state or 'starting'}, of generation {born}"
     return None
 

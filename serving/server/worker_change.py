@@ -2,7 +2,11 @@
 
 ``follow`` starts a thread that looks at the board's plan every ``LOOK_S`` seconds. When
 the master publishes a newer generation, the worker, once it serves, applies it
-(``apply``):
+(``apply``), one worker at a time (a lock on the board): a load that kills its process
+(a crash in native code) takes one worker down, not every worker at once, and the
+others keep their CPUs for requests meanwhile. A worker whose turn comes after another
+failed the plan, or died loading it, does not try: it says that worker's error and
+serves on.
 
 1. every version of the plan this worker serves already, from the same settings and the
    same file (``ModelRuntime.file_identity``), is kept as it is: not read again, its
@@ -23,6 +27,9 @@ prometheus-client) only in the worker, when a plan comes.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import threading
 import time
@@ -36,6 +43,7 @@ from serving.server.worker_boot import load_error_line
 
 __all__ = ["DROP_AFTER_S", "LOOK_S", "apply", "follow"]
 
+_LOCK = "change.lock"
 #: Seconds between two looks at the plan's file (a ``stat``).
 LOOK_S = 0.25
 #: Seconds a dropped version keeps its batcher after the new set serves: a request that
@@ -80,6 +88,81 @@ def apply(
 ) -> bool:
     """Serve ``plan`` in place of the installed models (see the module docstring); True
     when it serves, False when a version failed (logged, and said on the board)."""
+    with _Turn(board) as turn:
+        return _apply(plan, board, turn, slot=slot, on_problem=on_problem, log=log)
+
+
+class _Turn:
+    """The board's change lock, held by the one worker loading a change (the kernel
+    releases it should that process die), and its note of the version it loads: a note
+    the next holder finds is a worker that died loading (the master learns of the death
+    only after the lock is free)."""
+
+    def __init__(self, board: Board) -> None:
+        self.path = board.path / _LOCK
+        self.fd = -1
+        #: The note found on taking the lock: ``{"pid", "generation", "model"}``, or None.
+        self.left: dict[str, Any] | None = None
+
+    def __enter__(self) -> _Turn:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        with contextlib.suppress(ValueError):
+            note = json.loads(os.pread(self.fd, 4096, 0) or b"null")
+            self.left = note if isinstance(note, dict) else None
+        return self
+
+    def note(self, generation: int, model: tuple[str, str]) -> None:
+        os.ftruncate(self.fd, 0)
+        entry = {"pid": os.getpid(), "generation": generation, "model": list(model)}
+        os.pwrite(self.fd, json.dumps(entry).encode(), 0)
+
+    def __exit__(self, *exc: object) -> None:
+        os.ftruncate(self.fd, 0)
+        os.close(self.fd)
+
+    def died(self, generation: int) -> tuple[str, tuple[str, str]] | None:
+        """The worker that died loading ``generation`` (or a later one) while it held the
+        lock, as ``(why, version)``, or None."""
+        note = self.left
+        try:
+            if note is None or int(note["generation"]) < generation:
+                return None
+            name, version = (str(part) for part in note["model"])
+            return f"worker {note['pid']} died while loading {name}/{version}", (name, version)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def _failed_before(
+    board: Board, turn: _Turn, generation: int
+) -> tuple[str, tuple[str, str]] | None:
+    """Why another worker could not take ``generation`` (or a later one) and the version
+    it failed on, or None."""
+    if (died := turn.died(generation)) is not None:
+        return died
+    fleet, me = board.read(), os.getpid()
+    for pid in sorted(fleet.errors):
+        model = fleet.failed_models.get(pid)
+        newer = fleet.generations.get(pid, -1) >= generation
+        if pid != me and fleet.failed(pid) and newer and model is not None:
+            return f"worker {pid}: {fleet.errors[pid]}", model
+    for death in board.deaths():
+        if death.generation is not None and death.generation >= generation:
+            why = f"worker {death.pid} died while loading {death.name}/{death.version}"
+            return why, (death.name, death.version)
+    return None
+
+
+def _apply(
+    plan: Plan,
+    board: Board,
+    turn: _Turn,
+    *,
+    slot: int,
+    on_problem: Callable[[str], None],
+    log: Any,
+) -> bool:
     from serving.cache import ModelCache, install_cache, installed_cache, load_runtime
     from serving.observe.metrics import default_metrics
     from serving.runtime import ModelRuntime
@@ -96,6 +179,12 @@ def apply(
         runtimes.append(runtime)
     dropped = [runtime for runtime in cache.runtimes if runtime not in runtimes]
     board.generation = plan.generation
+    if fresh and (before := _failed_before(board, turn, plan.generation)) is not None:
+        why, failed_on = before
+        log.error("worker %s: not taking generation %s in place (%s); serving on what it "
+                  "served", pid, plan.generation, why)  # fmt: skip
+        board.write(pid, "ready", why, model=failed_on)
+        return False
     if fresh or dropped:
         log.info(
             "worker %s: changing in place (generation %s): loading %s, dropping %s; %d "
@@ -109,6 +198,7 @@ def apply(
             board.write(pid, "ready", None, stage, model=loading)
 
         runtime.on_stage = report
+        turn.note(plan.generation, loading)
         error = load_runtime(runtime)
         if error is not None:
             why = load_error_line(error)

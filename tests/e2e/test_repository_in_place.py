@@ -237,3 +237,36 @@ def test_repository_in_place_explicit_load_and_unload_calls_fork_no_worker(
     statuses = {key for key in client_load.statuses if key[0] != "moving"}
     assert statuses == {("fixed", 200), ("shared", 200)}, client_load.statuses
     assert log.count("taken in place by the running workers") >= 4, log
+
+
+@pytest.mark.usefixtures("cpu_hog")
+def test_repository_in_place_a_worker_forked_after_the_change_serves_it(
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """A worker forked after a change in place (one killed, replaced) serves what the
+    running ones took, not what gunicorn.conf.py read at start."""
+    import signal
+
+    X, y = breast_cancer
+    root = build(tmp_path / "models")
+    server = GunicornServer(tmp_path, model_repository=root, repository_poll_s=0.5)
+    server.start()
+    try:
+        server.wait_ready()
+        publish(root, "moving", "2", other_onnx(X, y))
+        until(lambda: [version_of(server, "moving", X[:3]) for _ in range(10)] == ["2"] * 10)
+        until(lambda: settled(server))
+        killed = server.worker_pids()[0]
+        os.kill(killed, signal.SIGKILL)
+        server.wait_replaced(killed)
+        until(lambda: settled(server))
+        versions = {version_of(server, "moving", X[:3]) for _ in range(20)}
+        index = requests.post(f"{server.url}/v2/repository/index", json={}, timeout=10).json()
+    finally:
+        server.kill()
+
+    assert versions == {"2"}
+    assert {(e["name"], e["version"], e["state"]) for e in index} == {
+        ("fixed", "1", "READY"), ("shared", "1", "READY"), ("moving", "2", "READY"),
+        ("moving", "1", "UNAVAILABLE"),  # passed over by its policy
+    }  # fmt: skip
