@@ -291,3 +291,33 @@ def test_why_unsettled_a_rollover_not_over_is_left_to_the_rollover(
     board.generation = None
     board.write(old, "stopping")
     assert in_place.why_unsettled(board.read(), [old, new], 2) is None
+
+
+@pytest.mark.usefixtures("installed")
+def test_worker_change_follow_says_what_a_change_raised_and_takes_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_change, "LOOK_S", 0.02)
+    root = repository(tmp_path)
+    served(root, ServingMetrics(CollectorRegistry()))
+    board = Board(tmp_path)
+    board.generation = 0
+    settings = Settings(model_repository=root)
+    taken: list[int] = []
+    said: list[str] = []
+
+    def change(plan: in_place.Plan) -> None:
+        taken.append(plan.generation)
+        board.generation = plan.generation
+        if plan.generation == 1:
+            raise OSError("disk full")
+
+    thread = worker_change.follow(board, change, said.append)
+    for generation in (1, 2):
+        in_place.publish(board, in_place.Plan(generation, settings, settings.model_settings()))
+        deadline = time.monotonic() + 10
+        while generation not in taken and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    assert taken == [1, 2] and thread.is_alive()
+    assert said == [f"worker {os.getpid()}: generation 1 not taken: OSError('disk full')"]

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from serving.errors import SettingsError
-from serving.server.hooks import unknown_variables
+from serving.server.startup import unknown_variables
 from serving.settings import (
     DEMO_MODEL_PATH,
     ModelSettings,

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
-import socket
 import struct
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +45,7 @@ from serving.server.pinning import Always, pin_while_quiet
 from serving.server.recycling import recycle_one_at_a_time
 from serving.server.respawn import Backoff
 from serving.server.rollover import roll_over
+from serving.server.startup import address_taken, unknown_variables
 from serving.server.unloads import Unloads, versions
 from serving.server.worker import ConnectionLimits, ServingWorker
 from serving.server.worker_boot import (
@@ -98,21 +97,6 @@ _identities: dict[str, tuple[int, ...] | None] = {}
 # came since the reload before it (a reload a call asked for may be taken in place).
 _calls = 0
 _call_came = False
-
-
-#: Variables Kubernetes injects for a Service named "serving" (SERVING_SERVICE_HOST, SERVING_PORT,
-#: SERVING_PORT_8000_TCP_ADDR, ...): not ours, not typos.
-_INJECTED = re.compile(r"^SERVING_(SERVICE_[A-Z_]+|PORT(_\d+_[A-Z]+(_[A-Z]+)?)?)$")
-
-
-def unknown_variables(environ: Mapping[str, str]) -> list[str]:
-    """``SERVING_*`` names in ``environ`` that are no setting (likely typos), sorted."""
-    known = {f"SERVING_{name.upper()}" for name in Settings.model_fields}
-    return sorted(
-        name
-        for name in environ
-        if name.startswith("SERVING_") and name not in known and not _INJECTED.match(name)
-    )
 
 
 def checked_settings() -> Settings:
@@ -213,7 +197,7 @@ def on_starting(server: Any) -> None:
             server.cfg.worker_class_str,
         )  # fmt: skip
         raise SystemExit(1)
-    if problem := _address_taken(server):
+    if problem := address_taken(server):
         print(f"serving: cannot listen on {problem}", file=sys.stderr)
         raise SystemExit(2)
     # Gunicorn's own -e / raw_env / GUNICORN_CMD_ARGS are in os.environ only now
@@ -255,32 +239,6 @@ def on_starting(server: Any) -> None:
         server, boot.board, booted, gate=boot.gate, on_stop=stopping, check=reload_problem,
         hold=_respawn, in_place=lambda: change_in_place(server),
     )  # fmt: skip
-
-
-def _address_taken(server: Any) -> str | None:
-    """``"HOST:PORT: why"`` for the first TCP address of the bind that another process
-    holds, or None. Gunicorn, binding after ``on_starting``, retries for 5 s first, while
-    a health check may reach whatever holds the port: the start stops at once instead.
-    Not checked for sockets it inherits (a ``SIGUSR2`` generation, systemd) or shares
-    (``reuse_port``)."""
-    if server.master_pid or server.cfg.reuse_port or systemd.listen_fds(False):
-        return None
-    for address in server.cfg.address:
-        if not isinstance(address, tuple):  # unix:/path or fd://N
-            continue
-        host, port = address
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Gunicorn binds
-            try:
-                probe.bind((host, port))
-            except OSError as exc:
-                shown = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
-                return (
-                    f"{shown}: {exc.strerror} (another process holds it: stop it, or set "
-                    "SERVING_BIND)"
-                )
-    return None
 
 
 def _log_to_gunicorn(server: Any) -> logging.Logger:
@@ -391,13 +349,19 @@ def change_in_place(server: Any) -> bool:
         )  # fmt: skip
     except (SettingsError, ValueError) as exc:  # a file gone since the check: rolled
         why = str(exc)
+    if why is None:
+        try:
+            in_place.publish(
+                _boot.board, in_place.Plan(_generation + 1, new, sharing.models_of(new))
+            )
+        except OSError as exc:  # the board's disk full: a rollover needs none of it
+            why = f"the plan could not be written: {exc}"
     if why is not None:
         server.log.info("model repository: the change rolls the workers over (%s)", why)
         return False
     _settings, _generation = new, _generation + 1
     _note_change(server, new)
     _identities = in_place.identities(sharing.models_of(new))
-    in_place.publish(_boot.board, in_place.Plan(_generation, new, sharing.models_of(new)))
     server.log.info(
         "model repository: generation %s taken in place by the running workers (only "
         "models loaded in each worker changed)", _generation,
@@ -433,7 +397,7 @@ def post_fork(server: Any, worker: Any, settings: Settings) -> None:
         worker_change.follow(board, lambda plan: worker_change.apply(
             plan, board, slot=slot, on_problem=_recycle_on_problem(server, worker),
             log=server.log,
-        ))  # fmt: skip
+        ), server.log.error)  # fmt: skip
     _guard_connections(worker, settings)
 
 

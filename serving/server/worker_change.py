@@ -51,9 +51,12 @@ LOOK_S = 0.25
 DROP_AFTER_S = 2.0
 
 
-def follow(board: Board, change: Callable[[Plan], object]) -> threading.Thread:
+def follow(
+    board: Board, change: Callable[[Plan], object], say: Callable[[str], None]
+) -> threading.Thread:
     """Worker: a daemon thread calling ``change(plan)`` for each plan newer than the
-    worker's generation, once its models serve (returned, started)."""
+    worker's generation, once its models serve (returned, started); what it raises is
+    said with ``say`` (the thread goes on: one that died would take no change again)."""
 
     def run() -> None:
         from serving.cache import installed_cache
@@ -70,8 +73,12 @@ def follow(board: Board, change: Callable[[Plan], object]) -> threading.Thread:
                 continue  # a worker still loading applies it once it serves
             plan = read_plan(board, board.generation if board.generation is not None else -1)
             seen = mtime
-            if plan is not None:
+            if plan is None:
+                continue
+            try:
                 change(plan)
+            except Exception as exc:
+                say(f"worker {os.getpid()}: generation {plan.generation} not taken: {exc!r}")
 
     thread = threading.Thread(target=run, name="serving-worker-change", daemon=True)
     thread.start()
