@@ -233,3 +233,24 @@ def test_conform_an_empty_instance_is_422_for_a_model_of_unknown_width(instances
     handle = ModelHandle.from_callable(lambda X: X[:, 0], name="any", version="1")
     detail = _refused(instances, handle)
     assert (detail["loc"], detail["type"]) == ("instances[0]", "too_short")
+
+
+def test_conform_a_positional_row_names_the_feature_of_a_bad_value_and_the_columns_it_lacks(
+    churn: Any,
+) -> None:
+    """Found by the new-user trial: a positional row (``instances: [[...]]``) of the wrong
+    type named its position only, and one of the wrong length did not say the columns."""
+    _, handle, _, _ = churn
+    names = handle.feature_names
+    row = [churn_rows()[0][name] for name in names]
+    bad = list(row)
+    bad[names.index("seats")] = "many"
+
+    detail = _refused(Frame([bad], None, "instances"), handle)
+    short = _refused(Frame([row[:-1]], None, "instances"), handle)
+
+    assert detail["loc"] == f"instances[0][{names.index('seats')}] (feature 'seats')"
+    assert short["loc"] == "instances[0]"
+    with pytest.raises(InvalidInput) as caught:
+        conform(Frame([row[:-1]], None, "instances"), handle)
+    assert f"the model expects {len(names)}: {', '.join(names)}" in str(caught.value)

@@ -296,18 +296,18 @@ def _handle(*features: Feature) -> ModelHandle:
     [
         ((TIER, PLAN), Records([{"tier": 1, "plan": "pro"}, {"tier": 7, "plan": "pro"}]),
          "instances[1].tier"),
-        ((TIER, PLAN), Frame([[1, "pro"], [7, "pro"]]), "instances[1][0]"),
+        ((TIER, PLAN), Frame([[1, "pro"], [7, "pro"]]), "instances[1][0] (feature 'tier')"),
         ((TIER, PLAN), Columns({"tier": [1, 7], "plan": ["pro", "pro"]}, 2), "inputs.tier[1]"),
         ((TIER, PLAN), Frame([["1", "pro"], ["7", "pro"]], ["tier", "plan"], "csv", text=True),
          "csv[1].tier"),
         ((TIER, PLAN), Tensors([("tier", np.array([1, 7])),
                                 ("plan", np.array(["pro", "pro"], dtype=object))]),
          "inputs[0].data[1]"),
-        ((TIER,), Frame([[1], [7]]), "instances[1][0]"),
+        ((TIER,), Frame([[1], [7]]), "instances[1][0] (feature 'tier')"),
         ((TIER,), Tensors([("input-0", np.array([[1], [7]]))]), "inputs[0].data[1][0]"),
         ((SCORE, PLAN), Records([{"score": 0.5, "plan": "pro"}, {"score": 2.5, "plan": "pro"}]),
          "instances[1].score"),
-        ((SCORE,), Frame([[1.5], [2.5]]), "instances[1][0]"),
+        ((SCORE,), Frame([[1.5], [2.5]]), "instances[1][0] (feature 'score')"),
     ],
 )  # fmt: skip
 def test_conform_refuses_an_unknown_number_category(

@@ -70,7 +70,8 @@ def conform(instances: Instances, handle: ModelHandle, rules: Rules = STRICT) ->
     if not features:
         raise InvalidInput.at(f"{instances.field}[0]", "the instance has no values", "too_short")
     if isinstance(instances, Frame):
-        _check_lengths(rows, len(features), instances.field, handle.features is not None)
+        known = handle.features is not None
+        _check_lengths(rows, len(features), instances.field, known, handle.feature_names)
         if instances.text:
             rows = text_rows(rows, features, loc)
     if rules.numbers_from_strings:
@@ -88,7 +89,11 @@ def _floats(n: int) -> tuple[Feature, ...]:
     return tuple(feature(str(j), "float", np.float64) for j in range(n))
 
 
-def _check_lengths(rows: Sequence[Any], n: int, field: str, known: bool) -> None:
+def _check_lengths(
+    rows: Sequence[Any], n: int, field: str, known: bool, names: Sequence[str] | None = None
+) -> None:
+    """Each row a list of ``n`` values (the model's, when ``known``; its columns
+    ``names``, in order, said when a row has another length), else 422."""
     for index, row in enumerate(rows):
         if type(row) is not list and (
             isinstance(row, Mapping | str) or not isinstance(row, Sequence)
@@ -97,8 +102,10 @@ def _check_lengths(rows: Sequence[Any], n: int, field: str, known: bool) -> None
             raise InvalidInput.at(f"{field}[{index}]", what, "instance_kind")
         if len(row) != n:
             source = "the model expects" if known else "instances[0] has"
+            listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "") if names else ""
             raise InvalidInput(
-                f"{field}[{index}] has {len(row)} features; {source} {n}",
+                f"{field}[{index}] has {len(row)} features; {source} {n}"
+                + (f": {listed}" if listed else ""),
                 [{"loc": f"{field}[{index}]", "msg": f"expected {n} features, got {len(row)}",
                   "type": "feature_count"}],
             )  # fmt: skip
@@ -133,6 +140,9 @@ def _frame(
     frame: Frame, handle: ModelHandle, rules: Rules
 ) -> tuple[Sequence[Sequence[Any]], Locate]:
     rows, columns, field = frame.rows, frame.columns, frame.field
+    if columns is None and handle.feature_names is not None:  # each value's feature named
+        named = handle.feature_names
+        return rows, lambda i, j: f"{field}[{i}][{j}] (feature {named[j]!r})"
     if columns is None:
         return rows, lambda i, j: f"{field}[{i}][{j}]"
     for index, row in enumerate(rows):
