@@ -230,6 +230,41 @@ def test_quarantine_never_leaves_out_a_version_that_served_before(
     assert quarantine.excluded() == {}
 
 
+def test_quarantine_leaves_out_a_version_that_served_once_its_files_changed(
+    tmp_path: Path, workers: list[int]
+) -> None:
+    """Found by the new-user trial: clf/2 served, was removed, then published again with
+    a truncated file under the same number: never left out (it had served), and the
+    new workers of a rollover retried it for good beside the old ones."""
+    from serving.server.repository import Quarantine
+
+    root = tmp_path / "models"
+    (root / "clf" / "2").mkdir(parents=True)
+    (root / "clf" / "2" / "m.onnx").write_bytes(b"a whole graph")
+    board = Board(tmp_path / "board")
+    (tmp_path / "board").mkdir()
+    lines: list[str] = []
+    quarantine = Quarantine(root, board, lambda: None, lines.append, {("clf", "2")})
+    first, second, _ = workers
+    board.generation = 1
+    board.write(first, "ready")
+    quarantine.loading({("clf", "2")})
+    board.write(second, "failed", "MemoryError", model=("clf", "2"))  # served: kept
+    assert quarantine.look(1, {("clf", "2")}) is False
+    (root / "clf" / "2" / "m.onnx").write_bytes(b"cut")  # republished, broken
+    assert quarantine.excluded() == {}  # the reload that reads it
+    quarantine.loading({("clf", "2")})
+    board.generation = 2
+    board.write(first, "ready", "cannot load model clf/2/m.onnx: cut", model=("clf", "2"))
+
+    assert quarantine.look(2, {("clf", "2")}) is True
+    assert set(quarantine.excluded()) == {("clf", "2")}
+    assert lines[0] == (
+        "model repository: clf/2 not left out: it served before, with the same files; the "
+        "old workers serve on (a worker could not load it: MemoryError)"
+    )
+
+
 def test_quarantine_never_leaves_out_a_version_served_generations_ago_nor_a_models_last(
     tmp_path: Path, workers: list[int]
 ) -> None:
@@ -255,9 +290,11 @@ def test_quarantine_never_leaves_out_a_version_served_generations_ago_nor_a_mode
 
     assert quarantine.look(2, {("f", "1"), ("g", "2")}) is False
     assert quarantine.excluded() == {}
-    assert lines == [
+    assert sorted(lines) == [  # one line each, in the order the workers are read
+        "model repository: f/1 not left out: it served before, with the same files; the "
+        "old workers serve on (a worker could not load it: MemoryError)",
         "model repository: g/2 not left out: it is the last version of its model; the old "
-        "workers serve on (a worker could not load it: EOF)"
+        "workers serve on (a worker could not load it: EOF)",
     ]
 
 

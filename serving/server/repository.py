@@ -21,6 +21,8 @@ __all__ = ["LOOK_S", "Quarantine", "follow", "say_refused", "served_keys"]
 
 #: Longest load error kept in a left-out version's reason.
 _REASON_CHARS = 300
+#: No folder's state (a version never proven).
+_NEVER = object()
 #: Seconds between two looks at the board for workers that could not load.
 LOOK_S = 1.0
 
@@ -42,8 +44,10 @@ class Quarantine:
     not load (a truncated file, a class that raises), left out of every reload after it
     until their files change; then they are tried again.
 
-    Only versions no generation that was all ready served count: a version that served
-    before and fails now (the machine short of memory) is never left out, nor is one whose
+    Only versions no generation that was all ready served with the same files count: a
+    version that served before and fails now (the machine short of memory) is not left
+    out (said once), while one republished with other files (a truncated copy under a
+    number that served) is; nor is one whose
     leaving out would leave its model no version (a roll back onto a version that fails):
     a glitch unloads nothing; the old workers serve on, as before. Each finding asks the
     master for a reload (``on_found``), whose settings leave the version out
@@ -73,8 +77,9 @@ class Quarantine:
         # its own ``excluded`` (a reload) on the same thread.
         self._lock = threading.RLock()
         self._failed: dict[Key, tuple[object, str]] = {}
-        #: Every version a generation that was all ready served (at start: what it serves).
-        self._proven = set(served)
+        #: Every version a generation that was all ready served (at start: what it serves),
+        #: and its files then.
+        self._proven: dict[Key, object] = {k: self._state(k) for k in served}
         #: Versions not left out, as the last of their model, until the next reload.
         self._kept: set[Key] = set()
         #: Versions a worker died loading: the generation and why.
@@ -94,7 +99,8 @@ class Quarantine:
         """One look at the board; True when it found a version to leave out."""
         fleet = self.board.read()
         if fleet.alone(generation):
-            self._proven |= served
+            with self._lock:
+                self._proven |= {key: self._read.get(key) or self._state(key) for key in served}
         with self._lock:
             deaths, self._deaths = self._deaths, {}
         failures = [
@@ -104,12 +110,19 @@ class Quarantine:
         ] + [(key, why) for key, (born, why) in deaths.items() if born == generation]
         found = []
         for key, why in failures:
-            if key not in served or key in self._proven:
+            if key not in served:
                 continue
             reason = " ".join(why.split())
             reason = reason if len(reason) <= _REASON_CHARS else reason[:297] + "..."
             with self._lock:
                 if key in self._failed or key in self._kept:
+                    continue
+                if self._proven.get(key, _NEVER) == (self._read.get(key) or self._state(key)):
+                    self._kept.add(key)
+                    self._say(
+                        f"model repository: {key[0]}/{key[1]} not left out: it served "
+                        f"before, with the same files; the old workers serve on ({reason})"
+                    )
                     continue
                 if not self._keeps_model(key, self.excluded_now() | {key: reason}):
                     self._kept.add(key)
@@ -127,6 +140,9 @@ class Quarantine:
         if found:
             self._on_found()
         return bool(found)
+
+    def _state(self, key: Key) -> object:
+        return folder_state(self.root / key[0] / key[1])
 
     def died(self, pid: int, key: Key, generation: int) -> None:
         """Master, in ``child_exit``: worker ``pid`` of ``generation`` died while loading
