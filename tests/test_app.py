@@ -63,6 +63,18 @@ def test_predict_accepts_a_matching_model_version(client: FlaskClient) -> None:
         (b'{"instances": [[1e999, 2, 3]]}', 422, "invalid_input", "instances[0][0]"),
         (b'{"instances": [[[1], 2, 3]]}', 422, "invalid_input", "instances[0][0]"),
         (b'{"instance": [[1, 2, 3]]}', 422, "invalid_input", "instance"),
+        (  # a list after an object (the new-user trial read "Input should be an object")
+            b'{"instances": [{"a": 1}, [1, 2, 3]]}',
+            422,
+            "invalid_input",
+            "instances[1]: not an object, as instances[0] is: every instance of one request",
+        ),
+        (
+            b'{"instances": [[1, 2, 3], {"a": 1}]}',
+            422,
+            "invalid_input",
+            "instances[1]: not a list, as instances[0] is",
+        ),
         (b"[[1, 2, 3]]", 422, "invalid_input", "body"),
         (b'{"instances": [[1, 2, 3]], "model_version": "8"}', 409, "version_conflict", "'8'"),
     ],

@@ -249,7 +249,15 @@ def _fields_taken(model: type[BaseModel], unknown: Any) -> str:
 
 def _message(error: Any) -> str:
     """pydantic's message, in the service's words where they are unclear."""
-    ctx = error.get("ctx") or {}
+    ctx, loc = error.get("ctx") or {}, error.get("loc", ())
+    forms = {"dict_type": "an object", "list_type": "a list"}
+    rows = len(loc) == 2 and loc[0] in ("instances", "dataframe_records")
+    if error["type"] in forms and rows and isinstance(loc[1], int) and loc[1] > 0:
+        form = forms[error["type"]]  # the form the union took from the first item
+        return (
+            f"not {form}, as {loc[0]}[0] is: every instance of one request takes the form "
+            "of the first"
+        )
     if error["type"] == "too_short" and "min_length" in ctx:
         least = ctx["min_length"]
         return f"needs at least {least} item{'s' if least != 1 else ''}, got {ctx['actual_length']}"
