@@ -495,7 +495,15 @@ def post_worker_init(worker: Any) -> None:
     """Worker, once Gunicorn has loaded the app (``wsgi.py``) and before it accepts: say
     so. Its model may have been ready before (the first boot loads while accepting): an
     app that cannot load (a settings check failing) ends the worker only here."""
-    worker.log.info("worker %s: application loaded, accepting connections", os.getpid())
+    from serving.cache import installed_cache
+
+    cache = installed_cache()
+    loading = cache is not None and cache.state == "loading"
+    worker.log.info(
+        "worker %s: application loaded, accepting connections%s", os.getpid(),
+        " (its models still load: /healthz and predictions answer 503 until they serve)"
+        if loading else "",
+    )  # fmt: skip
 
 
 def worker_exit(server: Any, worker: Any, settings: Settings) -> None:

@@ -40,3 +40,5 @@ def test_healthz_names_the_stage_of_a_loading_worker(
     output = server.output()
     assert f"model {model}: read and checked" in output
     assert "model 'slow': loaded as pickle" in output and "model 'slow': warmed up" in output
+    # the first boot accepts while it loads: its line says so (the trial read it as ready)
+    assert "accepting connections (its models still load: /healthz and predictions" in output
