@@ -4,6 +4,7 @@ models (the demo joblib and ONNX files) while the board says where it is."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -73,6 +74,17 @@ def test_why_rolled_names_the_shared_versions_a_change_adds_or_drops(tmp_path: P
     )
     off = Settings(model_repository=root, share_model="off")  # nothing shared: in place
     assert rolled(off, Settings(model_repository=root, share_model="off")) is None
+
+
+def test_why_rolled_a_label_moved_is_no_change_of_a_model(tmp_path: Path) -> None:
+    root = repository(tmp_path)
+    version(root, "shared", "2", DEMO_MODEL_PATH)
+    policy = {"version_policy": {"all": {}}}
+    (root / "shared" / "config.json").write_text(json.dumps(policy | {"labels": {"stable": 1}}))
+    old = Settings(model_repository=root)
+    (root / "shared" / "config.json").write_text(json.dumps(policy | {"labels": {"stable": 2}}))
+
+    assert rolled(old, Settings(model_repository=root)) is None
 
 
 def test_why_rolled_a_file_replaced_under_the_same_settings_is_a_change(tmp_path: Path) -> None:
@@ -321,3 +333,27 @@ def test_worker_change_follow_says_what_a_change_raised_and_takes_the_next(
 
     assert taken == [1, 2] and thread.is_alive()
     assert said == [f"worker {os.getpid()}: generation 1 not taken: OSError('disk full')"]
+
+
+@pytest.mark.usefixtures("installed")
+def test_worker_change_a_label_moved_keeps_every_runtime_and_answers_the_new_label(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = repository(tmp_path)
+    version(root, "shared", "2", DEMO_MODEL_PATH)
+    policy = {"version_policy": {"all": {}}}
+    (root / "shared" / "config.json").write_text(json.dumps(policy | {"labels": {"stable": 1}}))
+    metrics = ServingMetrics(CollectorRegistry())
+    monkeypatch.setattr("serving.observe.metrics.default_metrics", lambda: metrics)
+    cache = served(root, metrics)
+    (root / "shared" / "config.json").write_text(json.dumps(policy | {"labels": {"stable": 2}}))
+    after = Settings(model_repository=root)
+
+    assert worker_change.apply(
+        in_place.Plan(1, after, after.model_settings()), Board(tmp_path), slot=0,
+        on_problem=lambda reason: None, log=Log(),
+    )  # fmt: skip
+
+    now = cache_module.installed_cache()
+    assert now is not None and now.runtimes == cache.runtimes  # the same objects
+    assert now.version_labels("shared") == {"stable": "2"}

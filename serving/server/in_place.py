@@ -46,6 +46,7 @@ __all__ = [
     "Plan",
     "ask_reload",
     "identities",
+    "loaded_as",
     "plan_path",
     "publish",
     "read_plan",
@@ -87,9 +88,16 @@ def take_asked() -> bool:
     return asked
 
 
+def loaded_as(model: ModelSettings) -> str:
+    """What makes ``model`` the version it is, as JSON: its settings but its TF Serving
+    labels (a label moved changes no version: the workers move it in place)."""
+    return model.model_dump_json(exclude={"labels"})
+
+
 def identities(models: Sequence[ModelSettings]) -> dict[str, tuple[int, ...] | None]:
-    """Each model's settings (as JSON) and its file's identity now (``file_identity``)."""
-    return {model.model_dump_json(): file_identity(model.path) for model in models}
+    """Each model's settings (``loaded_as``) and its file's identity now
+    (``file_identity``)."""
+    return {loaded_as(model): file_identity(model.path) for model in models}
 
 
 def why_rolled(
@@ -108,12 +116,12 @@ def why_rolled(
     if old.model_dump() != new.model_dump():
         return "a server setting changed"
     now = identities(new_models)
-    served = {model.model_dump_json() for model in old_models}
+    served = {loaded_as(model) for model in old_models}
     changed = [
         model for model, key in zip(new_models, now, strict=True)
         if key not in served or read.get(key) != now[key]
     ]  # fmt: skip
-    dropped = [model for model in old_models if model.model_dump_json() not in now]
+    dropped = [model for model in old_models if loaded_as(model) not in now]
     shared = [m for m in (*changed, *dropped) if is_shared(m)]
     if shared:
         names = ", ".join(f"{m.name}/{m.version}" for m in shared)

@@ -38,7 +38,7 @@ from typing import Any
 
 from serving.server import sharing
 from serving.server.board import Board
-from serving.server.in_place import Plan, plan_path, read_plan
+from serving.server.in_place import Plan, loaded_as, plan_path, read_plan
 from serving.server.worker_boot import load_error_line
 
 __all__ = ["DROP_AFTER_S", "LOOK_S", "apply", "follow"]
@@ -180,7 +180,9 @@ def _apply(
     runtimes, fresh = [], []
     for model in plan.models:
         runtime = _served(cache.runtimes, model)
-        if runtime is None:
+        if runtime is not None:
+            runtime.settings = model  # its labels may have moved
+        else:
             runtime = ModelRuntime(model, metrics, slot, inherited=sharing.inherited(model))
             fresh.append(runtime)
         runtimes.append(runtime)
@@ -227,13 +229,13 @@ def _apply(
 
 
 def _served(runtimes: list[Any], model: Any) -> Any:
-    """The runtime of ``runtimes`` serving ``model`` from the same settings and the same
-    file as now, or None."""
+    """The runtime of ``runtimes`` serving ``model`` from the same settings (but its
+    labels) and the same file as now, or None."""
     from serving.model.artifacts import file_identity
 
     for runtime in runtimes:
         if (
-            runtime.settings == model
+            loaded_as(runtime.settings) == loaded_as(model)
             and runtime.state == "ready"
             and runtime.file_identity == file_identity(model.path)
         ):

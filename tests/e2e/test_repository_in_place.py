@@ -270,3 +270,43 @@ def test_repository_in_place_a_worker_forked_after_the_change_serves_it(
         ("fixed", "1", "READY"), ("shared", "1", "READY"), ("moving", "2", "READY"),
         ("moving", "1", "UNAVAILABLE"),  # passed over by its policy
     }  # fmt: skip
+
+
+@pytest.mark.usefixtures("cpu_hog")
+def test_repository_in_place_a_label_moved_forks_no_worker_and_loads_nothing(
+    tmp_path: Path,
+) -> None:
+    """Issue 32 item 5: a label move goes only to a version already serving: the shared
+    (joblib) model's versions both serve, and moving its label reloads neither."""
+    import json
+
+    root = build(tmp_path / "models")
+    shutil.copytree(root / "shared" / "1", root / "shared" / "2")
+    policy = {"version_policy": {"all": {}}}
+    config = root / "shared" / "config.json"
+    config.write_text(json.dumps(policy | {"labels": {"stable": 1}}))
+    server = GunicornServer(tmp_path, model_repository=root, repository_poll_s=0.5)
+    server.start()
+
+    def stable() -> str:  # the version the label names, as every worker answers
+        answer = requests.get(f"{server.url}/v1/models/shared/labels/stable", timeout=10)
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["model_version_status"][0]["version"])
+
+    try:
+        server.wait_ready()
+        pids = sorted(server.worker_pids())
+        loads_before = loads(server, "shared", "2")
+        assert stable() == "1"
+        config.write_text(json.dumps(policy | {"labels": {"stable": 2}}))
+        server.wait_for_log("taken in place by the running workers", 1)
+        until(lambda: {stable() for _ in range(20)} == {"2"})
+        until(lambda: settled(server))
+        after = sorted(server.worker_pids())
+        loads_after = loads(server, "shared", "2")
+        log = server.output()
+    finally:
+        server.kill()
+
+    assert after == pids, log
+    assert loads_after == loads_before == 2
