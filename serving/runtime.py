@@ -169,6 +169,8 @@ class ModelRuntime:
             log.info(
                 "model %r: warmed up (%.2f s)", handle.name, time.perf_counter() - warm_started
             )
+            if self.error is not None or self._stopping:  # past its time, or stopped: given up
+                raise ModelLoadError(settings.path, "loaded after it was given up; not served")
             batcher = ThreadedBatcher(
                 handle.predict_batch,
                 max_batch_size=settings.max_batch_size,
@@ -192,7 +194,7 @@ class ModelRuntime:
                 self.shared_memory_bytes,
             )  # fmt: skip
         except BaseException as exc:
-            self.error = exc
+            self.error = self.error or exc  # a load given up keeps the reason it was
             raise
         log.info(
             "model %r version %r ready to serve (%s on %s, %s, %.2f s to load and warm up)",
@@ -244,10 +246,12 @@ class ModelRuntime:
             try:
                 self.load()
             except BaseException as exc:
+                timer.cancel()
                 if not done.is_set():
                     done.set()
                     fail(exc)
             else:
+                timer.cancel()  # it held this runtime load_timeout_s long (300 s)
                 if not done.is_set():
                     done.set()
                     if on_ready is not None:
@@ -268,11 +272,11 @@ class ModelRuntime:
                 )
                 fail(self.error)
 
-        thread = threading.Thread(target=target, name="serving-model-load", daemon=True)
-        thread.start()
         timer = threading.Timer(settings.load_timeout_s, overdue)
         timer.daemon = True
+        thread = threading.Thread(target=target, name="serving-model-load", daemon=True)
         timer.start()
+        thread.start()
         return thread
 
     def require_ready(self) -> tuple[ModelHandle, ThreadedBatcher]:

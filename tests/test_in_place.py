@@ -357,3 +357,43 @@ def test_worker_change_a_label_moved_keeps_every_runtime_and_answers_the_new_lab
     now = cache_module.installed_cache()
     assert now is not None and now.runtimes == cache.runtimes  # the same objects
     assert now.version_labels("shared") == {"stable": "2"}
+
+
+def test_asks_each_reload_asked_for_is_taken_once_and_an_old_ask_expires(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the attack: two asks before the master took the first (two load calls
+    at once; the poller and the quarantine) left the second reload unmarked, and it
+    rolled every worker over."""
+    now = [100.0]
+    monkeypatch.setattr(in_place.time, "monotonic", lambda: now[0])
+    asks = in_place.Asks()
+    asks.add(2)  # two calls, or the poller and the quarantine, before one reload
+
+    assert asks.take() and asks.take()
+    assert not asks.take()  # a SIGHUP sent by hand
+    asks.add()
+    now[0] += in_place.ASK_EXPIRES_S + 1  # its SIGHUP merged with another: not taken
+    assert not asks.take()
+
+
+@pytest.mark.usefixtures("installed")
+def test_worker_change_a_served_version_whose_file_went_since_the_plan_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the attack: a version removed just after the master read the repository
+    was loaded again from its file, gone, and the whole plan failed."""
+    root = repository(tmp_path)
+    metrics = ServingMetrics(CollectorRegistry())
+    monkeypatch.setattr("serving.observe.metrics.default_metrics", lambda: metrics)
+    cache = served(root, metrics)
+    version(root, "added", "1")
+    after = Settings(model_repository=root)
+    plan = in_place.Plan(1, after, after.model_settings())
+    shutil.rmtree(root / "onnx")  # gone before this worker's turn: the next poll drops it
+
+    assert worker_change.apply(
+        plan, Board(tmp_path), slot=0, on_problem=lambda reason: None, log=Log()
+    )  # fmt: skip
+    now = cache_module.installed_cache()
+    assert now is not None and now.resolve("onnx", "1") is cache.resolve("onnx", "1")

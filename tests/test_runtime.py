@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,49 @@ def test_a_load_slower_than_load_timeout_fails_with_the_setting_named(
     assert isinstance(failures[0], ModelLoadError)
     assert "SERVING_LOAD_TIMEOUT_S" in str(failures[0]) and str(path) in str(failures[0])
     assert runtime.state == "failed"
+
+
+def test_a_load_that_ends_after_its_timeout_serves_nothing_and_keeps_no_metric(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Found by the attack: a load past SERVING_LOAD_TIMEOUT_S that ended later started a
+    batcher nobody stopped and said the version served in /metrics."""
+    path = tmp_path / "late.pkl"
+    path.write_bytes(pickle.dumps(SlowLoading(n_features=1, load_s=1.0)))
+    configured = Settings(**{**settings.model_dump(), "model_path": path, "load_timeout_s": 0.3})
+    registry = CollectorRegistry()
+    runtime = ModelRuntime(configured.model_settings()[0], ServingMetrics(registry))
+    failed = threading.Event()
+    batchers = {t for t in threading.enumerate() if t.name == "serving-batcher"}
+
+    thread = runtime.start_loading(on_failure=lambda exc: failed.set())
+    assert failed.wait(10)
+    thread.join(10)  # the load itself ends, late
+
+    assert runtime.batcher is None and runtime.state == "failed"
+    assert "SERVING_LOAD_TIMEOUT_S" in str(runtime.error)
+    assert registry.get_sample_value("serving_model_info", {"model": "late"}) is None
+    now = {t for t in threading.enumerate() if t.name == "serving-batcher" and t.is_alive()}
+    assert now - batchers == set()
+
+
+def test_a_load_that_ended_leaves_no_timer_holding_its_runtime(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Found by the attack: each load's SERVING_LOAD_TIMEOUT_S timer (300 s by default)
+    ran on after the load, holding the runtime (and a model dropped in place) alive."""
+    path = tmp_path / "quick.pkl"
+    path.write_bytes(pickle.dumps(SlowLoading(n_features=1, load_s=0.0)))
+    configured = Settings(**{**settings.model_dump(), "model_path": path, "load_timeout_s": 300})
+    runtime = ModelRuntime(configured.model_settings()[0], ServingMetrics(CollectorRegistry()))
+    before = {t for t in threading.enumerate() if isinstance(t, threading.Timer)}
+
+    runtime.start_loading(on_failure=lambda exc: None).join(10)
+    time.sleep(0.2)
+
+    timers = {t for t in threading.enumerate() if isinstance(t, threading.Timer)} - before
+    assert [t for t in timers if t.is_alive()] == []
+    runtime.stop(timeout_s=10)
 
 
 def test_a_model_that_loads_in_time_calls_on_ready(settings: Settings, tmp_path: Path) -> None:

@@ -235,6 +235,14 @@ class Board:
             return None
         return value if isinstance(value, int) else None
 
+    def state_of(self, pid: int) -> str | None:
+        """The state ``pid``'s file says (alive or not), or None."""
+        try:
+            state = json.loads((self.path / str(pid)).read_text()).get("state")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return state if isinstance(state, str) else None
+
     def loading(self, pid: int) -> tuple[str, str] | None:
         """The model version ``(name, version)`` worker ``pid`` (live or dead) was loading
         when it last wrote, or None: it was not loading, or says no model."""

@@ -93,10 +93,9 @@ _generation = 0
 _rolled_at = 0
 # What the master read of each model version its workers serve (serving.server.in_place).
 _identities: dict[str, tuple[int, ...] | None] = {}
-# Load and unload calls made (explicit control) as of the last reload, and whether one
-# came since the reload before it (a reload a call asked for may be taken in place).
+# Load and unload calls made (explicit control) as of the last reload: each new one is
+# a reload asked for (serving.server.in_place.asks), which may be taken in place.
 _calls = 0
-_call_came = False
 
 
 def checked_settings() -> Settings:
@@ -169,9 +168,10 @@ def reload_problem() -> str | None:
     would stop on (``"SERVING_MODEL_PATH: ..."``: a model file removed before its copy, a
     half-written ``SERVING_MODELS`` file), or None. The rollover then refuses the reload
     and the running workers serve on (``serving.server.rollover``)."""
-    global _calls, _call_came
+    global _calls
     changes = control.changes(_boot.board) if _boot is not None else 0  # read before
-    _call_came, _calls = changes > _calls, max(changes, _calls)
+    in_place.asks.add(max(0, changes - _calls))
+    _calls = max(changes, _calls)
     try:
         checked_settings()
     except SettingsError as exc:
@@ -338,7 +338,7 @@ def change_in_place(server: Any) -> bool:
     place (``serving.server.in_place``), publish the plan they follow and return True:
     no worker is forked. Else False: the workers roll over."""
     global _generation, _settings, _identities
-    asked, settings = in_place.take_asked() or _call_came, _settings
+    asked, settings = in_place.asks.take(), _settings
     if not asked or settings is None or _boot is None:
         return False
     try:
@@ -349,6 +349,10 @@ def change_in_place(server: Any) -> bool:
         )  # fmt: skip
     except (SettingsError, ValueError) as exc:  # a file gone since the check: rolled
         why = str(exc)
+    if why is None:
+        why, stopping = in_place.tried(settings, new, _identities, server.reap_workers)
+        if stopping:
+            return True  # nothing forked, nothing changed: the master stops next
     if why is None:
         try:
             in_place.publish(
@@ -513,6 +517,8 @@ def worker_exit(server: Any, worker: Any, settings: Settings) -> None:
 
     if getattr(worker, "pid", None) != os.getpid():
         return  # the master calls this hook too, for a worker that is already gone
+    if _boot is not None:
+        worker_change.leave(_boot.board)  # a change it loads: the next worker takes it
     cache = installed_cache()
     if cache is not None:
         cache.stop(timeout_s=settings.drain_timeout_s)

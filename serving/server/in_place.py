@@ -32,17 +32,21 @@ import os
 import pickle
 import signal
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from serving.model.artifacts import file_identity
 from serving.model_settings import ModelSettings
+from serving.server import sharing
 from serving.server.board import GOING, Board, Fleet
-from serving.server.sharing import is_shared
+from serving.server.sharing import is_shared, models_of
 from serving.settings import Settings
 
 __all__ = [
+    "ASK_EXPIRES_S",
+    "Asks",
     "Plan",
     "ask_reload",
     "identities",
@@ -50,13 +54,42 @@ __all__ = [
     "plan_path",
     "publish",
     "read_plan",
-    "take_asked",
+    "tried",
+    "asks",
+    "changes",
     "why_rolled",
     "why_unsettled",
 ]
 
 _PLAN = "plan.pickle"
-_asked = threading.Event()
+#: Seconds an ask waits for its reload: one whose SIGHUP merged with another's (the
+#: kernel keeps one pending signal of a kind) is then no longer taken.
+ASK_EXPIRES_S = 30.0
+
+
+class Asks:
+    """The reloads the server asked for itself and the master has not taken yet: each
+    ask (the poller's, the quarantine's, a load or unload call's) is one ``SIGHUP``, and
+    each reload takes one. A reload with none to take was sent by someone else."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._when: list[float] = []
+
+    def add(self, count: int = 1) -> None:
+        with self._lock:
+            self._when.extend([time.monotonic()] * count)
+
+    def take(self) -> bool:
+        """Whether this reload is one the server asked for (taken: one fewer pending)."""
+        with self._lock:
+            now = time.monotonic()
+            self._when = [at for at in self._when if now - at <= ASK_EXPIRES_S]
+            return bool(self._when and self._when.pop(0))
+
+
+#: The master's asks (``ask_reload``, and the calls hooks counts at each reload).
+asks = Asks()
 
 #: What the master read of each model version it serves: its settings (as JSON) -> the
 #: file's identity then.
@@ -75,17 +108,9 @@ class Plan:
 
 def ask_reload() -> None:
     """Master, from a thread of its own (the repository's poller, the quarantine): ask
-    for a reload, which may be taken in place (``take_asked``)."""
-    _asked.set()
+    for a reload, which may be taken in place (``asks``)."""
+    asks.add()
     os.kill(os.getpid(), signal.SIGHUP)
-
-
-def take_asked() -> bool:
-    """Master, at a reload: whether the master itself asked for one since the last
-    (``ask_reload``); the mark is cleared."""
-    asked = _asked.is_set()
-    _asked.clear()
-    return asked
 
 
 def loaded_as(model: ModelSettings) -> str:
@@ -115,13 +140,7 @@ def why_rolled(
         return "no model repository"
     if old.model_dump() != new.model_dump():
         return "a server setting changed"
-    now = identities(new_models)
-    served = {loaded_as(model) for model in old_models}
-    changed = [
-        model for model, key in zip(new_models, now, strict=True)
-        if key not in served or read.get(key) != now[key]
-    ]  # fmt: skip
-    dropped = [model for model in old_models if loaded_as(model) not in now]
+    changed, dropped = changes(old_models, new_models, read)
     shared = [m for m in (*changed, *dropped) if is_shared(m)]
     if shared:
         names = ", ".join(f"{m.name}/{m.version}" for m in shared)
@@ -144,6 +163,38 @@ def why_unsettled(fleet: Fleet, workers: Iterable[int], rolled_at: int) -> str |
         if state != "ready" or born is None or born < rolled_at:
             return f"worker {pid} is {state or 'starting'}, of generation {born}"
     return None
+
+
+def changes(
+    old_models: Sequence[ModelSettings], new_models: Sequence[ModelSettings], read: Identities
+) -> tuple[list[ModelSettings], list[ModelSettings]]:
+    """The versions of ``new_models`` to load (not in ``old_models``, or from another
+    file than ``read`` says) and those of ``old_models`` to drop."""
+    now = identities(new_models)
+    served = {loaded_as(model) for model in old_models}
+    changed = [
+        model for model, key in zip(new_models, now, strict=True)
+        if key not in served or read.get(key) != now[key]
+    ]  # fmt: skip
+    dropped = [model for model in old_models if loaded_as(model) not in now]
+    return changed, dropped
+
+
+def tried(
+    old: Settings, new: Settings, read: Identities, meanwhile: Callable[[], None]
+) -> tuple[str | None, bool]:
+    """Master: the versions the workers would load for ``new``, loaded first in a
+    separate process (``sharing.tried``): why the running workers must not load them (a
+    load that crashes or hangs its process: new workers take it in a rollover, where a
+    death takes no serving worker down), or None; and whether a stop signal came."""
+    fresh, _ = changes(models_of(old), models_of(new), read)
+    if not fresh:
+        return None, False
+    why, stopped_by = sharing.tried(fresh, new, meanwhile)
+    if why is None:
+        return None, stopped_by is not None
+    labels = ", ".join(f"{model.name}/{model.version}" for model in fresh)
+    return f"a trial load of {labels} in a separate process {why}", False
 
 
 def publish(board: Board, plan: Plan) -> None:

@@ -68,6 +68,7 @@ __all__ = [
     "is_shared",
     "load_in_master",
     "models_of",
+    "tried",
 ]
 
 #: How a load in the master ended: nothing to share, loaded, failed (logged), past
@@ -265,22 +266,33 @@ def _tried(
     the outcome for the master, logged: ``failed`` (the trial died, failed or ran too
     long) or ``interrupted`` (a stop signal came)."""
     labels = ", ".join(c.label for c in wanted)
-    models = [c.model for c in wanted]
-    ended, why, stopped_by = _bounded(
-        lambda: trial_load(models, settings.load_timeout_s), settings.load_timeout_s + 5,
-        meanwhile,
-    )  # fmt: skip
+    why, stopped_by = tried([c.model for c in wanted], settings, meanwhile)
     if stopped_by is not None:
         error("model sharing: the master stopped loading %s (%s)", labels, stopped_by.name)
         return "interrupted"
-    if why is None and ended:
+    if why is None:
         return None
     error(
         "model sharing: a trial load of %s in a separate process %s; the master does not "
         "load it: each worker loads its own (the old workers serve on)",
-        labels, why or "did not end",
+        labels, why,
     )  # fmt: skip
     return "failed"
+
+
+def tried(
+    models: list[ModelSettings], settings: Settings, meanwhile: Callable[[], None]
+) -> tuple[str | None, signal.Signals | None]:
+    """Master: load ``models`` in a separate process first (``serving.server.trial``),
+    within ``SERVING_LOAD_TIMEOUT_S``: why this process must not load them (``died of
+    SIGSEGV``), or None; and the stop signal that ended the wait, if one came."""
+    ended, why, stopped_by = _bounded(
+        lambda: trial_load(models, settings.load_timeout_s), settings.load_timeout_s + 5,
+        meanwhile,
+    )  # fmt: skip
+    if stopped_by is not None or (why is None and ended):
+        return None, stopped_by
+    return why or "did not end", None
 
 
 def _bounded(

@@ -28,7 +28,9 @@ prometheus-client) only in the worker, when a plan comes.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
+import gc
 import json
 import os
 import threading
@@ -37,11 +39,11 @@ from collections.abc import Callable
 from typing import Any
 
 from serving.server import sharing
-from serving.server.board import Board
+from serving.server.board import GOING, Board
 from serving.server.in_place import Plan, loaded_as, plan_path, read_plan
 from serving.server.worker_boot import load_error_line
 
-__all__ = ["DROP_AFTER_S", "LOOK_S", "apply", "follow"]
+__all__ = ["DROP_AFTER_S", "LOOK_S", "apply", "follow", "leave"]
 
 _LOCK = "change.lock"
 #: Seconds between two looks at the plan's file (a ``stat``).
@@ -95,8 +97,31 @@ def apply(
 ) -> bool:
     """Serve ``plan`` in place of the installed models (see the module docstring); True
     when it serves, False when a version failed (logged, and said on the board)."""
+    global _held
     with _Turn(board) as turn:
-        return _apply(plan, board, turn, slot=slot, on_problem=on_problem, log=log)
+        _held = turn
+        try:
+            return _apply(plan, board, turn, slot=slot, on_problem=on_problem, log=log)
+        finally:
+            _held = None
+
+
+#: The turn this process holds while it loads a change, and whether it is leaving.
+_held: _Turn | None = None
+_leaving = False
+
+
+def leave(board: Board) -> None:
+    """Worker, as it exits on its own (``worker_exit``: a recycle, a ``SIGTERM``): a
+    change it is loading is not taken, and not said as a death: its note in the turn
+    is cleared (the next worker takes the change) and the board says it is leaving,
+    not loading, when the master reads it at its exit."""
+    global _leaving
+    _leaving = True
+    turn = _held
+    if turn is not None:
+        turn.clear()
+        board.write(os.getpid(), "leaving")
 
 
 class _Turn:
@@ -120,12 +145,18 @@ class _Turn:
         return self
 
     def note(self, generation: int, model: tuple[str, str]) -> None:
+        if _leaving:  # the process exits on its own: no death to note
+            return
         os.ftruncate(self.fd, 0)
         entry = {"pid": os.getpid(), "generation": generation, "model": list(model)}
         os.pwrite(self.fd, json.dumps(entry).encode(), 0)
 
+    def clear(self) -> None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, 0)
+
     def __exit__(self, *exc: object) -> None:
-        os.ftruncate(self.fd, 0)
+        self.clear()
         os.close(self.fd)
 
     def died(self, generation: int) -> tuple[str, tuple[str, str]] | None:
@@ -153,7 +184,7 @@ def _failed_before(
         model = fleet.failed_models.get(pid)
         newer = fleet.generations.get(pid, -1) >= generation
         if pid != me and fleet.failed(pid) and newer and model is not None:
-            return f"worker {pid}: {fleet.errors[pid]}", model
+            return fleet.errors[pid], model
     for death in board.deaths():
         if death.generation is not None and death.generation >= generation:
             why = f"worker {death.pid} died while loading {death.name}/{death.version}"
@@ -192,7 +223,7 @@ def _apply(
         why, failed_on = before
         log.error("worker %s: not taking generation %s in place (%s); serving on what it "
                   "served", pid, plan.generation, why)  # fmt: skip
-        board.write(pid, "ready", why, model=failed_on)
+        _write(board, why, model=failed_on)
         return False
     if fresh or dropped:
         log.info(
@@ -204,7 +235,7 @@ def _apply(
         loading = (runtime.model_name, runtime.model_version)
 
         def report(stage: str, loading: tuple[str, str] = loading) -> None:
-            board.write(pid, "ready", None, stage, model=loading)
+            _write(board, None, stage, model=loading)
 
         runtime.on_stage = report
         turn.note(plan.generation, loading)
@@ -216,16 +247,27 @@ def _apply(
                 "worker %s: %s/%s could not be loaded (%s); serving on what it served",
                 pid, *loading, why,
             )  # fmt: skip
-            board.write(pid, "ready", why, model=loading)
-            _stop_later([r for r in fresh if r.state != "loading"], 0.0, metrics)
+            _write(board, why, model=loading)
+            for each in fresh:  # one given up past its time ends unserved (ModelRuntime)
+                each.on_stage = None
+            _stop_later(fresh, 0.0, metrics)
             return False
     replacement = ModelCache(runtimes, plan.settings.refused_models())
     install_cache(replacement)
     cache.retire()
     replacement.start_watchdog(on_problem)
-    board.write(pid, "ready")
+    _write(board)
     _stop_later(dropped, DROP_AFTER_S, metrics, plan.settings.drain_timeout_s)
     return True
+
+
+def _write(board: Board, error: str | None = None, stage: str | None = None, **model: Any) -> None:
+    """Say on the board that this worker serves (with ``error``, or the ``stage`` it is
+    at), unless it is on its way out: leaving or stopping (its state stays that), or
+    exiting (``leave``)."""
+    pid = os.getpid()
+    if not _leaving and board.state_of(pid) not in GOING:
+        board.write(pid, "ready", error, stage, **model)
 
 
 def _served(runtimes: list[Any], model: Any) -> Any:
@@ -233,14 +275,24 @@ def _served(runtimes: list[Any], model: Any) -> Any:
     labels) and the same file as now, or None."""
     from serving.model.artifacts import file_identity
 
+    now = file_identity(model.path)  # None: gone since the master read it, kept as served
     for runtime in runtimes:
         if (
             loaded_as(runtime.settings) == loaded_as(model)
             and runtime.state == "ready"
-            and runtime.file_identity == file_identity(model.path)
+            and now in (runtime.file_identity, None)
         ):
             return runtime
     return None
+
+
+def _give_back_memory() -> None:
+    """Collect the dropped versions' objects and hand the freed heap back to the system
+    (glibc's ``malloc_trim``: an ONNX Runtime session freed leaves its pages in the
+    allocator's arenas, which grew the worker by each version dropped)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _labels(runtimes: list[Any]) -> str:
@@ -259,7 +311,9 @@ def _stop_later(runtimes: list[Any], after_s: float, metrics: Any, drain_s: floa
         deadline = time.monotonic() + drain_s
         for runtime in runtimes:
             runtime.stop(max(0.0, deadline - time.monotonic()))
-            if runtime.handle is not None:
+            if runtime.handle is not None and runtime.loaded_at is not None:
                 metrics.model_unloaded(runtime.handle)
+        runtimes.clear()
+        _give_back_memory()
 
     threading.Thread(target=run, name="serving-drop-versions", daemon=True).start()

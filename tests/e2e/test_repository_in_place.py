@@ -11,8 +11,11 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -310,3 +313,72 @@ def test_repository_in_place_a_label_moved_forks_no_worker_and_loads_nothing(
 
     assert after == pids, log
     assert loads_after == loads_before == 2
+
+
+@pytest.mark.usefixtures("cpu_hog")
+def test_repository_in_place_a_worker_leaving_while_it_loads_a_change_leaves_it_to_the_next(
+    tmp_path: Path, pickled: Callable[[Any, str], Path]
+) -> None:
+    """Found by the attack: a worker that left (SIGTERM, a recycle) while it loaded a
+    change in place was taken for one that died loading it: the good version was left
+    out until its files changed."""
+    import signal
+
+    from tests.models import SlowLoading
+
+    root = tmp_path / "models"
+    (root / "slow" / "1").mkdir(parents=True)
+    shutil.copy(pickled(SlowLoading(n_features=30, load_s=0.0), "v1.pkl"), root / "slow" / "1")
+    slow = pickled(SlowLoading(n_features=30, load_s=3.0), "v2.pkl")
+    server = GunicornServer(
+        tmp_path, model_repository=root, repository_poll_s=0.5, share_model="off"
+    )
+    server.start()
+    try:
+        server.wait_ready()
+        publish(root, "slow", "2", slow.read_bytes(), "m.pkl")
+        server.wait_for_log("changing in place (generation 1)", 1, timeout_s=60)
+        first = int(server.output().split("changing in place (generation 1)")[0].rsplit(
+            "worker ", 1)[1].split(":")[0])  # fmt: skip
+        time.sleep(1.0)  # a second into its 3 s load
+        os.kill(first, signal.SIGTERM)
+        until(lambda: {version_of(server, "slow", np.zeros((1, 30))) for _ in range(10)}
+              == {"2"}, 60)  # fmt: skip
+        until(lambda: settled(server))
+        log = server.output()
+    finally:
+        server.kill()
+
+    assert "left out" not in log, log
+    assert "died while loading" not in log, log
+
+
+@pytest.mark.usefixtures("cpu_hog")
+def test_repository_in_place_load_calls_at_once_fork_no_worker(tmp_path: Path) -> None:
+    """Found by the attack: six load calls at once rolled every worker over (the second
+    reload found no mark of its call: the first had applied both)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = build(tmp_path / "models")
+    for model in ("a", "b", "c", "d"):
+        (root / model / "1").mkdir(parents=True)
+        shutil.copy(DEMO_ONNX_PATH, root / model / "1" / DEMO_ONNX_PATH.name)
+    server = GunicornServer(tmp_path, model_repository=root, model_control="explicit")
+    server.start()
+    url = f"{server.url}/v2/repository/models"
+    try:
+        server.wait_ready()
+        pids = sorted(server.worker_pids())
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(
+                lambda model: requests.post(f"{url}/{model}/load", timeout=120).status_code,
+                ["a", "b", "c", "d", "fixed", "moving"],
+            ))  # fmt: skip
+        after = sorted(server.worker_pids())
+        log = server.output()
+    finally:
+        server.kill()
+
+    assert answers == [200] * 6, log
+    assert after == pids, log
+    assert "rolls the workers over" not in log and log.count("Booting worker") == 2
