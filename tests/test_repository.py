@@ -252,6 +252,27 @@ def test_repository_poll_reloads_once_a_change_has_stood_still_for_one_look(
 
 
 @pytest.mark.unit
+def test_repository_poll_compares_with_what_the_last_reload_read_not_what_it_asked(
+    tmp_path: Path,
+) -> None:
+    """Found with the attack's script: the poller asked for a reload of churn/2 gone;
+    another reload (the quarantine's) read churn/2 published again; when churn/2 went
+    once more, the repository was as the poller had last asked, and it asked nothing:
+    the server served churn/2 for good."""
+    version(tmp_path, "churn", "1")
+    looks = Looks(tmp_path)
+    version(tmp_path, "churn", "2")
+    assert looks.look(2) == 1  # asked: churn/2 served
+    shutil.rmtree(tmp_path / "churn" / "2")
+    assert looks.look(2) == 2  # asked: churn/2 gone
+    version(tmp_path, "churn", "2")
+    looks.poller.reading()  # a reload someone else asked for reads churn/2 back
+    assert looks.look(2) == 2  # as that reload read it: nothing to ask
+    shutil.rmtree(tmp_path / "churn" / "2")
+    assert looks.look(2) == 3  # gone again: asked
+
+
+@pytest.mark.unit
 def test_repository_poll_unloads_nothing_on_a_glitch(tmp_path: Path) -> None:
     root = tmp_path / "models"
     version(root, "churn", "1")

@@ -22,6 +22,7 @@ Boundary: files and a callback; no gunicorn, no settings.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -128,6 +129,13 @@ class Poller:
         self._acted = state
         self._on_change()
         return True
+
+    def reading(self) -> None:
+        """The master reads the repository now, for a reload (whoever asked for it): what
+        is there is what the next looks compare with. Taken before the master's own read,
+        so a change made while it reads is seen by the next looks, not missed."""
+        with contextlib.suppress(OSError):
+            self._acted = fingerprint(self.root)
 
     def _glitch(self, problem: str) -> None:
         """A look that sees no repository: nothing changes, said once while it lasts."""

@@ -170,6 +170,7 @@ def reload_problem() -> str | None:
     and the running workers serve on (``serving.server.rollover``)."""
     global _calls
     changes = control.changes(_boot.board) if _boot is not None else 0  # read before
+    repository.reading()  # the poller compares with what this reload reads
     in_place.asks.add(max(0, changes - _calls))
     _calls = max(changes, _calls)
     try:

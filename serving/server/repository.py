@@ -17,7 +17,7 @@ from serving.server.board import Board
 from serving.server.in_place import ask_reload
 from serving.settings import Settings
 
-__all__ = ["LOOK_S", "Quarantine", "follow", "say_refused", "served_keys"]
+__all__ = ["LOOK_S", "Quarantine", "follow", "reading", "say_refused", "served_keys"]
 
 #: Longest load error kept in a left-out version's reason.
 _REASON_CHARS = 300
@@ -179,6 +179,17 @@ class Quarantine:
         threading.Thread(target=run, name="serving-repository-quarantine", daemon=True).start()
 
 
+#: This master's poller (under ``poll``), told of each reload's read (``reading``).
+_pollers: list[Poller] = []
+
+
+def reading() -> None:
+    """Master, at each reload, before it reads the repository: the poller compares its
+    next looks with what this read finds (``Poller.reading``), whoever asked for it."""
+    for poller in _pollers:
+        poller.reading()
+
+
 def served_keys(settings: Settings | None) -> set[Key]:
     """The ``(model, version)`` of every repository version ``settings`` serve."""
     if settings is None or settings.model_repository is None:
@@ -226,6 +237,7 @@ def follow(
 
         poller = Poller(settings.model_repository, settings.repository_poll_s, changed, log.warning)
         poller.start()
+        _pollers[:] = [poller]
         log.info(
             "model repository: looking at %s every %g s", settings.model_repository,
             settings.repository_poll_s,
