@@ -190,9 +190,21 @@ def test_predict_refuses_an_output_the_model_does_not_have(multi_input_client: F
 @pytest.mark.parametrize(
     ("row", "loc", "why"),
     [
-        ([1.0, 2.0, 3.0, 2.5], "instances[0][3]", "not an integer the model's int64 input"),
-        ([1e39, 2.0, 3.0, 4.0], "instances[0][0]", "outside the model's float32 range"),
-        ([1.0, 1e300, 3.0, 1e19], "instances[0][3]", "not an integer the model's int64 input"),
+        (
+            [1.0, 2.0, 3.0, 2.5],
+            "instances[0][3] (feature 'n')",
+            "not an integer the model's int64 input",
+        ),
+        (
+            [1e39, 2.0, 3.0, 4.0],
+            "instances[0][0] (feature 'a')",
+            "outside the model's float32 range",
+        ),
+        (
+            [1.0, 1e300, 3.0, 1e19],
+            "instances[0][3] (feature 'n')",
+            "not an integer the model's int64 input",
+        ),
     ],
 )
 def test_each_input_column_is_checked_against_its_own_type(

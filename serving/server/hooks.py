@@ -351,7 +351,9 @@ def change_in_place(server: Any) -> bool:
     except (SettingsError, ValueError) as exc:  # a file gone since the check: rolled
         why = str(exc)
     if why is None:
-        why, stopping = in_place.tried(settings, new, _identities, server.reap_workers)
+        why, stopping = in_place.tried(
+            settings, new, _identities, server.reap_workers, server.log.info
+        )
         if stopping:
             return True  # nothing forked, nothing changed: the master stops next
     if why is None:

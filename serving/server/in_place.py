@@ -181,7 +181,11 @@ def changes(
 
 
 def tried(
-    old: Settings, new: Settings, read: Identities, meanwhile: Callable[[], None]
+    old: Settings,
+    new: Settings,
+    read: Identities,
+    meanwhile: Callable[[], None],
+    say: Callable[[str], None],
 ) -> tuple[str | None, bool]:
     """Master: the versions the workers would load for ``new``, loaded first in a
     separate process (``sharing.tried``): why the running workers must not load them (a
@@ -190,10 +194,11 @@ def tried(
     fresh, _ = changes(models_of(old), models_of(new), read)
     if not fresh:
         return None, False
+    labels = ", ".join(f"{model.name}/{model.version}" for model in fresh)
+    say(f"model repository: loading {labels} in a separate process first (a trial)")
     why, stopped_by = sharing.tried(fresh, new, meanwhile)
     if why is None:
         return None, stopped_by is not None
-    labels = ", ".join(f"{model.name}/{model.version}" for model in fresh)
     return f"a trial load of {labels} in a separate process {why}", False
 
 

@@ -322,7 +322,7 @@ def test_explicit_control_a_call_waiting_when_the_server_stops_is_answered_503(
     server.start()
     try:
         server.wait_ready()
-        (root / "slow" / "1").mkdir(parents=True)  # a load of 60 s, in the new workers
+        (root / "slow" / "1").mkdir(parents=True)  # a load of 60 s: its trial, first
         (root / "slow" / "1" / "m.pkl").write_bytes(
             pickle.dumps(SlowLoading(n_features=30, load_s=60))
         )
@@ -330,7 +330,7 @@ def test_explicit_control_a_call_waiting_when_the_server_stops_is_answered_503(
             call = pool.submit(
                 requests.post, f"{server.url}/v2/repository/models/slow/load", timeout=60
             )
-            server.wait_for_log("slow/1/m.pkl: read and checked", 1)
+            server.wait_for_log("loading slow/1 in a separate process first", 1)
             started = time.monotonic()
             assert server.proc is not None
             server.proc.send_signal(signal.SIGTERM)
