@@ -6,8 +6,9 @@ Each look takes a fingerprint of the repository: per model folder its ``config.j
 per version folder every file and folder in it (name, size, mtime, mode, owner), not
 their contents. A reload is
 asked for (``on_change``: the master sends itself ``SIGHUP``, the reload every change
-goes through) only when two looks in a row agree on a state other than the one last acted
-on. So:
+goes through) only when two looks in a row agree on a state other than the one the last
+reload read (``reading``: whoever asked for it; the one last asked for is not enough: a
+reload another asked for may have read something else since). So:
 
 - a version still being copied (its sizes or times move between looks) is not read
   until the copy has stood still for one interval (TF Serving #1086, #631);
