@@ -153,6 +153,12 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--changed", choices=sorted(SOURCES), default="joblib")
     parser.add_argument("--untouched", choices=sorted(SOURCES), default="joblib")
+    parser.add_argument(
+        "--every-s", type=float, default=0.0,
+        help="start a step (a publish, a removal; an unload, a load) every this many "
+        "seconds at most, so runs whose changes take different times change as often "
+        "(0: each step once the last is over)",
+    )  # fmt: skip
     return parser.parse_args()
 
 
@@ -203,10 +209,13 @@ def main() -> None:
         pss_before = server_pss(proc.pid)
         pinned = {"before": cpus_of_workers(proc.pid)}
         times: list[tuple[str, str, float]] = []
+        pace = Pace(args.every_s)
         for cycle in range(args.cycles):
             model = CHANGED[cycle % len(CHANGED)]
             source = SOURCES[args.changed]
-            times.extend(_change(args.control, url, root, model, source, cycle=cycle, pid=proc.pid))
+            times.extend(_change(
+                args.control, url, root, model, source, cycle=cycle, pid=proc.pid, pace=pace
+            ))  # fmt: skip
         changed = time.monotonic()
         until(lambda: settled(url, proc.pid))
         pss_after = server_pss(proc.pid)
@@ -232,6 +241,18 @@ def main() -> None:
     report |= {"workers_forked": forked, "untouched_loads": loads}
     name = f"repository-{args.control}-{args.changed}-{args.untouched}.json"
     (RESULTS / name).write_text(json.dumps(report, indent=2))
+
+
+class Pace:
+    """Each call returns at the next tick of ``every_s`` seconds (at once when 0, or
+    when the last step took longer)."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s, self.next = every_s, time.monotonic()
+
+    def __call__(self) -> None:
+        time.sleep(max(0.0, self.next - time.monotonic()))
+        self.next = max(self.next, time.monotonic() - self.every_s) + self.every_s
 
 
 def untouched_loads(url: str) -> dict[str, float]:
@@ -263,7 +284,15 @@ def _ready(url: str) -> bool:
 
 
 def _change(
-    control: str, url: str, root: Path, model: str, source: Path, *, cycle: int, pid: int
+    control: str,
+    url: str,
+    root: Path,
+    model: str,
+    source: Path,
+    *,
+    cycle: int,
+    pid: int,
+    pace: Pace,
 ) -> list[tuple[str, str, float]]:
     """One change of ``model`` and back, each step after the last rollover is over;
     each step's name, model and seconds."""
@@ -273,11 +302,13 @@ def _change(
         staging = root / model / f".{version}"
         staging.mkdir()
         shutil.copy(source, staging / source.name)
+        pace()
         started = time.monotonic()
         staging.rename(root / model / version)
         first = until(lambda: answers_version(url, model, version))
         until(lambda: settled(url, pid))
         whole = time.monotonic() - started
+        pace()
         started = time.monotonic()
         shutil.rmtree(root / model / version)
         until(lambda: answers_version(url, model, "1") and settled(url, pid))
@@ -289,6 +320,7 @@ def _change(
         ]
     steps = []
     for step in ("unload", "load"):
+        pace()
         started = time.monotonic()
         answer = requests.post(f"{url}/v2/repository/models/{model}/{step}", timeout=600)
         assert answer.status_code == 200, answer.text
