@@ -186,6 +186,14 @@ def test_quarantine_and_unloads_a_version_a_worker_could_not_take_in_place(
 
 
 @pytest.fixture
+def metrics(monkeypatch: pytest.MonkeyPatch) -> ServingMetrics:
+    """This process's metrics for the test (a worker's ``default_metrics``)."""
+    made = ServingMetrics(CollectorRegistry())
+    monkeypatch.setattr("serving.observe.metrics.default_metrics", lambda: made)
+    return made
+
+
+@pytest.fixture
 def installed() -> Iterator[None]:
     yield
     cache = cache_module.installed_cache()
@@ -215,13 +223,11 @@ def served(root: Path, metrics: ServingMetrics) -> ModelCache:
 
 @pytest.mark.usefixtures("installed")
 def test_worker_change_keeps_what_did_not_change_loads_the_new_and_drops_the_rest(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metrics: ServingMetrics
 ) -> None:
     monkeypatch.setattr(worker_change, "DROP_AFTER_S", 0.0)
     root = repository(tmp_path)
     board = Board(tmp_path)
-    metrics = ServingMetrics(CollectorRegistry())
-    monkeypatch.setattr("serving.observe.metrics.default_metrics", lambda: metrics)
     cache = served(root, metrics)
     kept = cache.resolve("shared", "1")
     version(root, "onnx", "2")
@@ -254,12 +260,10 @@ def test_worker_change_keeps_what_did_not_change_loads_the_new_and_drops_the_res
 
 @pytest.mark.usefixtures("installed")
 def test_worker_change_a_version_that_fails_leaves_what_served_and_says_why(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metrics: ServingMetrics
 ) -> None:
     root = repository(tmp_path)
     board = Board(tmp_path)
-    metrics = ServingMetrics(CollectorRegistry())
-    monkeypatch.setattr("serving.observe.metrics.default_metrics", lambda: metrics)
     cache = served(root, metrics)
     version(root, "onnx", "2").write_bytes(b"cut short")
     after = Settings(model_repository=root)
@@ -337,14 +341,12 @@ def test_worker_change_follow_says_what_a_change_raised_and_takes_the_next(
 
 @pytest.mark.usefixtures("installed")
 def test_worker_change_a_label_moved_keeps_every_runtime_and_answers_the_new_label(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metrics: ServingMetrics
 ) -> None:
     root = repository(tmp_path)
     version(root, "shared", "2", DEMO_MODEL_PATH)
     policy = {"version_policy": {"all": {}}}
     (root / "shared" / "config.json").write_text(json.dumps(policy | {"labels": {"stable": 1}}))
-    metrics = ServingMetrics(CollectorRegistry())
-    monkeypatch.setattr("serving.observe.metrics.default_metrics", lambda: metrics)
     cache = served(root, metrics)
     (root / "shared" / "config.json").write_text(json.dumps(policy | {"labels": {"stable": 2}}))
     after = Settings(model_repository=root)
@@ -379,13 +381,11 @@ def test_asks_each_reload_asked_for_is_taken_once_and_an_old_ask_expires(
 
 @pytest.mark.usefixtures("installed")
 def test_worker_change_a_served_version_whose_file_went_since_the_plan_is_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metrics: ServingMetrics
 ) -> None:
     """Found by the attack: a version removed just after the master read the repository
     was loaded again from its file, gone, and the whole plan failed."""
     root = repository(tmp_path)
-    metrics = ServingMetrics(CollectorRegistry())
-    monkeypatch.setattr("serving.observe.metrics.default_metrics", lambda: metrics)
     cache = served(root, metrics)
     version(root, "added", "1")
     after = Settings(model_repository=root)

@@ -404,12 +404,7 @@ class ServingMetrics:
         ``cuda:N`` on a GPU, else ``cpu``), count its load of ``seconds`` and set the
         memory it added here and, when it is the master's copy, there (bytes, when
         measured: ``ModelRuntime.memory_bytes``, ``shared_memory_bytes``)."""
-        device = f"cuda:{handle.device_id}" if handle.device_id is not None else "cpu"
-        labels = (
-            handle.name, handle.version, handle.format, handle.execution_provider, device,
-            handle.engine,
-        )  # fmt: skip
-        self.model_info.labels(*labels).set(1)
+        self.model_info.labels(*_info_labels(handle)).set(1)
         self.load_duration.labels(handle.name, handle.version).observe(seconds)
         if memory_bytes is not None:
             self.memory.labels(handle.name, handle.version).set(memory_bytes)
@@ -420,12 +415,7 @@ class ServingMetrics:
         """This worker no longer serves ``handle`` (a change in place dropped it): its
         ``serving_model_info`` and memory gauges go to 0 (a live worker's series stays in
         the multiprocess files; 0 adds nothing to a sum, nor to a maximum)."""
-        device = f"cuda:{handle.device_id}" if handle.device_id is not None else "cpu"
-        labels = (
-            handle.name, handle.version, handle.format, handle.execution_provider, device,
-            handle.engine,
-        )  # fmt: skip
-        self.model_info.labels(*labels).set(0)
+        self.model_info.labels(*_info_labels(handle)).set(0)
         self.memory.labels(handle.name, handle.version).set(0)
         self.shared_memory.labels(handle.name, handle.version).set(0)
 
@@ -456,3 +446,13 @@ def default_metrics() -> ServingMetrics:
         if _default is None:
             _default = ServingMetrics()
         return _default
+
+
+def _info_labels(handle: ModelHandle) -> tuple[str, ...]:
+    """``serving_model_info``'s labels of ``handle`` (``device``: ``cuda:N`` on a GPU,
+    else ``cpu``)."""
+    device = f"cuda:{handle.device_id}" if handle.device_id is not None else "cpu"
+    return (
+        handle.name, handle.version, handle.format, handle.execution_provider, device,
+        handle.engine,
+    )  # fmt: skip

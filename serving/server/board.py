@@ -229,19 +229,19 @@ class Board:
 
     def _generation(self, pid: int) -> int | None:
         """The generation ``pid``'s file says (the master writing a worker's state)."""
-        try:
-            value = json.loads((self.path / str(pid)).read_text()).get("generation")
-        except (OSError, ValueError, AttributeError):
-            return None
+        value = self._field(pid, "generation")
         return value if isinstance(value, int) else None
 
     def state_of(self, pid: int) -> str | None:
         """The state ``pid``'s file says (alive or not), or None."""
+        state = self._field(pid, "state")
+        return state if isinstance(state, str) else None
+
+    def _field(self, pid: int, name: str) -> Any:
         try:
-            state = json.loads((self.path / str(pid)).read_text()).get("state")
+            return json.loads((self.path / str(pid)).read_text()).get(name)
         except (OSError, ValueError, AttributeError):
             return None
-        return state if isinstance(state, str) else None
 
     def loading(self, pid: int) -> tuple[str, str] | None:
         """The model version ``(name, version)`` worker ``pid`` (live or dead) was loading

@@ -57,6 +57,13 @@ def other_onnx(X: np.ndarray, y: np.ndarray) -> bytes:
     return bytes(graph.SerializeToString())
 
 
+def in_process(data: bytes, rows: np.ndarray) -> list[np.ndarray]:
+    """The ONNX model ``data`` run by onnxruntime in this process: its labels and
+    probabilities for ``rows`` (float32, as the graph's input)."""
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return list(session.run(None, {session.get_inputs()[0].name: rows.astype(np.float32)}))
+
+
 class Client:
     """Threads sending 3 rows to each model in turn until stopped; every status kept."""
 
@@ -116,10 +123,7 @@ def test_repository_in_place_an_onnx_version_published_and_removed_reloads_nothi
     X, y = breast_cancer
     root = build(tmp_path / "models")
     data = other_onnx(X, y)
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    labels, probabilities = session.run(
-        None, {session.get_inputs()[0].name: X[:5].astype(np.float32)}
-    )
+    labels, probabilities = in_process(data, X[:5])
     server = GunicornServer(tmp_path, model_repository=root, repository_poll_s=0.5)
     server.start()
     try:
@@ -203,8 +207,7 @@ def test_repository_in_place_explicit_load_and_unload_calls_fork_no_worker(
     X, y = breast_cancer
     root = build(tmp_path / "models")
     data = other_onnx(X, y)
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    labels, _ = session.run(None, {session.get_inputs()[0].name: X[:20].astype(np.float32)})
+    labels, _ = in_process(data, X[:20])
     server = GunicornServer(tmp_path, model_repository=root, model_control="explicit")
     server.start()
     client = triton.InferenceServerClient(url=f"127.0.0.1:{server.port}", network_timeout=120)
