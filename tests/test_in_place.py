@@ -397,3 +397,25 @@ def test_worker_change_a_served_version_whose_file_went_since_the_plan_is_kept(
     )  # fmt: skip
     now = cache_module.installed_cache()
     assert now is not None and now.resolve("onnx", "1") is cache.resolve("onnx", "1")
+
+
+@pytest.mark.usefixtures("installed")
+def test_worker_change_follow_a_worker_stopped_by_a_rollover_takes_no_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metrics: ServingMetrics
+) -> None:
+    """Found by the lowest-versions run: an old worker a rollover was stopping took the
+    next change in place, loading the shared models it had never had, itself."""
+    monkeypatch.setattr(worker_change, "LOOK_S", 0.02)
+    root = repository(tmp_path)
+    served(root, metrics)
+    board = Board(tmp_path)
+    board.generation = 0
+    board.write(os.getpid(), "stopping")
+    settings = Settings(model_repository=root)
+    taken: list[int] = []
+
+    worker_change.follow(board, lambda plan: taken.append(plan.generation), lambda line: None)
+    in_place.publish(board, in_place.Plan(1, settings, settings.model_settings()))
+    time.sleep(0.3)
+
+    assert taken == []

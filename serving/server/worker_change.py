@@ -73,6 +73,8 @@ def follow(
             cache = installed_cache()
             if mtime == seen or cache is None or cache.state != "ready":
                 continue  # a worker still loading applies it once it serves
+            if _leaving or board.state_of(os.getpid()) in GOING:
+                continue  # stopped by a rollover (or leaving): the newer workers take it
             plan = read_plan(board, board.generation if board.generation is not None else -1)
             seen = mtime
             if plan is None:
