@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from serving.errors import ModelNotFound, VersionConflict
@@ -24,7 +24,14 @@ from serving.model_settings import ModelSettings
 from serving.observe.metrics import ServingMetrics
 from serving.runtime import ModelRuntime, State
 
-__all__ = ["ModelCache", "current_cache", "installed_cache", "install_cache", "load_runtime"]
+__all__ = [
+    "ModelCache",
+    "current_cache",
+    "install_cache",
+    "installed_cache",
+    "labels_of",
+    "load_runtime",
+]
 
 
 class ModelCache:
@@ -39,13 +46,21 @@ class ModelCache:
         runtime = cache.resolve("breast_cancer", "2")   # 404 / 409 when not served
     """
 
-    def __init__(self, runtimes: Sequence[ModelRuntime], refused: Sequence[Any] = ()) -> None:
+    def __init__(
+        self,
+        runtimes: Sequence[ModelRuntime],
+        refused: Sequence[Any] = (),
+        labels: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
         """:param runtimes: built already, loaded or not (``of`` builds them from settings).
         :param refused: the repository entries the settings that chose these models could
-            not serve (``Settings.refused_models()``), for the index and a 409's reason."""
+            not serve (``Settings.refused_models()``), for the index and a 409's reason.
+        :param labels: each model's TF Serving version labels (``labels_of``); default:
+            those of the runtimes' settings."""
         if not runtimes:
             raise ValueError("a ModelCache serves at least one model")
         self.runtimes = list(runtimes)
+        self._labels = labels_of(r.settings for r in runtimes) if labels is None else labels
         self.default = self.runtimes[0]
         self.refused = tuple(refused)
         self._retired = threading.Event()
@@ -108,13 +123,8 @@ class ModelCache:
         return [r.model_version for r in self.runtimes if r.model_name == name]
 
     def version_labels(self, name: str) -> dict[str, str]:
-        """Model ``name``'s TF Serving version labels (label -> version), from each of its
-        versions' settings."""
-        labels: dict[str, str] = {}
-        for runtime in self.runtimes:
-            if runtime.model_name == name:
-                labels.update(runtime.settings.labels)
-        return labels
+        """Model ``name``'s TF Serving version labels (label -> version)."""
+        return dict(self._labels.get(name, {}))
 
     def resolve(self, name: str | None = None, version: str | None = None) -> ModelRuntime:
         """The runtime of model ``name`` (default: the first model) at ``version`` (default:
@@ -196,6 +206,15 @@ def load_runtime(runtime: ModelRuntime) -> BaseException | None:
     runtime.start_loading(failed, done.set)
     done.wait()
     return failures[0] if failures else None
+
+
+def labels_of(models: Iterable[ModelSettings]) -> dict[str, dict[str, str]]:
+    """Each model name's TF Serving version labels, from its versions' settings (a
+    repository gives a model's labels with one of its versions)."""
+    labels: dict[str, dict[str, str]] = {}
+    for model in models:
+        labels.setdefault(model.name, {}).update(model.labels)
+    return labels
 
 
 _current: ModelCache | None = None

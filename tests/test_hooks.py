@@ -569,3 +569,21 @@ def test_the_master_imports_what_a_worker_imports_to_serve(tmp_path: Path) -> No
     late = [m for m in new if m.split(".")[0] in ("flask", "werkzeug", "prometheus_client")]
     assert late == [], late
     assert [m for m in new if m.startswith("serving")] == [], new
+
+
+def test_reload_problem_a_refused_reload_takes_its_ask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the second attack: a reload refused (the repository left with nothing to
+    serve) left the poller's ask, and the operator's SIGHUP after it was taken in place."""
+    from serving.errors import SettingsError
+    from serving.server import hooks, in_place
+
+    monkeypatch.setattr(in_place, "asks", in_place.Asks())
+    in_place.asks.add()  # the poller asks for the repository emptied
+
+    def refused() -> None:
+        raise SettingsError("SERVING_MODEL_REPOSITORY", "nothing to serve")
+
+    monkeypatch.setattr(hooks, "checked_settings", refused)
+    assert hooks.reload_problem() is not None
+
+    assert in_place.asks.take() is False  # the next SIGHUP is no ask of the server's

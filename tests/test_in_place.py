@@ -419,3 +419,56 @@ def test_worker_change_follow_a_worker_stopped_by_a_rollover_takes_no_plan(
     time.sleep(0.3)
 
     assert taken == []
+
+
+@pytest.mark.usefixtures("installed")
+def test_worker_change_labels_stay_with_the_versions_serving_until_the_new_set_serves(
+    tmp_path: Path, metrics: ServingMetrics
+) -> None:
+    """Found by the second attack: a new version published took its model's labels (the
+    repository gives them with the newest) off the versions still serving while it
+    loaded: /labels/stable answered 404; and for good when it failed."""
+    root = repository(tmp_path)
+    version(root, "onnx", "2")
+    labels = {"version_policy": {"all": {}}, "labels": {"stable": 1, "canary": 2}}
+    (root / "onnx" / "config.json").write_text(json.dumps(labels))
+    cache = served(root, metrics)
+    version(root, "onnx", "3").write_bytes(b"cut short")
+    after = Settings(model_repository=root)
+
+    assert not worker_change.apply(
+        in_place.Plan(1, after, after.model_settings()), Board(tmp_path), slot=0,
+        on_problem=lambda reason: None, log=Log(),
+    )  # fmt: skip
+
+    assert cache_module.installed_cache() is cache
+    assert cache.version_labels("onnx") == {"stable": "1", "canary": "2"}
+
+
+def test_worker_change_a_process_the_load_forks_does_not_hold_the_turn(tmp_path: Path) -> None:
+    """Found by the second attack: a model whose load started a multiprocessing pool
+    kept the change lock through the pool's process, and no worker took a change again."""
+    import subprocess
+    import sys
+
+    board = Board(tmp_path)
+    with worker_change._Turn(board):
+        child = os.fork()
+        if child == 0:  # pragma: no cover (the forked process: it sleeps, holding nothing)
+            time.sleep(10)
+            os._exit(0)
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", (
+                "import signal, sys; from pathlib import Path; signal.alarm(5)\n"
+                "from serving.server.board import Board\n"
+                "from serving.server.worker_change import _Turn\n"
+                "with _Turn(Board(Path(sys.argv[1]))): pass"
+            ), str(tmp_path)],
+            check=False, capture_output=True, timeout=30,
+        )  # fmt: skip
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+    assert probe.returncode == 0, probe.stderr

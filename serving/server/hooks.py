@@ -94,8 +94,11 @@ _rolled_at = 0
 # What the master read of each model version its workers serve (serving.server.in_place).
 _identities: dict[str, tuple[int, ...] | None] = {}
 # Load and unload calls made (explicit control) as of the last reload: each new one is
-# a reload asked for (serving.server.in_place.asks), which may be taken in place.
+# a reload asked for (serving.server.in_place.asks), which may be taken in place; and
+# whether the reload going on is one the server asked for (taken at its check, refused
+# or not: every reload is one SIGHUP).
 _calls = 0
+_asked = False
 
 
 def checked_settings() -> Settings:
@@ -168,11 +171,11 @@ def reload_problem() -> str | None:
     would stop on (``"SERVING_MODEL_PATH: ..."``: a model file removed before its copy, a
     half-written ``SERVING_MODELS`` file), or None. The rollover then refuses the reload
     and the running workers serve on (``serving.server.rollover``)."""
-    global _calls
+    global _calls, _asked
     changes = control.changes(_boot.board) if _boot is not None else 0  # read before
     repository.reading()  # the poller compares with what this reload reads
     in_place.asks.add(max(0, changes - _calls))
-    _calls = max(changes, _calls)
+    _calls, _asked = max(changes, _calls), in_place.asks.take()
     try:
         checked_settings()
     except SettingsError as exc:
@@ -339,7 +342,7 @@ def change_in_place(server: Any) -> bool:
     place (``serving.server.in_place``), publish the plan they follow and return True:
     no worker is forked. Else False: the workers roll over."""
     global _generation, _settings, _identities
-    asked, settings = in_place.asks.take(), _settings
+    asked, settings = _asked, _settings
     if not asked or settings is None or _boot is None:
         return False
     try:

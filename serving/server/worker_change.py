@@ -128,7 +128,8 @@ def leave(board: Board) -> None:
 
 class _Turn:
     """The board's change lock, held by the one worker loading a change (the kernel
-    releases it should that process die), and its note of the version it loads: a note
+    releases it should that process die; a process it forks does not hold it), and its
+    note of the version it loads: a note
     the next holder finds is a worker that died loading (the master learns of the death
     only after the lock is free)."""
 
@@ -139,8 +140,10 @@ class _Turn:
         self.left: dict[str, Any] | None = None
 
     def __enter__(self) -> _Turn:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # a POSIX record lock, held by this process only: a process the load forks (a
+        # multiprocessing pool) does not inherit it, where an flock was held on by it
+        fcntl.lockf(self.fd, fcntl.LOCK_EX)
         with contextlib.suppress(ValueError):
             note = json.loads(os.pread(self.fd, 4096, 0) or b"null")
             self.left = note if isinstance(note, dict) else None
@@ -203,7 +206,7 @@ def _apply(
     on_problem: Callable[[str], None],
     log: Any,
 ) -> bool:
-    from serving.cache import ModelCache, install_cache, installed_cache, load_runtime
+    from serving.cache import ModelCache, install_cache, installed_cache, labels_of, load_runtime
     from serving.observe.metrics import default_metrics
     from serving.runtime import ModelRuntime
 
@@ -213,9 +216,7 @@ def _apply(
     runtimes, fresh = [], []
     for model in plan.models:
         runtime = _served(cache.runtimes, model)
-        if runtime is not None:
-            runtime.settings = model  # its labels may have moved
-        else:
+        if runtime is None:
             runtime = ModelRuntime(model, metrics, slot, inherited=sharing.inherited(model))
             fresh.append(runtime)
         runtimes.append(runtime)
@@ -254,7 +255,8 @@ def _apply(
                 each.on_stage = None
             _stop_later(fresh, 0.0, metrics)
             return False
-    replacement = ModelCache(runtimes, plan.settings.refused_models())
+    labels = labels_of(plan.models)  # moved with the new set, not before it serves
+    replacement = ModelCache(runtimes, plan.settings.refused_models(), labels)
     install_cache(replacement)
     cache.retire()
     replacement.start_watchdog(on_problem)
