@@ -99,6 +99,9 @@ _identities: dict[str, tuple[int, ...] | None] = {}
 # or not: every reload is one SIGHUP).
 _calls = 0
 _asked = False
+# The settings the check of the reload going on read (a change in place takes them rather
+# than read the repository again), or None when it refused the reload.
+_checked: Settings | None = None
 
 
 def checked_settings() -> Settings:
@@ -171,13 +174,13 @@ def reload_problem() -> str | None:
     would stop on (``"SERVING_MODEL_PATH: ..."``: a model file removed before its copy, a
     half-written ``SERVING_MODELS`` file), or None. The rollover then refuses the reload
     and the running workers serve on (``serving.server.rollover``)."""
-    global _calls, _asked
+    global _calls, _asked, _checked
     changes = control.changes(_boot.board) if _boot is not None else 0  # read before
     repository.reading()  # the poller compares with what this reload reads
     in_place.asks.add(max(0, changes - _calls))
-    _calls, _asked = max(changes, _calls), in_place.asks.take()
+    _calls, _asked, _checked = max(changes, _calls), in_place.asks.take(), None
     try:
-        checked_settings()
+        _checked = checked_settings()
     except SettingsError as exc:
         problem: str | None = f"invalid setting {exc}"
     else:
@@ -342,16 +345,15 @@ def change_in_place(server: Any) -> bool:
     place (``serving.server.in_place``), publish the plan they follow and return True:
     no worker is forked. Else False: the workers roll over."""
     global _generation, _settings, _identities
-    asked, settings = _asked, _settings
-    if not asked or settings is None or _boot is None:
+    asked, settings, new = _asked, _settings, _checked
+    if not asked or settings is None or new is None or _boot is None:
         return False
     try:
-        new = checked_settings()
         why = in_place.why_unsettled(_boot.board.read(), server.WORKERS, _rolled_at)
         why = why or in_place.why_rolled(
             settings, new, sharing.models_of(settings), sharing.models_of(new), _identities
         )  # fmt: skip
-    except (SettingsError, ValueError) as exc:  # a file gone since the check: rolled
+    except ValueError as exc:  # a file gone since the check: rolled
         why = str(exc)
     if why is None:
         why, stopping = in_place.tried(

@@ -129,9 +129,8 @@ def leave(board: Board) -> None:
 class _Turn:
     """The board's change lock, held by the one worker loading a change (the kernel
     releases it should that process die; a process it forks does not hold it), and its
-    note of the version it loads: a note
-    the next holder finds is a worker that died loading (the master learns of the death
-    only after the lock is free)."""
+    note of the version it loads: a note the next holder finds is a worker that died
+    loading (the master learns of the death only after the lock is free)."""
 
     def __init__(self, board: Board) -> None:
         self.path = board.path / _LOCK
