@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -18,6 +21,7 @@ from serving.server.recycling import RecycleGate
 from serving.server.worker import ServingWorker
 from serving.settings import Settings
 from tests.conftest import sleeping_processes
+from tests.waiting import until
 
 
 @pytest.fixture(autouse=True)
@@ -462,6 +466,52 @@ def test_recycle_gate_lets_one_worker_away_at_a_time_and_holds_no_slot(
     board.write(newer, "failed")
     board.remove(second)
     assert not gate.try_leave(newer) and not gate.try_leave(replacement)
+
+
+class _StallingBoard(Board):
+    """A board whose read stalls forever in process ``stall_in`` (a worker inside the
+    gate when it dies), after saying so on ``inside``."""
+
+    def __init__(self, path: Path, stall_in: int, inside: Path) -> None:
+        super().__init__(path)
+        self.stall_in, self.inside = stall_in, inside
+
+    def read(self) -> Any:
+        if os.getpid() == self.stall_in:
+            self.inside.touch()
+            time.sleep(60)
+        return super().read()
+
+
+def test_recycle_gate_is_not_wedged_by_a_worker_that_dies_inside_it(
+    tmp_path: Path, live_pids: list[int]
+) -> None:
+    """A worker stopped (a reload's SIGTERM, the graceful timeout's SIGKILL) while its
+    recycle watcher was inside the gate left the gate's lock taken: no worker recycled
+    again (the e2e test's "recycling stops for good after a reload")."""
+    inside = tmp_path / "inside"
+    board = _StallingBoard(tmp_path / "board", stall_in=-1, inside=inside)
+    board.path.mkdir()
+    gate = RecycleGate(board)
+    gate.target = 2
+    first, second = live_pids[:2]
+    board.write(first, "ready")
+    board.write(second, "ready")
+    pid = os.fork()
+    if pid == 0:  # the dying worker: inside the gate for good
+        board.stall_in = os.getpid()
+        try:
+            gate.try_leave(os.getpid())
+        finally:
+            os._exit(0)
+    try:
+        until(inside.exists, 10, what="the child inside the gate")
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+    left = ThreadPoolExecutor(1).submit(gate.try_leave, first)
+    assert left.result(timeout=10)
 
 
 def test_prepare_metrics_dir_refuses_a_directory_another_server_holds(

@@ -29,11 +29,14 @@ Imports only the standard library.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -58,6 +61,8 @@ _COUNTED = ("starting", "ready")
 GOING = ("leaving", "stopping")
 #: The master's note of a reload it refused (not a pid: skipped as a worker's file).
 _RELOAD = "reload"
+#: ``Board.locked``'s lock per name among this process's threads (record locks are not).
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
 #: The master's note of the last workers that died while loading (``Board.deaths``).
 _DEATHS = "deaths"
 _DEATHS_KEPT = 16
@@ -331,6 +336,21 @@ class Board:
             return int(note["pid"]), str(note["error"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+    @contextlib.contextmanager
+    def locked(self, name: str) -> Iterator[int]:
+        """Hold the board's lock ``name`` (a file beside the states) against every other
+        process and thread; yields the lock file's descriptor (its content is the
+        holder's to read and write). A POSIX record lock: the kernel releases it when
+        its process dies, and a process the holder forks does not hold it. (A
+        ``multiprocessing.Lock`` stayed taken for good when its holder was killed.)"""
+        with _THREAD_LOCKS.setdefault(name, threading.Lock()):  # record locks are per process
+            fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX)
+                yield fd
+            finally:
+                os.close(fd)  # releases the lock
 
     def destroy(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

@@ -23,25 +23,28 @@ from serving.server.board import GOING, Board
 
 __all__ = ["RecycleGate", "recycle_one_at_a_time"]
 
+#: The board's lock (``Board.locked``) a worker holds to look and leave.
+_LOCK = "recycle.lock"
+
 
 class RecycleGate:
     """At most one worker at a time is away for ``max_requests``.
 
-    Created by the master before the first fork (a lock and the configured number of
-    workers in shared memory, which the forked workers inherit; the master updates the
-    number, ``target``, as ``SIGTTIN``/``SIGTTOU`` change it). ``try_leave(pid)`` succeeds
-    only when no other worker is loading or failed, at least ``target - 1`` others are
-    ``ready`` (the previous leaver's replacement, forked as soon as it left, serves) and
-    at most one other is still ``leaving`` (draining: up to 2 s for kept-alive
-    connections; so recycles keep at most ``target + 2`` processes; workers the master is
-    ``stopping`` after a reload do not count). No slot is held
-    between recycles, so nothing has to free one: a reload or ``SIGTTIN`` during a
-    recycle once left the slot taken for good, and no worker recycled again.
+    Created by the master before the first fork: the configured number of workers
+    (``target``, in shared memory the forked workers inherit; the master updates it as
+    ``SIGTTIN``/``SIGTTOU`` change it) and a lock on the board (``Board.locked``: a
+    worker killed inside leaves it free). ``try_leave(pid)`` succeeds only when no other
+    worker is loading or failed, at least ``target - 1`` others are ``ready`` (the
+    previous leaver's replacement, forked as soon as it left, serves) and at most one
+    other is still ``leaving`` (draining: up to 2 s for kept-alive connections; so
+    recycles keep at most ``target + 2`` processes; workers the master is ``stopping``
+    after a reload do not count). No slot is held between recycles, so nothing has to
+    free one: a reload or ``SIGTTIN`` during a recycle once left the slot taken for
+    good, and no worker recycled again.
     """
 
     def __init__(self, board: Board) -> None:
         self.board = board
-        self._lock = multiprocessing.Lock()
         self._target = multiprocessing.RawValue("i", 0)
 
     @property
@@ -53,9 +56,14 @@ class RecycleGate:
         self._target.value = workers
 
     def try_leave(self, pid: int) -> bool:
-        """Whether worker ``pid`` may leave now; if so it is marked ``leaving``."""
-        with self._lock:
-            others = [s for p, s in self.board.read().states.items() if p != pid]
+        """Whether worker ``pid`` may leave now; if so it is marked ``leaving``. A worker
+        the master is stopping (a reload) may not: it goes anyway, and as ``leaving`` it
+        would hold up the next leaver."""
+        with self.board.locked(_LOCK):
+            states = self.board.read().states
+            if states.get(pid) in GOING:
+                return False
+            others = [s for p, s in states.items() if p != pid]
             if any(state not in ("ready", *GOING) for state in others):
                 return False  # one is loading or failed
             if others.count("leaving") > 1 or others.count("ready") < self.target - 1:

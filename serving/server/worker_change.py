@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import gc
 import json
 import os
@@ -133,16 +132,13 @@ class _Turn:
     loading (the master learns of the death only after the lock is free)."""
 
     def __init__(self, board: Board) -> None:
-        self.path = board.path / _LOCK
+        self._lock = board.locked(_LOCK)
         self.fd = -1
         #: The note found on taking the lock: ``{"pid", "generation", "model"}``, or None.
         self.left: dict[str, Any] | None = None
 
     def __enter__(self) -> _Turn:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        # a POSIX record lock, held by this process only: a process the load forks (a
-        # multiprocessing pool) does not inherit it, where an flock was held on by it
-        fcntl.lockf(self.fd, fcntl.LOCK_EX)
+        self.fd = self._lock.__enter__()
         with contextlib.suppress(ValueError):
             note = json.loads(os.pread(self.fd, 4096, 0) or b"null")
             self.left = note if isinstance(note, dict) else None
@@ -161,7 +157,7 @@ class _Turn:
 
     def __exit__(self, *exc: object) -> None:
         self.clear()
-        os.close(self.fd)
+        self._lock.__exit__(None, None, None)
 
     def died(self, generation: int) -> tuple[str, tuple[str, str]] | None:
         """The worker that died loading ``generation`` (or a later one) while it held the
