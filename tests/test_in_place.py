@@ -4,10 +4,12 @@ models (the demo joblib and ONNX files) while the board says where it is."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from serving.server.repository import Quarantine
 from serving.server.unloads import Unloads
 from serving.settings import DEMO_MODEL_PATH, Settings
 from tests.conftest import sleeping_processes
+from tests.waiting import until
 
 DEMO_ONNX = DEMO_MODEL_PATH.with_suffix(".onnx")
 
@@ -256,6 +259,41 @@ def test_worker_change_keeps_what_did_not_change_loads_the_new_and_drops_the_res
     assert board.read().states == {os.getpid(): "ready"} and board.read().errors == {}
     assert "loading added/1, onnx/2, dropping onnx/1; 1 other version(s) serve on" in log.lines[0]
     assert problems == []
+
+
+@pytest.mark.usefixtures("installed")
+def test_worker_change_a_dropped_version_is_freed_without_a_full_collection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metrics: ServingMetrics
+) -> None:
+    """Each change ran a full ``gc.collect()`` in every serving worker: 78 ms holding the
+    GIL in a worker with pandas, scikit-learn and ONNX Runtime imported, every request
+    waiting (the p99 of back-to-back changes in place). The dropped version's model is
+    freed by its references alone; only the young generations are collected."""
+    monkeypatch.setattr(worker_change, "DROP_AFTER_S", 0.0)
+    root = repository(tmp_path)
+    cache = served(root, metrics)
+    dropped = weakref.ref(cache.resolve("onnx", "1").require_ready()[0])
+    version(root, "onnx", "2")
+    after = Settings(model_repository=root)
+    generations: list[int] = []
+
+    def collecting(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    gc.disable()  # only the collections the change asks for
+    gc.callbacks.append(collecting)
+    try:
+        assert worker_change.apply(
+            in_place.Plan(1, after, after.model_settings()), Board(tmp_path), slot=0,
+            on_problem=lambda _: None, log=Log(),
+        )  # fmt: skip
+        del cache
+        until(lambda: dropped() is None and generations, 10, what="the dropped model freed")
+    finally:
+        gc.callbacks.remove(collecting)
+        gc.enable()
+    assert 2 not in generations, generations
 
 
 @pytest.mark.usefixtures("installed")
