@@ -15,7 +15,7 @@ Two kinds of object, as MLServer keeps ``ModelSettings`` apart from its server
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -423,6 +423,7 @@ class ModelFields(BaseSettings):
         self,
         loaded: Mapping[str, Any] | None,
         excluded: Mapping[tuple[str, str], str] | None = None,
+        kept: Mapping[str, Sequence[ModelSpec]] | None = None,
     ) -> Any:
         """``serving.repository.read`` of ``model_repository`` with these settings."""
         from serving.repository import read
@@ -431,24 +432,26 @@ class ModelFields(BaseSettings):
         return read(
             self.model_repository, max_models=self.max_models,
             allow_world_writable=self.allow_world_writable_model, loaded=loaded,
-            excluded=excluded,
+            excluded=excluded, kept=kept,
         )  # fmt: skip
 
     def selecting(
         self,
         loaded: Mapping[str, Any] | None,
         excluded: Mapping[tuple[str, str], str] | None = None,
+        kept: Mapping[str, Sequence[ModelSpec]] | None = None,
     ) -> Self:
         """These settings serving only the repository models ``loaded`` names (None:
         all; each a ``serving.repository.Loaded``: explicit model control's load config
-        and versions, what the load and unload calls left), and none of the versions ``excluded``
-        (``(model, version)`` -> why: a worker could not load it). Reads the repository
-        again.
+        and versions, what the load and unload calls left), none of the versions
+        ``excluded`` (``(model, version)`` -> why: a worker could not load it), and, of a
+        model whose ``config.json`` cannot be taken, the versions ``kept`` says it serves
+        now. Reads the repository again.
 
         :raises ValueError: naming the variable, as when the settings are read.
         """
         copy = self.model_copy()
-        copy._repository = self._scan(loaded, excluded)
+        copy._repository = self._scan(loaded, excluded, kept)
         return copy
 
     def polls_repository(self) -> bool:

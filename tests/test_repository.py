@@ -313,6 +313,33 @@ def test_repository_poll_sees_a_config_change(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
+def test_repository_a_config_json_broken_after_it_served_keeps_what_it_served(
+    tmp_path: Path,
+) -> None:
+    """Found by the new-user trial: a typo in a serving model's config.json (``"lables"``)
+    took the model offline at the next poll (404), and a bare /predict silently answered
+    from another model. As Triton keeps a model whose reload fails: the versions it served
+    serve on, and the index says why its config.json is not taken."""
+    for number in ("1", "2"):
+        version(tmp_path, "churn", number)
+    version(tmp_path, "cancer", "1")
+    config(tmp_path, "churn", {"version_policy": {"all": {}}})
+    before = scan(tmp_path)
+    (tmp_path / "churn" / "config.json").write_text('{"lables": {"stable": 2}}')
+    shutil.rmtree(tmp_path / "churn" / "1")  # a version gone since is not kept
+
+    kept = {"churn": [s for s in before.specs if s.name == "churn"]}
+    result = scan(tmp_path, kept=kept)
+
+    assert [(s.name, s.version) for s in result.specs] == [("cancer", "1"), ("churn", "2")]
+    assert result.specs[1] == before.specs[1]  # as it served
+    why = {(r.model, r.version): r.reason for r in result.refused}[("churn", "")]
+    assert why.startswith("config.json: lables: unknown field")
+    assert why.endswith("; the versions it served serve on (2) until it is fixed")
+    assert served(tmp_path) == [("cancer", "1")]  # first read (nothing served): refused
+
+
+@pytest.mark.unit
 def test_repository_a_hostile_config_json_refuses_its_model_only(tmp_path: Path) -> None:
     """Found by the attack: a deeply nested config.json raised RecursionError out of the
     scan (the master died at a reload), a FIFO hung the master in open(), /dev/zero ran it

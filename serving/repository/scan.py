@@ -23,7 +23,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -103,6 +103,7 @@ def scan(
     allow_world_writable: bool = False,
     loaded: Mapping[str, Loaded] | None = None,
     excluded: Mapping[tuple[str, str], str] | None = None,
+    kept: Mapping[str, Sequence[ModelSpec]] | None = None,
 ) -> Scan:
     """Read ``root`` (``SERVING_MODEL_REPOSITORY``). At most ``max_models`` versions in
     all are served (``SERVING_MAX_MODELS``): those past it, in order, are refused.
@@ -110,6 +111,9 @@ def scan(
     config and versions (``Loaded``); the others are refused as ``UNLOADED``. None serves
     every model. ``excluded`` names versions ``(model, version)`` refused for a reason
     found elsewhere (a worker could not load it): the policy picks among the others.
+    ``kept`` holds the versions each model serves now: a model whose ``config.json``
+    cannot be taken (a typo, a file half written) serves those on, as Triton keeps a
+    model whose reload fails, and its refusal says so.
 
     :raises OSError: when ``root`` itself cannot be listed.
     """
@@ -123,7 +127,10 @@ def scan(
             refused.append(Refusal(folder.name, "", UNLOADED))
             continue
         chosen = loaded.get(folder.name, Loaded()) if loaded is not None else Loaded()
-        found, problems = _model(folder, real_root, allow_world_writable, chosen, excluded or {})
+        found, problems = _model(
+            folder, real_root, allow_world_writable, chosen, excluded or {},
+            serving=(kept or {}).get(folder.name, ()),
+        )  # fmt: skip
         refused.extend(problems)
         for spec in found:
             if len(specs) < max_models:
@@ -141,6 +148,7 @@ def read(
     allow_world_writable: bool,
     loaded: Mapping[str, Loaded] | None,
     excluded: Mapping[tuple[str, str], str] | None = None,
+    kept: Mapping[str, Sequence[ModelSpec]] | None = None,
 ) -> Scan:
     """``scan`` as the settings read ``SERVING_MODEL_REPOSITORY``: any failure, or nothing
     to serve, is one ``ValueError`` naming the variable (out of the settings, it would stop
@@ -151,7 +159,7 @@ def read(
     try:
         found = scan(
             root, max_models=max_models, allow_world_writable=allow_world_writable,
-            loaded=loaded, excluded=excluded,
+            loaded=loaded, excluded=excluded, kept=kept,
         )  # fmt: skip
     except OSError as exc:
         raise ValueError(
@@ -180,6 +188,8 @@ def _model(
     allow_world_writable: bool,
     chosen: Loaded,
     excluded: Mapping[tuple[str, str], str],
+    *,
+    serving: Sequence[ModelSpec] = (),
 ) -> tuple[list[ModelSpec], list[Refusal]]:
     name = folder.name
     if not _safe(name):
@@ -192,7 +202,7 @@ def _model(
         if chosen.config is not None:
             config = overridden(config, chosen.config)
     except ValueError as exc:
-        return [], [Refusal(name, "", _cut(str(exc)))]
+        return _served_on(name, _cut(str(exc)), serving)
     servable, refused = _versions(folder, real_root, config, allow_world_writable)
     picked = _pick(name, servable, refused, config, chosen=chosen, excluded=excluded)
     policy = config.version_policy
@@ -222,6 +232,18 @@ def _model(
         specs.append(spec)
         labels = {}  # the model's labels on its first entry
     return specs, refused
+
+
+def _served_on(
+    name: str, reason: str, serving: Sequence[ModelSpec]
+) -> tuple[list[ModelSpec], list[Refusal]]:
+    """A model whose ``config.json`` cannot be taken: the versions of ``serving`` whose
+    files are still there serve on (none: the model is refused), and the refusal says so."""
+    specs = [spec for spec in serving if os.path.lexists(spec.path)]
+    if specs:
+        numbers = ", ".join(spec.version for spec in specs)
+        reason = f"{reason}; the versions it served serve on ({numbers}) until it is fixed"
+    return specs, [Refusal(name, "", reason)]
 
 
 def _pick(

@@ -36,6 +36,7 @@ from gunicorn import systemd  # type: ignore[import-untyped]
 from serving.auth import load_api_keys
 from serving.batching.arrivals import process_arrivals
 from serving.errors import SettingsError
+from serving.model_settings import ModelSpec
 from serving.observe import access_log, tracing, tracing_guards
 from serving.observe.payload_sinks import check_sink
 from serving.server import applied, control, in_place, repository, sharing, worker_change
@@ -121,8 +122,9 @@ def checked_settings() -> Settings:
 
 def _selected(settings: Settings) -> Settings:
     """``settings`` serving, of a model repository, what the load and unload calls left
-    (explicit control) and none of the versions its workers could not load (the
-    quarantine): both known to the master after its first fork only.
+    (explicit control), none of the versions its workers could not load (the quarantine),
+    and, of a model whose ``config.json`` cannot be taken now, the versions it serves:
+    all known to the master after its first fork only.
 
     :raises SettingsError: when that leaves nothing to serve.
     """
@@ -130,13 +132,25 @@ def _selected(settings: Settings) -> Settings:
         return settings
     wanted = control.wanted(_boot.board) if settings.controls_explicitly() else None
     excluded = _quarantine.excluded() if _quarantine is not None else {}
-    if wanted is None and not excluded:
+    kept = _serving_refused(settings)
+    if wanted is None and not excluded and not kept:
         return settings
     try:
-        return settings.selecting(wanted.models if wanted else None, excluded)
+        return settings.selecting(wanted.models if wanted else None, excluded, kept)
     except ValueError as exc:
         problem = str(exc).removeprefix("SERVING_MODEL_REPOSITORY: ")
         raise SettingsError("SERVING_MODEL_REPOSITORY", problem) from None
+
+
+def _serving_refused(settings: Settings) -> dict[str, list[ModelSpec]]:
+    """The versions serving now (``_settings``) of each model ``settings`` refuse as a
+    whole (a ``config.json`` that cannot be taken, among other reasons)."""
+    refused = {r.model for r in settings.refused_models() if not r.version}
+    serving: dict[str, list[ModelSpec]] = {}
+    for spec in (_settings.entries() or []) if _settings is not None else []:
+        if spec.name in refused:
+            serving.setdefault(spec.name, []).append(spec)
+    return serving
 
 
 def settings_or_exit() -> Settings:

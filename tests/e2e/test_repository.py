@@ -250,6 +250,62 @@ def test_repository_poll_serves_a_published_version_and_rides_out_an_emptied_rep
 
 
 @pytest.mark.usefixtures("cpu_hog")
+def test_repository_poll_a_typo_in_a_serving_models_config_json_keeps_it_serving(
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """Found by the new-user trial: ``"lables"`` written into a serving model's config.json
+    took it offline at the next poll (404 ``model_not_found``), and a bare /predict then
+    answered from another model. Now its versions serve on, the index says why its
+    config.json is not taken, and the fixed file is taken at the next poll."""
+    X, _ = breast_cancer
+    root = one_version(tmp_path / "models")
+    (root / "cancer" / "1").mkdir(parents=True)
+    shutil.copy(DEMO_MODEL_PATH, root / "cancer" / "1" / "m.joblib")
+    config = root / "churn" / "config.json"
+    config.write_text(json.dumps({"labels": {"stable": 1}}))
+    server = GunicornServer(tmp_path, model_repository=root, repository_poll_s=0.5)
+    server.start()
+
+    def index() -> dict[str, str]:
+        entries = requests.post(f"{server.url}/v2/repository/index", json={}, timeout=10)
+        return {f"{e['name']}/{e.get('version', '')}": e.get("reason", "") for e in entries.json()}
+
+    try:
+        server.wait_ready()
+        config.write_text('{"lables": {"stable": 1}}')
+        until(lambda: "lables" in index().get("churn/", ""), 30)
+        broken = index()["churn/"]
+        time.sleep(2)  # more looks: nothing else happens
+        answers = [
+            requests.post(f"{server.url}/predict/churn", json={"instances": X[:3].tolist()},
+                          timeout=30)
+            for _ in range(10)
+        ]  # fmt: skip
+        bare = requests.post(
+            f"{server.url}/predict", json={"instances": X[:3].tolist()}, timeout=30
+        )
+        labelled = requests.post(
+            f"{server.url}/v1/models/churn/labels/stable:predict",
+            json={"instances": X[:3].tolist()}, timeout=30,
+        )  # fmt: skip
+        config.write_text(json.dumps({"labels": {"stable": 1}}))
+        until(lambda: "churn/" not in index(), 30)
+        log = server.output()
+    finally:
+        server.kill()
+
+    expected = joblib.load(DEMO_MODEL_PATH).predict_proba(X[:3]).tolist()
+    assert [a.status_code for a in answers] == [200] * 10, answers[0].text
+    assert all(a.json()["probabilities"] == expected for a in answers)
+    assert bare.json()["model_name"] == "cancer"  # the first model, as before the typo
+    assert labelled.status_code == 200, labelled.text  # its labels as it served
+    assert broken == (
+        "config.json: lables: unknown field; the versions it served serve on (1) until it is fixed"
+    )
+    assert "lables" in log
+
+
+@pytest.mark.usefixtures("cpu_hog")
 def test_repository_poll_a_version_that_cannot_load_is_left_out_and_the_rest_goes_through(
     tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
 ) -> None:
