@@ -216,8 +216,9 @@ def compiled(
             threads=model.blas_threads,
             tolerance=model.compile_tolerance,
         )
-    except NotCompiled as exc:
-        log.warning("model %r: served by %s, not compiled: %s", handle.name, library, exc)
+    except NotCompiled as exc:  # no fault under auto (a warning where asked for: on)
+        level = logging.WARNING if model.compile == "on" else logging.INFO
+        log.log(level, "model %r: served by %s, not compiled: %s", handle.name, library, exc)
         return handle
     except Exception as exc:  # a converter's or onnxruntime's bug must not stop the model
         log.warning(

@@ -18,6 +18,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.compose import make_column_transformer
 from sklearn.ensemble import (
     GradientBoostingClassifier,
+    HistGradientBoostingClassifier,
     RandomForestClassifier,
     RandomForestRegressor,
 )
@@ -236,13 +237,38 @@ def test_compiled_serves_scikit_learn_with_one_line_when_answers_differ(
 ) -> None:
     handle = handle_of(scaled_forest)
 
-    with caplog.at_level(logging.WARNING, logger="serving"):
+    with caplog.at_level(logging.INFO, logger="serving.loading"):
         served = compiled(handle, settings_for(compile_tolerance=0))
 
     assert served is handle and served.engine == "sklearn"
-    (line,) = [r.getMessage() for r in caplog.records]
+    (record,) = [r for r in caplog.records if "not compiled" in r.getMessage()]
+    line = record.getMessage()
     assert line.startswith("model 'm': served by scikit-learn, not compiled: ")
     assert "'probabilities' differ by up to" in line and "tolerance 0" in line
+    # Under auto, a model served by its library is no fault: info (a warning under on).
+    assert record.levelno == logging.INFO
+
+
+def test_compiled_a_histgradientboosting_model_says_why_in_one_short_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The new-user trial: a HistGradientBoosting pipeline logged a warning quoting the
+    node skl2onnx could not make with every leaf's value (``attributes={'base_values':
+    array([...``), cut at 300 characters, in each worker."""
+    rng = np.random.default_rng(0)
+    X = rng.random((200, 4))
+    model = HistGradientBoostingClassifier(max_iter=5).fit(X, X[:, 0] > 0.5)
+
+    with caplog.at_level(logging.INFO, logger="serving.loading"):
+        served = compiled(handle_of(model), settings_for(compile="on"))
+
+    assert served.engine == "sklearn"
+    (record,) = [r for r in caplog.records if "not compiled" in r.getMessage()]
+    assert record.getMessage() == (
+        "model 'm': served by scikit-learn, not compiled: as a whole: ValueError: Unable to "
+        "create node 'TreeEnsembleClassifier'"
+    )
+    assert record.levelno == logging.WARNING  # asked for (on)
 
 
 def test_compiled_a_model_with_its_own_final_estimator_is_served_as_it_is(

@@ -248,6 +248,11 @@ def reason(error: Exception, estimator: Any) -> str:
     return f"{type(error).__name__}: {first_line(error)}"
 
 
+#: Where onnx's "Unable to create node 'X'" goes on to quote the node's attributes (every
+#: leaf's value of a tree ensemble): cut there.
+_QUOTING = " with name="
+
+
 def first_line(error: Exception) -> str:
     text = str(error).strip().splitlines()
-    return (text[0] if text else type(error).__name__)[:300]
+    return (text[0] if text else type(error).__name__).split(_QUOTING)[0][:300]
