@@ -73,7 +73,17 @@ def test_why_rolled_names_the_shared_versions_a_change_adds_or_drops(tmp_path: P
     old = Settings(model_repository=root)
     version(root, "shared", "2", DEMO_MODEL_PATH)
     assert rolled(old, Settings(model_repository=root)) == (
-        "shared/2, shared/1: loaded once in the master and shared"
+        "loads shared/2, drops shared/1: loaded once in the master and shared"
+    )
+    # Each version named once (the new-user trial read "credit/2, credit/1, credit/2,
+    # credit/1"): a version whose settings changed is reloaded.
+    (root / "shared" / "config.json").write_text('{"version_policy": {"all": {}}}')
+    both = Settings(model_repository=root)
+    (root / "shared" / "config.json").write_text(
+        '{"version_policy": {"all": {}}, "max_batch_size": 4}'
+    )
+    assert rolled(both, Settings(model_repository=root)) == (
+        "reloads shared/2, shared/1: loaded once in the master and shared"
     )
     off = Settings(model_repository=root, share_model="off")  # nothing shared: in place
     assert rolled(off, Settings(model_repository=root, share_model="off")) is None
@@ -99,7 +109,7 @@ def test_why_rolled_a_file_replaced_under_the_same_settings_is_a_change(tmp_path
     os.replace(file.with_name("new"), file)  # another inode, the same settings
 
     assert rolled(old, Settings(model_repository=root), read) == (
-        "shared/1: loaded once in the master and shared"
+        "reloads shared/1: loaded once in the master and shared"
     )
     assert rolled(Settings(model_path=DEMO_MODEL_PATH), Settings(model_path=DEMO_MODEL_PATH)) == (
         "no model repository"

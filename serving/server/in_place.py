@@ -141,10 +141,20 @@ def why_rolled(
     if old.model_dump() != new.model_dump():
         return "a server setting changed"
     changed, dropped = changes(old_models, new_models, read)
-    shared = [m for m in (*changed, *dropped) if is_shared(m)]
-    if shared:
-        names = ", ".join(f"{m.name}/{m.version}" for m in shared)
-        return f"{names}: loaded once in the master and shared"
+    served = {f"{m.name}/{m.version}" for m in old_models}
+    loads = dict.fromkeys(f"{m.name}/{m.version}" for m in changed if is_shared(m))
+    drops = list(dict.fromkeys(f"{m.name}/{m.version}" for m in dropped if is_shared(m)))
+    parts = [
+        f"{verb} {', '.join(names)}"
+        for verb, names in (
+            ("reloads", [n for n in loads if n in served]),  # another file, or settings
+            ("loads", [n for n in loads if n not in served]),
+            ("drops", [n for n in drops if n not in loads]),
+        )
+        if names
+    ]
+    if parts:
+        return f"{', '.join(parts)}: loaded once in the master and shared"
     return None
 
 
