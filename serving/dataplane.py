@@ -64,6 +64,8 @@ log = logging.getLogger(__name__)
 #: Most (model, name) pairs logged as ignored per process: a client sending random names
 #: cannot grow the set without bound.
 _MAX_IGNORED = 1024
+#: Most (rules, model, version) entries of the per-model rules kept per process.
+_MAX_RULES = 256
 
 
 @dataclass(slots=True)
@@ -225,21 +227,25 @@ class DataPlane:
         key = (rules, handle.name, handle.version)
         found = self._rules_for.get(key)
         if found is None:
-            found = replace(rules or self.rules, on_ignored=self._ignored(handle))
+            if len(self._rules_for) >= _MAX_RULES:  # versions come and go: keep it bounded
+                self._rules_for.clear()
+            found = replace(rules or self.rules, on_ignored=self._ignored(*key[1:]))
             self._rules_for[key] = found
         return found
 
-    def _ignored(self, handle: ModelHandle) -> Callable[[str], None]:
-        """Log a name ``handle``'s model does not have, once per model and name."""
+    def _ignored(self, model: str, version: str) -> Callable[[str], None]:
+        """Log a name ``model`` ``version`` does not have, once per model and name. It
+        holds the names, not the handle: a version dropped is freed (an attack saw each
+        version published keep its ONNX session for the life of the worker)."""
 
         def log_once(name: str) -> None:
-            key = (handle.name, handle.version, name)
+            key = (model, version, name)
             if key not in self._ignored_names and len(self._ignored_names) < _MAX_IGNORED:
                 self._ignored_names.add(key)
                 log.info(
                     "model %r version %r: ignoring %r, which it does not take "
                     "(SERVING_EXTRA_COLUMNS=ignore, or MLflow's rules on /invocations)",
-                    handle.name, handle.version, name[:64],
+                    model, version, name[:64],
                 )  # fmt: skip
 
         return log_once

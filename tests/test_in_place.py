@@ -13,11 +13,15 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
 from serving import cache as cache_module
 from serving.cache import ModelCache
+from serving.context import Call
+from serving.dataplane import DataPlane
+from serving.inputs.instances import Frame
 from serving.observe.metrics import ServingMetrics
 from serving.server import applied, in_place, worker_change
 from serving.server.board import Board
@@ -277,32 +281,48 @@ def test_worker_change_a_dropped_version_is_freed_without_a_full_collection(
 ) -> None:
     """Each change ran a full ``gc.collect()`` in every serving worker: 78 ms holding the
     GIL in a worker with pandas, scikit-learn and ONNX Runtime imported, every request
-    waiting (the p99 of back-to-back changes in place). The dropped version's model is
-    freed by its references alone; only the young generations are collected."""
+    waiting (the p99 of back-to-back changes in place). A dropped version is freed by its
+    references alone: its batcher was in a reference cycle (with its predict calls), which
+    held the ONNX session until a full collection, and the data plane's rules held each
+    version's handle for good (the attack: a worker grew 150 MB per version published)."""
     monkeypatch.setattr(worker_change, "DROP_AFTER_S", 0.0)
     root = repository(tmp_path)
-    cache = served(root, metrics)
-    dropped = weakref.ref(cache.resolve("onnx", "1").require_ready()[0])
-    version(root, "onnx", "2")
-    after = Settings(model_repository=root)
+    served(root, metrics)
+    board = Board(tmp_path)
+
+    def change(generation: int, number: str) -> None:
+        version(root, "onnx", number)
+        after = Settings(model_repository=root)
+        plan = in_place.Plan(generation, after, after.model_settings())
+        assert worker_change.apply(plan, board, slot=0, on_problem=lambda _: None, log=Log())
+
+    change(1, "2")  # onnx/2, loaded in place as a worker does
+    runtime = cache_module.installed_cache().resolve("onnx", "2")  # type: ignore[union-attr]
+    handle, batcher = runtime.require_ready()
+    plane = DataPlane(Settings(model_repository=root), metrics, cache_module.installed_cache)  # type: ignore[arg-type]
+    rows = Frame(np.zeros((1, handle.n_features or 0)).tolist())
+    plane.infer(Call.start("r", timeout_s=30), "onnx", "2", rows)  # through the rules
+    dropped = [weakref.ref(handle), weakref.ref(batcher), weakref.ref(runtime)]
+    del runtime, handle, batcher
+    gc.collect()
     generations: list[int] = []
 
     def collecting(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             generations.append(info["generation"])
 
+    gc.freeze()  # a worker that served a while: what it holds is past the young collections
     gc.disable()  # only the collections the change asks for
     gc.callbacks.append(collecting)
     try:
-        assert worker_change.apply(
-            in_place.Plan(1, after, after.model_settings()), Board(tmp_path), slot=0,
-            on_problem=lambda _: None, log=Log(),
-        )  # fmt: skip
-        del cache
-        until(lambda: dropped() is None and generations, 10, what="the dropped model freed")
+        change(2, "3")  # drops onnx/2
+        until(lambda: generations, 10, what="the dropped version stopped")
+        alive = [ref() is not None for ref in dropped]
     finally:
         gc.callbacks.remove(collecting)
         gc.enable()
+        gc.unfreeze()
+    assert alive == [False, False, False]
     assert 2 not in generations, generations
 
 

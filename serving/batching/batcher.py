@@ -62,6 +62,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Final, Literal
 
@@ -162,8 +163,13 @@ class ThreadedBatcher:
         self._depth = 0
         self._carry: PendingRequest | None = None
         self._stop_seen = False
-        # Its moving average of a call's time is written under _model.
-        self._calls = PredictCalls(predict_batch, self._lock, lambda: self._depth, on_flush)
+        # Its moving average of a call's time is written under _model. It reads the depth
+        # through a weak reference: a batcher and its calls in a reference cycle held a
+        # dropped model (an ONNX session) until a full collection.
+        me = weakref.ref(self)
+        self._calls = PredictCalls(
+            predict_batch, self._lock, lambda: getattr(me(), "_depth", 0), on_flush
+        )
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     @property
