@@ -123,6 +123,11 @@ class ModelSpec(BaseModel):
     compile: Compile | None = Field(
         None, description="auto, on or off: serve a scikit-learn model through ONNX Runtime."
     )
+    share: Literal["auto", "off"] | None = Field(
+        None,
+        description="auto or off: as SERVING_SHARE_MODEL, for this model (off: each worker "
+        "loads its own copy, and a change of it is taken in place).",
+    )
     labels: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")], str] = Field(
         default_factory=dict,
         description="TF Serving version_labels of this model name: label -> a version "
@@ -270,9 +275,10 @@ class ModelFields(BaseSettings):
             "Several models/versions per worker: a JSON list (or the path of a JSON file)"
             ' of `{"name", "version", "path", "format", "class", "sha256", '
             '"max_batch_size", "max_batch_latency_ms", "batch_policy", "max_queue_depth",'
-            ' "labels"}` (`labels`: TF Serving version labels, see below); only `name` '
-            "and `path` are required, left-out batching fields take the server-wide "
-            "value. The first entry is what `/predict` serves. Replaces "
+            ' "compile", "share", "labels"}` (`labels`: TF Serving version labels, see '
+            "below); only `name` and `path` are required, left-out batching fields (and "
+            "`compile`, `share`) take the server-wide value. The first entry is what "
+            "`/predict` serves. Replaces "
             "`SERVING_MODEL_PATH`/`_NAME`/`_VERSION`/`_FORMAT`/`_SHA256`"
         ),
     )

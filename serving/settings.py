@@ -203,7 +203,8 @@ class Settings(ObserveFields, ModelFields):
             "`auto`: the master loads pickle, joblib and skops models once, before it forks,"
             " and every worker (respawns, recycles and reloads too) shares its memory; ONNX"
             " models and your own classes are still loaded in each worker (see docs/models.md, "
-            '"One copy of the model per host"); `off`: every worker loads its own copy'
+            '"One copy of the model per host"); `off`: every worker loads its own copy. Per '
+            "model as `share` in `SERVING_MODELS` and a repository's `config.json`"
         ),
     )
     compile: Compile = Field(
@@ -356,7 +357,7 @@ class Settings(ObserveFields, ModelFields):
 #: The batching fields a ``SERVING_MODELS`` entry may set for itself.
 _BATCHING = ("max_batch_size", "max_batch_latency_ms", "batch_policy", "max_queue_depth")
 #: Every field a ``SERVING_MODELS`` entry (or a repository's ``config.json``) may set for itself.
-_PER_MODEL = (*_BATCHING, "compile")
+_PER_MODEL = (*_BATCHING, "compile", "share")
 
 #: A model validator's message naming its variable (pydantic prefixes "Value error, ").
 _NAMED = re.compile(r"^(?:Value error, )?(?P<variable>SERVING_[A-Z_]+): (?P<problem>.*)$", re.S)

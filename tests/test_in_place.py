@@ -92,6 +92,12 @@ def test_why_rolled_names_the_shared_versions_a_change_adds_or_drops(tmp_path: P
     )
     off = Settings(model_repository=root, share_model="off")  # nothing shared: in place
     assert rolled(off, Settings(model_repository=root, share_model="off")) is None
+    # The model's own config.json: "share": "off" (one copy per worker) is taken in place.
+    (root / "shared" / "config.json").write_text('{"share": "off"}')
+    own = Settings(model_repository=root)
+    assert [m.share for m in own.model_settings()] == ["auto", "off"]  # onnx, shared
+    version(root, "shared", "3", DEMO_MODEL_PATH)
+    assert rolled(own, Settings(model_repository=root)) is None
 
 
 def test_why_rolled_a_label_moved_is_no_change_of_a_model(tmp_path: Path) -> None:

@@ -66,6 +66,12 @@ def test_choose_keeps_your_own_class_and_everything_under_off_per_worker(
     assert not custom.shared and "your class" in custom.why
     (off,) = sharing.choose(_settings(settings, model_path=path, share_model="off"))
     assert not off.shared and off.why == "SERVING_SHARE_MODEL=off"
+    # ... and a model whose own entry says "share": "off", beside one that shares
+    entries = json.dumps([
+        {"name": "own", "path": str(path), "share": "off"}, {"name": "one", "path": str(path)}
+    ])  # fmt: skip
+    own, one = sharing.choose(_settings(settings, models=entries))
+    assert (own.shared, own.why, one.shared) == (False, "share: off", True)
 
 
 def test_describe_names_each_model_and_why_in_one_line(settings: Settings, tmp_path: Path) -> None:

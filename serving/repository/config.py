@@ -13,7 +13,7 @@ default, n = 1), ``{"all": {}}`` and ``{"specific": {"versions": [...]}}``, as T
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -92,9 +92,13 @@ class ModelConfig(_Closed):
     batch_policy: BatchPolicy | None = None
     max_queue_depth: QueueDepth | None = None
     compile: Compile | None = Field(None, description="As SERVING_COMPILE, for this model.")
+    share: Literal["auto", "off"] | None = Field(
+        None, description="As SERVING_SHARE_MODEL, for this model."
+    )
 
     def batching(self) -> dict[str, Any]:
-        """The batching fields (and ``compile``) it sets, for each version's ``ModelSpec``."""
+        """The batching fields (and ``compile``, ``share``) it sets, for each version's
+        ``ModelSpec``."""
         names = ("max_batch_size", "max_batch_latency_ms", "batch_policy", "max_queue_depth",
-                 "compile")  # fmt: skip
+                 "compile", "share")  # fmt: skip
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}

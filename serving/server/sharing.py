@@ -140,7 +140,8 @@ def choose(settings: Settings) -> list[Choice]:
     for model in models_of(settings):
         fmt = model.format
         if model.share == "off":
-            choices.append(Choice(model, False, "SERVING_SHARE_MODEL=off"))
+            why = "SERVING_SHARE_MODEL=off" if settings.share_model == "off" else "share: off"
+            choices.append(Choice(model, False, why))
         elif fmt in SHARED_FORMATS:
             choices.append(Choice(model, True, f"{fmt}: loaded once in the master"))
         else:

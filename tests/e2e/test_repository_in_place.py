@@ -164,7 +164,56 @@ def test_repository_in_place_an_onnx_version_published_and_removed_reloads_nothi
     np.testing.assert_allclose(answer["probabilities"], probabilities, rtol=1e-6)
     assert set(client.statuses) == {(model, 200) for model in MODELS}, client.statuses
     assert log.count("taken in place by the running workers") == 2, log
-    assert "the change rolls the workers over (shared/2, shared/1: loaded once in the master" in log
+    assert (
+        "the change rolls the workers over (loads shared/2, drops shared/1: loaded once in "
+        "the master and shared)"
+    ) in log
+
+
+@pytest.mark.usefixtures("cpu_hog")
+def test_repository_in_place_a_joblib_model_not_shared_takes_its_change_in_place(
+    tmp_path: Path, breast_cancer: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """Issue 32 item 5, where "one copy per host" and "only what changed" conflict: a
+    joblib model with ``"share": "off"`` in its config.json is loaded by each worker, and a
+    version published is taken in place (no worker forked, the ONNX models not loaded
+    again), answering as the new file does in-process."""
+    import json
+
+    import joblib
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = breast_cancer
+    root = build(tmp_path / "models")
+    (root / "shared" / "config.json").write_text(json.dumps({"share": "off"}))
+    published = make_pipeline(StandardScaler(), LogisticRegression(C=0.002)).fit(X, y)
+    joblib.dump(published, tmp_path / "new.joblib")
+    server = GunicornServer(tmp_path, model_repository=root, repository_poll_s=0.5)
+    server.start()
+    try:
+        server.wait_ready()
+        pids = sorted(server.worker_pids())
+        with Client(server.url, X[:3].tolist()) as client:
+            publish(root, "shared", "2", (tmp_path / "new.joblib").read_bytes(), "m.joblib")
+            until(lambda: [version_of(server, "shared", X[:3]) for _ in range(10)] == ["2"] * 10)
+            until(lambda: settled(server))
+        answer = requests.post(
+            f"{server.url}/predict/shared", json={"instances": X[:5].tolist()}, timeout=30
+        ).json()
+        after = sorted(server.worker_pids())
+        onnx_loads = {model: loads(server, model) for model in ("fixed", "moving")}
+        log = server.output()
+    finally:
+        server.kill()
+
+    assert after == pids, log  # no worker forked
+    assert onnx_loads == {"fixed": 2, "moving": 2}  # not loaded again
+    assert answer["model_version"] == "2"
+    assert answer["probabilities"] == published.predict_proba(X[:5]).tolist()
+    assert set(client.statuses) == {(model, 200) for model in MODELS}, client.statuses
+    assert "'shared' version '1' per worker (share: off)" in log
+    assert "taken in place by the running workers" in log, log
 
 
 @pytest.mark.usefixtures("cpu_hog")
