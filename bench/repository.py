@@ -6,14 +6,16 @@ models unloaded and loaded again by API (``explicit``).
     python bench/repository.py --control explicit     # unload / load by API
     python bench/repository.py --cycles 20 --settle-s 10
     python bench/repository.py --changed onnx --untouched onnx   # changes taken in place
+    python bench/repository.py --changed-share off --untouched onnx   # joblib, in place
 
 The server runs in its own session (2 workers, the demo model copied as each model's
 version 1, as joblib or as ONNX: ``--changed`` for ``m0``..``m2``, ``--untouched`` for
 the others; ``SERVING_REPOSITORY_POLL_S=0.5`` under ``poll``). A change of ONNX models
 only is taken in place by the running workers; one of a joblib (shared) model rolls the
-workers over. First ``--settle-s`` seconds
-of load alone (the "before" p99), then ``--cycles`` changes to the models ``m0``..``m2``
-in turn (``m3`` and ``m4`` never change):
+workers over, unless ``--changed-share off`` (``"share": "off"`` in those models'
+config.json: each worker loads its own copy, and takes their changes in place). First
+``--settle-s`` seconds of load alone (the "before" p99), then ``--cycles`` changes to the
+models ``m0``..``m2`` in turn (``m3`` and ``m4`` never change):
 
 - ``poll``: a version ``n+1`` published (copied beside the model under a hidden name,
   renamed into place), timed from the rename to the first answer naming it and to the
@@ -154,6 +156,11 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--changed", choices=sorted(SOURCES), default="joblib")
     parser.add_argument("--untouched", choices=sorted(SOURCES), default="joblib")
     parser.add_argument(
+        "--changed-share", choices=["auto", "off"], default="auto",
+        help='the changed models\' "share" in their config.json (off: a joblib model is '
+        "loaded by each worker, and its changes are taken in place)",
+    )  # fmt: skip
+    parser.add_argument(
         "--every-s", type=float, default=0.0,
         help="start a step (a publish, a removal; an unload, a load) every this many "
         "seconds at most, so runs whose changes take different times change as often "
@@ -169,6 +176,8 @@ def repository(args: argparse.Namespace) -> Path:
         (root / model / "1").mkdir(parents=True)
         source = SOURCES[args.changed if model in CHANGED else args.untouched]
         shutil.copy(source, root / model / "1" / source.name)
+        if model in CHANGED and args.changed_share == "off":
+            (root / model / "config.json").write_text(json.dumps({"share": "off"}))
     return root
 
 
@@ -177,7 +186,8 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     print(
         f"CPU: {cpu_model()}; control {args.control}, 2 workers, {args.threads} threads; "
-        f"changed models {args.changed}, untouched {args.untouched}"
+        f"changed models {args.changed} (share {args.changed_share}), untouched "
+        f"{args.untouched}"
     )
 
     root = repository(args)
@@ -239,7 +249,7 @@ def main() -> None:
     )  # fmt: skip
     print(f"  workers forked: {forked} (2 at start); untouched models' loads: {loads}")
     report |= {"workers_forked": forked, "untouched_loads": loads}
-    name = f"repository-{args.control}-{args.changed}-{args.untouched}.json"
+    name = f"repository-{args.control}-{args.changed}-{args.changed_share}-{args.untouched}.json"
     (RESULTS / name).write_text(json.dumps(report, indent=2))
 
 

@@ -411,10 +411,12 @@ def test_max_requests_bounds_what_each_worker_serves_across_a_reload(
     assert failures == [], failures[:5]
     served = [int(n) for n in re.findall(r"exiting after (\d+) requests", server.output())]
     assert len(served) >= 10, server.output()
-    # Past its count a worker serves on only while the previous leaver's replacement loads
-    # (observed: at most 56-135 with this limit of 20 on a quiet host, 302 with four test
-    # runs beside it; 1,000 and more before, when recycling stopped for good).
-    assert max(served) <= 25 * limit, sorted(served)
+    # Past its count a worker serves on only while another loads: the previous leaver's
+    # replacement, or a reload's new workers (observed: at most 56-135 with this limit of
+    # 20 on a quiet host; 655 and 682 with the CPU hog, a worker past its count through a
+    # whole rollover; 13,574 before, when recycling stopped for good). That recycling goes
+    # on is the wait above; this bound only says no worker served without one.
+    assert max(served) <= 100 * limit, sorted(served)
 
 
 def test_a_new_worker_killed_while_it_loads_leaves_no_old_model_serving(
