@@ -14,8 +14,10 @@ Two kinds of object, as MLServer keeps ``ModelSettings`` apart from its server
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -66,6 +68,7 @@ __all__ = [
     "ModelSettings",
     "ModelSpec",
     "model_default",
+    "serving_on",
 ]
 
 
@@ -207,6 +210,24 @@ def model_default(name: str) -> Any:
     """The default of ``ModelSettings`` field ``name``: the server-wide default of the
     ``Settings`` field that gives it (one value, in one place)."""
     return ModelSettings.model_fields[name].default
+
+
+#: The repository versions the server serves now, by model, while its master reads the
+#: settings again (``serving_on``).
+_serving: ContextVar[Mapping[str, Sequence[ModelSpec]] | None] = ContextVar("serving", default=None)
+
+
+@contextlib.contextmanager
+def serving_on(kept: Mapping[str, Sequence[ModelSpec]]) -> Iterator[None]:
+    """Settings read meanwhile serve, of a repository model whose ``config.json`` cannot be
+    taken, the versions ``kept`` names for it (``serving.repository.scan``'s ``kept``):
+    the master's settings are read from the environment, where nothing says what serves.
+    """
+    token = _serving.set(kept)
+    try:
+        yield
+    finally:
+        _serving.reset(token)
 
 
 class ModelFields(BaseSettings):
@@ -422,7 +443,7 @@ class ModelFields(BaseSettings):
                 f"SERVING_MODEL_REPOSITORY: set it or {' and '.join(others)}, not both "
                 "(one source of models)"
             )
-        self._repository = self._scan(None)
+        self._repository = self._scan(None, kept=_serving.get())
         return self
 
     def _scan(

@@ -61,6 +61,44 @@ def test_settings_or_exit_exits_at_start_and_keeps_the_running_settings_on_a_rel
     assert lines[-1].startswith("serving: invalid setting SERVING_MODEL_PATH: ")
 
 
+def test_checked_settings_a_served_model_whose_config_json_breaks_serves_on_as_loaded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Found by the second attack: when every served model's config.json broke, the reload
+    was refused ("nothing to serve") and the index showed the reload before; and a version
+    kept while its config.json was broken, republished with other files, was loaded from
+    them, its config never read."""
+    import shutil
+
+    from serving.server import in_place, sharing
+
+    root = tmp_path / "models"
+    for model in ("a", "c"):
+        (root / model / "1").mkdir(parents=True)
+        shutil.copy("serving/demo/breast_cancer.joblib", root / model / "1" / "m.joblib")
+    monkeypatch.setenv("SERVING_MODEL_REPOSITORY", str(root))
+    monkeypatch.setenv("SERVING_API_KEYS", "")
+    running = hooks.checked_settings()
+    monkeypatch.setattr(hooks, "_settings", running)
+    monkeypatch.setattr(hooks, "_identities", in_place.identities(sharing.models_of(running)))
+    for model in ("a", "c"):
+        (root / model / "config.json").write_text('{"oops": 1}')
+
+    both = hooks.checked_settings()
+    republished = root / "a" / "1" / "m.joblib"
+    shutil.copy("serving/demo/breast_cancer.joblib", tmp_path / "other")
+    os.replace(tmp_path / "other", republished)  # other files under the number that served
+    one = hooks.checked_settings()
+
+    assert [(m.name, m.version) for m in both.model_settings()] == [("a", "1"), ("c", "1")]
+    kept = "config.json: oops: unknown field; the versions it served serve on (1) until it is fixed"
+    assert {(r.model, r.reason) for r in both.refused_models()} == {("a", kept), ("c", kept)}
+    assert [(m.name, m.version) for m in one.model_settings()] == [("c", "1")]
+    assert {(r.model, r.reason) for r in one.refused_models()} == {
+        ("a", "config.json: oops: unknown field"), ("c", kept)
+    }  # fmt: skip
+
+
 def test_on_starting_removes_only_prometheus_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -36,7 +36,7 @@ from gunicorn import systemd  # type: ignore[import-untyped]
 from serving.auth import load_api_keys
 from serving.batching.arrivals import process_arrivals
 from serving.errors import SettingsError
-from serving.model_settings import ModelSpec
+from serving.model_settings import ModelSpec, serving_on
 from serving.observe import access_log, tracing, tracing_guards
 from serving.observe.payload_sinks import check_sink
 from serving.server import applied, control, in_place, repository, sharing, worker_change
@@ -112,7 +112,9 @@ def checked_settings() -> Settings:
 
     :raises SettingsError: naming the variable.
     """
-    settings = _selected(load_settings())
+    kept = _kept()
+    with serving_on(kept):
+        settings = _selected(load_settings(), kept)
     load_api_keys(settings)  # an unreadable keys file stops start-up here, not per worker
     check_sink(settings)  # so does a payload log file that cannot be written
     if tracing.enabled() and (problem := tracing_guards.environment_problem()):
@@ -120,11 +122,11 @@ def checked_settings() -> Settings:
     return settings
 
 
-def _selected(settings: Settings) -> Settings:
+def _selected(settings: Settings, kept: dict[str, list[ModelSpec]]) -> Settings:
     """``settings`` serving, of a model repository, what the load and unload calls left
-    (explicit control), none of the versions its workers could not load (the quarantine),
-    and, of a model whose ``config.json`` cannot be taken now, the versions it serves:
-    all known to the master after its first fork only.
+    (explicit control) and none of the versions its workers could not load (the
+    quarantine): both known to the master after its first fork only. Read again, a model
+    whose ``config.json`` cannot be taken serves on what ``kept`` says.
 
     :raises SettingsError: when that leaves nothing to serve.
     """
@@ -132,8 +134,7 @@ def _selected(settings: Settings) -> Settings:
         return settings
     wanted = control.wanted(_boot.board) if settings.controls_explicitly() else None
     excluded = _quarantine.excluded() if _quarantine is not None else {}
-    kept = _serving_refused(settings)
-    if wanted is None and not excluded and not kept:
+    if wanted is None and not excluded:
         return settings
     try:
         return settings.selecting(wanted.models if wanted else None, excluded, kept)
@@ -142,15 +143,24 @@ def _selected(settings: Settings) -> Settings:
         raise SettingsError("SERVING_MODEL_REPOSITORY", problem) from None
 
 
-def _serving_refused(settings: Settings) -> dict[str, list[ModelSpec]]:
-    """The versions serving now (``_settings``) of each model ``settings`` refuse as a
-    whole (a ``config.json`` that cannot be taken, among other reasons)."""
-    refused = {r.model for r in settings.refused_models() if not r.version}
-    serving: dict[str, list[ModelSpec]] = {}
-    for spec in (_settings.entries() or []) if _settings is not None else []:
-        if spec.name in refused:
-            serving.setdefault(spec.name, []).append(spec)
-    return serving
+def _kept() -> dict[str, list[ModelSpec]]:
+    """The repository versions the master serves now (``_settings``) whose files are still
+    the ones loaded, by model: what a model whose ``config.json`` goes bad serves on. A
+    version republished with other files meanwhile is not among them (its config.json
+    would have to be read to take it)."""
+    if _settings is None or _settings.model_repository is None:
+        return {}
+    try:
+        models = sharing.models_of(_settings)
+    except ValueError:  # an artifact gone since: none kept
+        return {}
+    now = in_place.identities(models)
+    kept: dict[str, list[ModelSpec]] = {}
+    for spec, model in zip(_settings.entries() or [], models, strict=False):
+        key = in_place.loaded_as(model)
+        if now[key] is not None and now[key] == _identities.get(key):
+            kept.setdefault(spec.name, []).append(spec)
+    return kept
 
 
 def settings_or_exit() -> Settings:

@@ -288,11 +288,26 @@ def test_repository_poll_a_typo_in_a_serving_models_config_json_keeps_it_serving
             f"{server.url}/v1/models/churn/labels/stable:predict",
             json={"instances": X[:3].tolist()}, timeout=30,
         )  # fmt: skip
+        # Every model's config.json broken at once: each serves on (the second attack: the
+        # reload was refused, "nothing to serve", and the index went stale).
+        (root / "cancer" / "config.json").write_text("{")
+        until(lambda: "cancer/" in index(), 30)
+        both = index()
+        health = requests.get(f"{server.url}/healthz", timeout=10).json()
+        cancer = requests.post(
+            f"{server.url}/predict/cancer", json={"instances": X[:3].tolist()}, timeout=30
+        )
+        (root / "cancer" / "config.json").unlink()
         config.write_text(json.dumps({"labels": {"stable": 1}}))
-        until(lambda: "churn/" not in index(), 30)
+        until(lambda: "churn/" not in index() and "cancer/" not in index(), 30)
         log = server.output()
     finally:
         server.kill()
+
+    assert both["cancer/"].endswith("serve on (1) until it is fixed"), both
+    assert both["churn/"] == broken
+    assert "rollout" not in health["workers"], health
+    assert cancer.status_code == 200, cancer.text
 
     expected = joblib.load(DEMO_MODEL_PATH).predict_proba(X[:3]).tolist()
     assert [a.status_code for a in answers] == [200] * 10, answers[0].text
