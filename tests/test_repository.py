@@ -328,6 +328,7 @@ def test_repository_a_config_json_broken_after_it_served_keeps_what_it_served(
     (tmp_path / "churn" / "config.json").write_text('{"lables": {"stable": 2}}')
     shutil.rmtree(tmp_path / "churn" / "1")  # a version gone since is not kept
 
+    version(tmp_path, "churn", "3")  # published meanwhile: waits for the config
     kept = {"churn": [s for s in before.specs if s.name == "churn"]}
     result = scan(tmp_path, kept=kept)
 
@@ -336,6 +337,7 @@ def test_repository_a_config_json_broken_after_it_served_keeps_what_it_served(
     why = {(r.model, r.version): r.reason for r in result.refused}[("churn", "")]
     assert why.startswith("config.json: lables: unknown field")
     assert why.endswith("; the versions it served serve on (2) until it is fixed")
+    assert Refusal("churn", "3", "waits for a config.json that can be read") in result.refused
     assert served(tmp_path) == [("cancer", "1")]  # first read (nothing served): refused
 
 

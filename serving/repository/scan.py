@@ -202,7 +202,7 @@ def _model(
         if chosen.config is not None:
             config = overridden(config, chosen.config)
     except ValueError as exc:
-        return _served_on(name, _cut(str(exc)), serving)
+        return _served_on(folder, _cut(str(exc)), serving)
     servable, refused = _versions(folder, real_root, config, allow_world_writable)
     picked = _pick(name, servable, refused, config, chosen=chosen, excluded=excluded)
     policy = config.version_policy
@@ -235,15 +235,30 @@ def _model(
 
 
 def _served_on(
-    name: str, reason: str, serving: Sequence[ModelSpec]
+    folder: Path, reason: str, serving: Sequence[ModelSpec]
 ) -> tuple[list[ModelSpec], list[Refusal]]:
     """A model whose ``config.json`` cannot be taken: the versions of ``serving`` whose
-    files are still there serve on (none: the model is refused), and the refusal says so."""
+    files are still there serve on (none: the model is refused as a whole), and the
+    refusal says so; then every other version folder waits for a config that can be read
+    (a version published meanwhile, named in the index)."""
+    name = folder.name
     specs = [spec for spec in serving if os.path.lexists(spec.path)]
     if specs:
         numbers = ", ".join(spec.version for spec in specs)
         reason = f"{reason}; the versions it served serve on ({numbers}) until it is fixed"
-    return specs, [Refusal(name, "", reason)]
+    kept = {spec.version for spec in specs}
+    waiting = (
+        sorted(
+            (int(p.name) for p in _listed(folder) if p.name.isdigit() and p.name not in kept),
+            reverse=True,
+        )
+        if specs
+        else []
+    )
+    return specs, [
+        Refusal(name, "", reason),
+        *(Refusal(name, str(n), "waits for a config.json that can be read") for n in waiting),
+    ]
 
 
 def _pick(
